@@ -1,0 +1,412 @@
+//! Shared helpers for the integration tests: position-derived test files,
+//! a cheap deterministic RNG, runtime builders, watchdogs and context builders.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::future::Future;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use uring_positioned_io::{BackendChoice, BackendKind, Builder, UringContext};
+
+// ---------------------------------------------------------------------------
+// Deterministic content and randomness
+// ---------------------------------------------------------------------------
+
+/// SplitMix64 finaliser: a good 64-bit mixing function.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The 8-byte word at word index `word` of the file identified by `seed`.
+pub fn pattern_word(seed: u64, word: u64) -> u64 {
+    mix64(seed.wrapping_mul(0x1000_0000_01B3) ^ mix64(word))
+}
+
+/// Byte at absolute position `pos` of the file identified by `seed`.
+pub fn pattern_byte(seed: u64, pos: u64) -> u8 {
+    pattern_word(seed, pos / 8).to_le_bytes()[(pos % 8) as usize]
+}
+
+/// Fill `out` with the content of file `seed` starting at `offset`.
+pub fn fill_pattern(seed: u64, offset: u64, out: &mut [u8]) {
+    let mut pos = offset;
+    let mut i = 0;
+    while i < out.len() {
+        let word = pattern_word(seed, pos / 8).to_le_bytes();
+        let start = (pos % 8) as usize;
+        let n = (8 - start).min(out.len() - i);
+        out[i..i + n].copy_from_slice(&word[start..start + n]);
+        i += n;
+        pos += n as u64;
+    }
+}
+
+/// The bytes a correct read of `len` bytes at `offset` of a file of
+/// `file_len` bytes with content `seed` returns (truncated at EOF).
+pub fn expected(seed: u64, file_len: u64, offset: u64, len: usize) -> Vec<u8> {
+    let avail = file_len.saturating_sub(offset).min(len as u64) as usize;
+    let mut v = vec![0u8; avail];
+    fill_pattern(seed, offset, &mut v);
+    v
+}
+
+/// Check `got` against the pattern of file `seed` at `offset`, with a
+/// readable message pointing at the first wrong byte.
+pub fn check_pattern(seed: u64, offset: u64, got: &[u8]) -> Result<(), String> {
+    let mut want = vec![0u8; got.len()];
+    fill_pattern(seed, offset, &mut want);
+    if want == got {
+        return Ok(());
+    }
+    let i = want.iter().zip(got).position(|(a, b)| a != b).unwrap();
+    Err(format!(
+        "data mismatch for seed {seed:#x} at file offset {} (buffer index {i}, len {}): got {:#04x}, want {:#04x}",
+        offset + i as u64,
+        got.len(),
+        got[i],
+        want[i]
+    ))
+}
+
+/// Small, fast, deterministic PRNG (xorshift64*), seeded through SplitMix.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(mix64(seed) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+    /// Uniform in `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo)
+    }
+    /// True with probability `pct`/100.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Test files
+// ---------------------------------------------------------------------------
+
+/// A file on disk whose content is `pattern_byte(seed, pos)` for every pos.
+#[derive(Clone, Debug)]
+pub struct TestFile {
+    pub path: PathBuf,
+    pub seed: u64,
+    pub len: u64,
+}
+
+impl TestFile {
+    pub fn open(&self) -> File {
+        File::open(&self.path).unwrap_or_else(|e| panic!("open {:?}: {e}", self.path))
+    }
+    pub fn expected(&self, offset: u64, len: usize) -> Vec<u8> {
+        expected(self.seed, self.len, offset, len)
+    }
+    /// Reference read with pread(2) through std.
+    pub fn pread(&self, offset: u64, len: usize) -> Vec<u8> {
+        let f = self.open();
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            let n = f
+                .read_at(&mut buf[done..], offset + done as u64)
+                .expect("pread");
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf.truncate(done);
+        buf
+    }
+    /// Ask the kernel to drop this file's page cache.
+    pub fn drop_cache(&self) {
+        drop_cache(&self.open());
+    }
+}
+
+/// Create a file of `len` bytes with the content of `seed` in `dir`.
+pub fn make_file(dir: &Path, seed: u64, len: u64) -> TestFile {
+    let path = dir.join(format!("f-{seed:016x}-{len}"));
+    let mut f = File::create(&path).expect("create test file");
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
+    while pos < len {
+        let n = (len - pos).min(chunk.len() as u64) as usize;
+        fill_pattern(seed, pos, &mut chunk[..n]);
+        f.write_all(&chunk[..n]).expect("write test file");
+        pos += n as u64;
+    }
+    TestFile { path, seed, len }
+}
+
+/// A temp dir holding `sizes.len()` files with distinct seeds derived from `base_seed`.
+pub struct FileSet {
+    pub dir: tempfile::TempDir,
+    pub files: Vec<TestFile>,
+}
+
+impl FileSet {
+    pub fn new(base_seed: u64, sizes: &[u64]) -> FileSet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| make_file(dir.path(), mix64(base_seed ^ ((i as u64) << 32)), len))
+            .collect();
+        FileSet { dir, files }
+    }
+    pub fn open_all(&self) -> Vec<File> {
+        self.files.iter().map(TestFile::open).collect()
+    }
+    pub fn add(&mut self, seed: u64, len: u64) -> TestFile {
+        let f = make_file(self.dir.path(), seed, len);
+        self.files.push(f.clone());
+        f
+    }
+    /// fsync every file (needed before `drop_caches` can evict the pages).
+    pub fn sync_all(&self) {
+        for f in &self.files {
+            f.open().sync_all().expect("fsync");
+        }
+    }
+    pub fn drop_caches(&self) {
+        for f in &self.files {
+            f.drop_cache();
+        }
+    }
+}
+
+/// posix_fadvise(DONTNEED) on the whole file so later reads go to the device.
+pub fn drop_cache(f: &File) {
+    // SAFETY: plain syscall on a valid, open fd.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// Number of open file descriptors of this process.
+pub fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Poll `fd_count()` until it is at most `want` or the deadline passes.
+pub fn wait_fd_count_at_most(want: usize, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = fd_count();
+        if n <= want || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Runtimes, watchdogs, serialisation
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// multi_thread runtime with 2 workers
+    Multi,
+    /// current_thread runtime
+    Current,
+}
+
+pub fn runtime(flavor: Flavor) -> tokio::runtime::Runtime {
+    match flavor {
+        Flavor::Multi => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("multi_thread runtime"),
+        Flavor::Current => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("current_thread runtime"),
+    }
+}
+
+/// Run `f` on its own thread; fail the test if it does not finish within
+/// `secs` seconds (the stuck thread is leaked; the process exits at the end
+/// of the test binary). Panics inside `f` are propagated.
+pub fn watchdog<T: Send + 'static>(
+    name: &str,
+    secs: u64,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name(format!("test-{name}"))
+        .spawn(move || {
+            let r = f();
+            let _ = tx.send(());
+            r
+        })
+        .expect("spawn test thread");
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) => handle
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e)),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // The closure panicked before sending.
+            match handle.join() {
+                Ok(r) => r,
+                Err(e) => std::panic::resume_unwind(e),
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("watchdog: test `{name}` did not finish within {secs} s (hang?)")
+        }
+    }
+}
+
+/// Build a runtime of `flavor` and block on the future made by `make`, on
+/// a watchdog thread with a `secs` deadline, additionally wrapped in a tokio
+/// timeout of the same length.
+pub fn run<F, Fut, T>(name: &str, flavor: Flavor, secs: u64, make: F) -> T
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let label = format!("{name}/{flavor:?}");
+    let inner = label.clone();
+    watchdog(&label, secs + 5, move || {
+        let rt = runtime(flavor);
+        let out = rt.block_on(async move {
+            tokio::time::timeout(Duration::from_secs(secs), make())
+                .await
+                .unwrap_or_else(|_| panic!("tokio timeout: `{inner}` took more than {secs} s"))
+        });
+        // Do not let a wedged runtime shutdown hang the test thread forever.
+        rt.shutdown_timeout(Duration::from_secs(5));
+        out
+    })
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Serialise tests within one test binary (for fd counting and timing).
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// Contexts
+// ---------------------------------------------------------------------------
+
+pub fn expected_kind(choice: BackendChoice) -> Option<BackendKind> {
+    match choice {
+        BackendChoice::IoUring => Some(BackendKind::IoUring),
+        BackendChoice::Fallback => Some(BackendKind::Fallback),
+        BackendChoice::Auto => None,
+    }
+}
+
+/// Build a context with `choice` (plus whatever `tweak` configures) and
+/// check that the requested backend is the one actually in use.
+pub fn build_ctx(
+    choice: BackendChoice,
+    files: Vec<File>,
+    tweak: impl FnOnce(Builder) -> Builder,
+) -> UringContext {
+    let ctx = tweak(UringContext::builder().backend(choice))
+        .build(files)
+        .unwrap_or_else(|e| panic!("building a {choice:?} context failed: {e}"));
+    if let Some(kind) = expected_kind(choice) {
+        assert_eq!(
+            ctx.backend().kind,
+            kind,
+            "asked for {choice:?}, got {:?}",
+            ctx.backend()
+        );
+    }
+    ctx
+}
+
+pub fn default_ctx(choice: BackendChoice, files: Vec<File>) -> UringContext {
+    build_ctx(choice, files, |b| b)
+}
+
+/// Wait (yielding to the runtime) until `stats().in_flight == 0`; returns
+/// the last observed value.
+pub async fn wait_in_flight_zero(ctx: &UringContext, within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = ctx.stats().in_flight;
+        if n == 0 || Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Read all of `file` (registered as `fid`) through `ctx` in `chunk`-sized
+/// pieces and verify every byte and the EOF.
+pub async fn verify_whole_file(ctx: &UringContext, fid: u32, file: &TestFile, chunk: usize) {
+    let mut buf = vec![0u8; chunk];
+    let mut off = 0u64;
+    loop {
+        let n = ctx
+            .read(fid, off, &mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("verify read fid {fid} @ {off}: {e}"));
+        if n == 0 {
+            break;
+        }
+        check_pattern(file.seed, off, &buf[..n]).unwrap();
+        off += n as u64;
+    }
+    assert_eq!(
+        off, file.len,
+        "fid {fid}: read {off} bytes, file has {}",
+        file.len
+    );
+}
+
+/// Generate one `#[test]` per backend for each listed function
+/// `fn name(choice: BackendChoice)`: `name::io_uring` and `name::fallback`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn io_uring() {
+                    super::$name(::uring_positioned_io::BackendChoice::IoUring)
+                }
+                #[test]
+                fn fallback() {
+                    super::$name(::uring_positioned_io::BackendChoice::Fallback)
+                }
+            }
+        )*
+    };
+}
