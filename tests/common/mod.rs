@@ -410,3 +410,23 @@ macro_rules! backend_tests {
         )*
     };
 }
+
+// ---------------------------------------------------------------------------
+// Manual polling
+// ---------------------------------------------------------------------------
+
+/// Poll `fut` exactly once with the current task's real waker.
+pub async fn poll_once<F: Future + ?Sized>(
+    fut: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    let mut fut = fut;
+    std::future::poll_fn(move |cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
+/// Poll `fut` exactly once with a waker that does nothing.
+pub fn poll_once_noop<F: Future + ?Sized>(
+    fut: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    fut.poll(&mut cx)
+}

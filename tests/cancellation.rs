@@ -1,0 +1,433 @@
+//! Cancellation storm: 100 000 reads on a 2-worker multi_thread runtime where
+//! a random share of the read futures is dropped at every possible point
+//! (never polled, polled once with a real or a no-op waker, polled a few
+//! times, raced against a short timer) while the page cache of the files is
+//! dropped periodically so many reads really are in flight at the device.
+//!
+//! Afterwards: every completed read returned the right bytes, no buffer of a
+//! dropped read was written after the drop, `stats().in_flight` returns to 0,
+//! the context still serves a full verification pass, register/unregister
+//! churn leaks no fds, and dropping the context gives back every fd.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use common::{Flavor, Rng, TestFile};
+use uring_positioned_io::{BackendChoice, UringContext};
+
+const TOTAL_READS: u64 = 100_000;
+const WORKERS: u64 = 64;
+const SENTINEL: u8 = 0xA5;
+const GRAVEYARD: usize = 48;
+
+#[derive(Default, Debug)]
+struct Counters {
+    completed: AtomicU64,
+    dropped_pending: AtomicU64,
+    dropped_unpolled: AtomicU64,
+}
+
+fn verify(
+    file: &TestFile,
+    fid: usize,
+    off: u64,
+    len: usize,
+    r: io::Result<usize>,
+    buf: &[u8],
+    what: &str,
+) {
+    let n = r.unwrap_or_else(|e| panic!("{what}: fid {fid} @ {off}+{len}: unexpected error {e}"));
+    let want = file.expected(off, len);
+    assert_eq!(n, want.len(), "{what}: fid {fid} @ {off}+{len}: length");
+    if buf[..n] != want[..] {
+        panic!(
+            "{what}: {}",
+            common::check_pattern(file.seed, off, &buf[..n]).unwrap_err()
+        );
+    }
+}
+
+/// Keep the buffer of a dropped read: it must never be written again.
+fn bury(graveyard: &mut VecDeque<Vec<u8>>, mut buf: Vec<u8>, what: &str) {
+    buf.fill(SENTINEL);
+    graveyard.push_back(buf);
+    if graveyard.len() > GRAVEYARD {
+        check_grave(&graveyard.pop_front().unwrap(), what);
+    }
+}
+
+fn check_grave(buf: &[u8], what: &str) {
+    if let Some(i) = buf.iter().position(|&b| b != SENTINEL) {
+        panic!("{what}: buffer of a dropped read was written after the future was dropped (byte {i} of {})", buf.len());
+    }
+}
+
+async fn worker(
+    ctx: UringContext,
+    files: Arc<Vec<TestFile>>,
+    w: u64,
+    iters: u64,
+    counters: Arc<Counters>,
+) -> VecDeque<Vec<u8>> {
+    let mut rng = Rng::new(0xca9ce1 ^ w);
+    let mut graveyard = VecDeque::new();
+    for i in 0..iters {
+        let fid = rng.below(files.len() as u64) as usize;
+        let file = &files[fid];
+        let len = if rng.chance(80) {
+            4096
+        } else {
+            rng.range(1, 65536) as usize
+        };
+        let off = if rng.chance(70) {
+            rng.below(file.len / 4096) * 4096
+        } else {
+            rng.below(file.len + 4096)
+        };
+        let what = format!("worker {w} iter {i}");
+        let f32 = fid as u32;
+        match rng.below(100) {
+            // Plain awaited reads through the three entry points.
+            0..=29 => {
+                let mut buf = vec![0u8; len];
+                match rng.below(3) {
+                    0 => {
+                        let r = ctx.read(f32, off, &mut buf).await;
+                        verify(file, fid, off, len, r, &buf, &what);
+                    }
+                    1 => {
+                        let (r, b) = ctx.read_owned(f32, off, buf).await;
+                        verify(file, fid, off, len, r, &b, &what);
+                    }
+                    _ => {
+                        let avail = file.len.saturating_sub(off) as usize;
+                        let r = ctx.read_exact(f32, off, &mut buf).await;
+                        if avail >= len {
+                            r.unwrap_or_else(|e| panic!("{what}: read_exact: {e}"));
+                            verify(file, fid, off, len, Ok(len), &buf, &what);
+                        } else {
+                            assert_eq!(
+                                r.unwrap_err().kind(),
+                                io::ErrorKind::UnexpectedEof,
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+                counters.completed.fetch_add(1, Relaxed);
+            }
+            // Race a borrowed read against a short timer.
+            30..=54 => {
+                let mut buf = vec![0u8; len];
+                let delay = Duration::from_micros(rng.below(1500));
+                let res = {
+                    let fut = ctx.read(f32, off, &mut buf);
+                    tokio::select! {
+                        r = fut => Some(r),
+                        _ = tokio::time::sleep(delay) => None,
+                    }
+                };
+                match res {
+                    Some(r) => {
+                        verify(file, fid, off, len, r, &buf, &what);
+                        counters.completed.fetch_add(1, Relaxed);
+                    }
+                    None => {
+                        counters.dropped_pending.fetch_add(1, Relaxed);
+                        bury(&mut graveyard, buf, &what);
+                    }
+                }
+            }
+            // Poll once with the real waker, then drop.
+            55..=69 => {
+                let mut buf = vec![0u8; len];
+                let first = {
+                    let fut = pin!(ctx.read(f32, off, &mut buf));
+                    common::poll_once(fut).await
+                };
+                match first {
+                    Poll::Ready(r) => {
+                        verify(file, fid, off, len, r, &buf, &what);
+                        counters.completed.fetch_add(1, Relaxed);
+                    }
+                    Poll::Pending => {
+                        counters.dropped_pending.fetch_add(1, Relaxed);
+                        bury(&mut graveyard, buf, &what);
+                    }
+                }
+            }
+            // Poll once with a no-op waker, then drop.
+            70..=77 => {
+                let mut buf = vec![0u8; len];
+                let first = {
+                    let fut = pin!(ctx.read(f32, off, &mut buf));
+                    common::poll_once_noop(fut)
+                };
+                match first {
+                    Poll::Ready(r) => {
+                        verify(file, fid, off, len, r, &buf, &what);
+                        counters.completed.fetch_add(1, Relaxed);
+                    }
+                    Poll::Pending => {
+                        counters.dropped_pending.fetch_add(1, Relaxed);
+                        bury(&mut graveyard, buf, &what);
+                    }
+                }
+            }
+            // Created and dropped without ever being polled.
+            78..=84 => {
+                let mut buf = vec![0u8; len];
+                drop(ctx.read(f32, off, &mut buf));
+                assert!(
+                    buf.iter().all(|&b| b == 0),
+                    "{what}: unpolled read wrote into the buffer"
+                );
+                counters.dropped_unpolled.fetch_add(1, Relaxed);
+                bury(&mut graveyard, buf, &what);
+            }
+            // Owned read raced against a timer: the buffer is parked in the
+            // context until the kernel is done with it.
+            85..=93 => {
+                let delay = Duration::from_micros(rng.below(1500));
+                let res = {
+                    let fut = ctx.read_owned(f32, off, vec![0u8; len]);
+                    tokio::select! {
+                        r = fut => Some(r),
+                        _ = tokio::time::sleep(delay) => None,
+                    }
+                };
+                match res {
+                    Some((r, b)) => {
+                        verify(file, fid, off, len, r, &b, &what);
+                        counters.completed.fetch_add(1, Relaxed);
+                    }
+                    None => {
+                        counters.dropped_pending.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            // Polled a few times (yielding in between), then dropped.
+            _ => {
+                let mut buf = vec![0u8; len];
+                let polls = rng.range(1, 5);
+                let mut done = None;
+                {
+                    let mut fut = pin!(ctx.read(f32, off, &mut buf));
+                    for _ in 0..polls {
+                        if let Poll::Ready(r) = common::poll_once(fut.as_mut()).await {
+                            done = Some(r);
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+                match done {
+                    Some(r) => {
+                        verify(file, fid, off, len, r, &buf, &what);
+                        counters.completed.fetch_add(1, Relaxed);
+                    }
+                    None => {
+                        counters.dropped_pending.fetch_add(1, Relaxed);
+                        bury(&mut graveyard, buf, &what);
+                    }
+                }
+            }
+        }
+    }
+    graveyard
+}
+
+fn cancellation_storm(choice: BackendChoice) {
+    let _serial = common::serial();
+    let fds_before = common::fd_count();
+    let set = common::FileSet::new(
+        0xca4ce1,
+        &[8 << 20, (4 << 20) + 5, 1 << 20, (3 << 20) + 4097],
+    );
+    set.sync_all();
+    let files = Arc::new(set.files.clone());
+    let opened = set.open_all();
+    common::run(
+        "cancellation_storm",
+        Flavor::Multi,
+        150,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(32).max_in_flight(128));
+            let stop = Arc::new(AtomicBool::new(false));
+            // Periodically evict the files from the page cache so that reads go
+            // to the device and are really in flight when their futures drop.
+            let dropper = {
+                let stop = stop.clone();
+                let handles: Vec<_> = files.iter().map(TestFile::open).collect();
+                tokio::spawn(async move {
+                    let mut rounds = 0u64;
+                    while !stop.load(Relaxed) {
+                        for h in &handles {
+                            common::drop_cache(h);
+                        }
+                        rounds += 1;
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                    }
+                    rounds
+                })
+            };
+            let counters = Arc::new(Counters::default());
+            let t0 = Instant::now();
+            let workers: Vec<_> = (0..WORKERS)
+                .map(|w| {
+                    tokio::spawn(worker(
+                        ctx.clone(),
+                        files.clone(),
+                        w,
+                        TOTAL_READS / WORKERS,
+                        counters.clone(),
+                    ))
+                })
+                .collect();
+            let mut graves = Vec::new();
+            for h in workers {
+                graves.push(h.await.expect("worker panicked"));
+            }
+            stop.store(true, Relaxed);
+            let drop_rounds = dropper.await.unwrap();
+            let storm = t0.elapsed();
+
+            let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(20)).await;
+            assert_eq!(
+                left,
+                0,
+                "in_flight did not return to 0 after the storm: {:?}",
+                ctx.stats()
+            );
+            // Give a straggling kernel write (if any) a moment to show up.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for g in graves.iter().flatten() {
+                check_grave(g, "final graveyard check");
+            }
+            eprintln!(
+            "{choice:?}: storm took {storm:?}, {counters:?}, cache drops {drop_rounds}, stats {:?}",
+            ctx.stats()
+        );
+            assert!(
+                counters.dropped_pending.load(Relaxed) > 0,
+                "no future was dropped while pending: the test did not exercise cancellation"
+            );
+
+            // The context keeps serving: full verification pass (cold and warm).
+            set.drop_caches();
+            for (fid, file) in files.iter().enumerate() {
+                common::verify_whole_file(&ctx, fid as u32, file, 256 * 1024).await;
+            }
+            let mut rng = Rng::new(7);
+            for _ in 0..2000 {
+                let fid = rng.below(files.len() as u64) as usize;
+                let off = rng.below(files[fid].len + 100);
+                let len = rng.range(1, 9000) as usize;
+                let mut buf = vec![0u8; len];
+                let r = ctx.read(fid as u32, off, &mut buf).await;
+                verify(&files[fid], fid, off, len, r, &buf, "post-storm");
+            }
+
+            // register/unregister churn leaks nothing.
+            let fds_mid = common::fd_count();
+            let extra = files[2].clone();
+            let mut seen = std::collections::BTreeSet::new();
+            for i in 0..300u64 {
+                let fid = ctx.register_file(extra.open()).expect("register_file");
+                seen.insert(fid.index());
+                let off = (i * 4093) % extra.len;
+                let mut buf = vec![0u8; 5000];
+                let r = ctx.read(fid, off, &mut buf).await;
+                verify(&extra, fid.index() as usize, off, 5000, r, &buf, "churn");
+                ctx.unregister_file(fid).expect("unregister_file");
+            }
+            let fds_after_churn = common::wait_fd_count_at_most(fds_mid, Duration::from_secs(3));
+            assert!(
+                fds_after_churn <= fds_mid,
+                "fd leak from register/unregister churn: {fds_mid} -> {fds_after_churn}"
+            );
+            eprintln!("{choice:?}: churn used {} distinct fids", seen.len());
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+                0
+            );
+            ctx.shutdown().await;
+            drop(ctx);
+            drop(set);
+        },
+    );
+    let fds_after = common::wait_fd_count_at_most(fds_before, Duration::from_secs(5));
+    assert!(
+        fds_after <= fds_before,
+        "fd leak: {fds_before} fds before the test, {fds_after} after dropping context and runtime"
+    );
+}
+
+/// Create and drop many contexts (with reads dropped mid-flight) and check
+/// the process gets every fd back.
+fn contexts_create_drop_no_leak(choice: BackendChoice) {
+    let _serial = common::serial();
+    let set = common::FileSet::new(0xfdfd, &[2 << 20, 12345]);
+    set.sync_all();
+    let files = set.files.clone();
+    let fds_before = common::fd_count();
+    common::run(
+        "contexts_create_drop_no_leak",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let fds_in_rt = common::fd_count();
+            for round in 0..50u64 {
+                set.drop_caches();
+                let ctx = common::build_ctx(choice, set.open_all(), |b| b.ring_entries(8));
+                let mut rng = Rng::new(round);
+                let mut tasks = Vec::new();
+                for _ in 0..16 {
+                    let ctx = ctx.clone();
+                    let file = files[0].clone();
+                    let off = rng.below(file.len);
+                    tasks.push(tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        let fut = pin!(ctx.read(0u32, off, &mut buf));
+                        let _ = common::poll_once(fut).await;
+                    }));
+                }
+                // Owned reads left in flight when the context is dropped.
+                let mut owned = Vec::new();
+                for _ in 0..8 {
+                    let off = rng.below(files[0].len);
+                    let mut fut = Box::pin(ctx.read_owned(0u32, off, vec![0u8; 8192]));
+                    let _ = common::poll_once(fut.as_mut()).await;
+                    owned.push(fut);
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                drop(owned);
+                if round % 2 == 0 {
+                    ctx.shutdown().await;
+                }
+                drop(ctx);
+            }
+            let fds = common::wait_fd_count_at_most(fds_in_rt, Duration::from_secs(5));
+            assert!(
+                fds <= fds_in_rt,
+                "fd leak while runtime alive: {fds_in_rt} -> {fds}"
+            );
+        },
+    );
+    let fds_after = common::wait_fd_count_at_most(fds_before, Duration::from_secs(5));
+    assert!(
+        fds_after <= fds_before,
+        "fd leak: {fds_before} -> {fds_after}"
+    );
+}
+
+backend_tests!(cancellation_storm, contexts_create_drop_no_leak);
