@@ -1,0 +1,711 @@
+//! Context lifecycle and error semantics, for both backends:
+//! - `shutdown()` with reads in flight: every pending read resolves (correct
+//!   data or an error), nothing hangs, later reads fail with a clear error;
+//! - dropping the last handle (or the whole runtime) while reads that nobody
+//!   awaits any more are still in flight;
+//! - `register_file` / `unregister_file` racing with reads: removed fids give
+//!   `InvalidInput`, and a file that reuses a slot never leaks its bytes into
+//!   a read that was issued against the previous file;
+//! - `new` / `build` outside a runtime return `Err`;
+//! - unknown fid, past-EOF, empty buffers, short reads, kernel errors.
+
+mod common;
+
+use std::io;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::{Flavor, Rng, TestFile};
+use uring_positioned_io::{BackendChoice, UringContext};
+
+fn assert_invalid_input_naming(r: io::Result<usize>, fid: u32, what: &str) {
+    match r {
+        Err(e) => {
+            assert_eq!(
+                e.kind(),
+                io::ErrorKind::InvalidInput,
+                "{what}: wrong error kind: {e:?}"
+            );
+            assert!(
+                e.to_string().contains(&fid.to_string()),
+                "{what}: error message does not name fid {fid}: {e}"
+            );
+        }
+        Ok(n) => panic!("{what}: expected InvalidInput naming fid {fid}, got Ok({n})"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// shutdown
+// ---------------------------------------------------------------------------
+
+fn shutdown_with_reads_in_flight(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let set = common::FileSet::new(0x5d, &[6 << 20, (2 << 20) + 3]);
+        set.sync_all();
+        set.drop_caches();
+        let files = Arc::new(set.files.clone());
+        let opened = set.open_all();
+        common::run(
+            "shutdown_with_reads_in_flight",
+            flavor,
+            60,
+            move || async move {
+                let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(16));
+                let ok = Arc::new(AtomicU64::new(0));
+                let failed = Arc::new(AtomicU64::new(0));
+                let mut tasks = Vec::new();
+                for t in 0..256u64 {
+                    let ctx = ctx.clone();
+                    let files = files.clone();
+                    let (ok, failed) = (ok.clone(), failed.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut rng = Rng::new(t);
+                        // Loop until the context refuses (after shutdown).
+                        for _ in 0..100_000 {
+                            let fid = rng.below(2) as usize;
+                            let off = rng.below(files[fid].len);
+                            let len = rng.range(1, 32 * 1024) as usize;
+                            let r = if t % 2 == 0 {
+                                let mut buf = vec![0u8; len];
+                                let r = ctx.read(fid as u32, off, &mut buf).await;
+                                r.map(|n| (n, buf))
+                            } else {
+                                let (r, buf) =
+                                    ctx.read_owned(fid as u32, off, vec![0u8; len]).await;
+                                r.map(|n| (n, buf))
+                            };
+                            match r {
+                                Ok((n, buf)) => {
+                                    assert_eq!(
+                                        &buf[..n],
+                                        &files[fid].expected(off, len)[..],
+                                        "task {t}"
+                                    );
+                                    ok.fetch_add(1, Relaxed);
+                                }
+                                Err(e) => {
+                                    failed.fetch_add(1, Relaxed);
+                                    return Some(e);
+                                }
+                            }
+                        }
+                        None
+                    }));
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let before = ctx.stats();
+                tokio::time::timeout(Duration::from_secs(20), ctx.shutdown())
+                    .await
+                    .expect("shutdown() hung with reads in flight");
+                let mut errors = Vec::new();
+                for t in tasks {
+                    let e = tokio::time::timeout(Duration::from_secs(20), t)
+                        .await
+                        .expect("a read pending at shutdown never resolved")
+                        .expect("reader task panicked");
+                    errors.push(e.expect("reader kept succeeding after shutdown"));
+                }
+                eprintln!(
+                "{choice:?}/{flavor:?}: before shutdown {before:?}; {} ok, {} failed; first error: {:?}",
+                ok.load(Relaxed),
+                failed.load(Relaxed),
+                errors.first()
+            );
+                // After shutdown: every entry point fails, clearly and at once.
+                let mut buf = vec![0u8; 100];
+                let e = tokio::time::timeout(Duration::from_secs(5), ctx.read(0u32, 0, &mut buf))
+                    .await
+                    .expect("read after shutdown hung")
+                    .expect_err("read after shutdown succeeded");
+                assert!(!e.to_string().is_empty());
+                eprintln!(
+                    "{choice:?}/{flavor:?}: read after shutdown -> {:?}: {e}",
+                    e.kind()
+                );
+                let (r, b) = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    ctx.read_owned(1u32, 0, vec![7u8; 10]),
+                )
+                .await
+                .expect("read_owned after shutdown hung");
+                assert!(r.is_err(), "read_owned after shutdown succeeded");
+                assert_eq!(
+                    b,
+                    vec![7u8; 10],
+                    "read_owned after shutdown must give the buffer back untouched"
+                );
+                let r =
+                    tokio::time::timeout(Duration::from_secs(5), ctx.read_exact(0u32, 0, &mut buf))
+                        .await
+                        .expect("read_exact after shutdown hung");
+                assert!(r.is_err(), "read_exact after shutdown succeeded");
+                // Shutting down again (from a clone) is harmless.
+                tokio::time::timeout(Duration::from_secs(5), ctx.clone().shutdown())
+                    .await
+                    .expect("second shutdown hung");
+                assert_eq!(
+                    common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+                    0
+                );
+                drop(set);
+            },
+        );
+    }
+}
+
+/// A future created (and polled) before shutdown but polled again after it
+/// resolves; one created before and first polled after fails.
+fn shutdown_between_polls(choice: BackendChoice) {
+    let set = common::FileSet::new(0x5e, &[4 << 20]);
+    set.sync_all();
+    set.drop_caches();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "shutdown_between_polls",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b);
+            let mut a = vec![0u8; 65536];
+            let mut b = vec![0u8; 65536];
+            let mut fa = pin!(ctx.read(0u32, 1 << 20, &mut a));
+            let first = common::poll_once(fa.as_mut()).await;
+            let fb = ctx.read(0u32, 2 << 20, &mut b);
+            tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                .await
+                .expect("shutdown hung");
+            let ra = match first {
+                Poll::Ready(r) => r,
+                Poll::Pending => tokio::time::timeout(Duration::from_secs(10), fa)
+                    .await
+                    .expect("read polled before shutdown never resolved"),
+            };
+            if let Ok(n) = ra {
+                assert_eq!(&a[..n], &file.expected(1 << 20, 65536)[..]);
+            }
+            let rb = tokio::time::timeout(Duration::from_secs(10), fb)
+                .await
+                .expect("read created before shutdown, first polled after, hung");
+            if let Ok(n) = rb {
+                assert_eq!(&b[..n], &file.expected(2 << 20, 65536)[..]);
+            }
+            eprintln!("{choice:?}: polled-before -> {ra:?}; created-before/polled-after -> {rb:?}");
+            drop(set);
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------
+// dropping handles and runtimes with reads in flight
+// ---------------------------------------------------------------------------
+
+fn drop_last_handle_with_reads_in_flight(choice: BackendChoice) {
+    let set = common::FileSet::new(0xd0, &[8 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let paths = set.open_all();
+    common::run(
+        "drop_last_handle_with_reads_in_flight",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let mut paths = paths.into_iter();
+            for round in 0..20u64 {
+                file.drop_cache();
+                let f = paths.next().unwrap_or_else(|| file.open());
+                let ctx = common::build_ctx(choice, vec![f], |b| b.ring_entries(8));
+                let mut rng = Rng::new(round);
+                // (a) borrowed and owned reads polled once, dropped, then the
+                // last handle is dropped right away.
+                for _ in 0..32 {
+                    let mut buf = vec![0u8; 16384];
+                    let fut = pin!(ctx.read(0u32, rng.below(file.len), &mut buf));
+                    let _ = common::poll_once(fut).await;
+                }
+                for _ in 0..32 {
+                    let fut = pin!(ctx.read_owned(0u32, rng.below(file.len), vec![0u8; 16384]));
+                    let _ = common::poll_once_noop(fut);
+                }
+                // (b) tasks holding clones, aborted mid-read: their clones are
+                // the last handles.
+                let tasks: Vec<_> = (0..16)
+                    .map(|t| {
+                        let ctx = ctx.clone();
+                        let len = file.len;
+                        tokio::spawn(async move {
+                            let mut rng = Rng::new(t);
+                            loop {
+                                let _ = ctx.read_owned(0u32, rng.below(len), vec![0u8; 4096]).await;
+                            }
+                        })
+                    })
+                    .collect();
+                drop(ctx);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                for t in &tasks {
+                    t.abort();
+                }
+                for t in tasks {
+                    let e = t.await.expect_err("reader loop ended by itself");
+                    assert!(e.is_cancelled(), "reader task panicked: {e}");
+                }
+            }
+            // The runtime is still healthy and a fresh context works.
+            let ctx = common::default_ctx(choice, vec![file.open()]);
+            common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+            drop(set);
+        },
+    );
+}
+
+fn drop_runtime_with_reads_in_flight(choice: BackendChoice) {
+    let set = common::FileSet::new(0xd1, &[8 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    common::watchdog("drop_runtime_with_reads_in_flight", 60, move || {
+        for (round, flavor) in [Flavor::Multi, Flavor::Current]
+            .into_iter()
+            .cycle()
+            .take(10)
+            .enumerate()
+        {
+            file.drop_cache();
+            let rt = common::runtime(flavor);
+            let ctx = rt.block_on(async { common::default_ctx(choice, vec![file.open()]) });
+            for t in 0..64u64 {
+                let ctx = ctx.clone();
+                let len = file.len;
+                rt.spawn(async move {
+                    let mut rng = Rng::new(t ^ round as u64);
+                    loop {
+                        let mut buf = vec![0u8; 8192];
+                        let _ = ctx.read(0u32, rng.below(len), &mut buf).await;
+                    }
+                });
+            }
+            rt.block_on(tokio::time::sleep(Duration::from_millis(5)));
+            if round % 2 == 0 {
+                drop(ctx);
+                drop(rt);
+            } else {
+                // Runtime goes first, the last handle outlives it.
+                drop(rt);
+                let mut buf = [0u8; 16];
+                // Polling a read without a runtime must not hang or crash;
+                // an error is the expected outcome.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    futures::FutureExt::now_or_never(ctx.read(0u32, 0, &mut buf))
+                }));
+                match r {
+                    Ok(r) => eprintln!("{choice:?}: read after runtime drop -> {r:?}"),
+                    Err(_) => eprintln!("QUESTIONABLE {choice:?}: polling a read after the runtime was dropped panicked"),
+                }
+                drop(ctx);
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// register / unregister racing with reads
+// ---------------------------------------------------------------------------
+
+/// Slot table: fid -> (index into the file pool, generation).
+type Table = Vec<Option<(usize, u64)>>;
+
+fn register_unregister_during_reads(choice: BackendChoice) {
+    // 12 files with distinct content; slots get reused by different files.
+    let sizes: Vec<u64> = (0..12).map(|i| 256 * 1024 + i * 4097).collect();
+    let set = common::FileSet::new(0x7e6, &sizes);
+    set.sync_all();
+    let pool = Arc::new(set.files.clone());
+    let initial: Vec<std::fs::File> = pool[..4].iter().map(TestFile::open).collect();
+    common::run(
+        "register_unregister_during_reads",
+        Flavor::Multi,
+        90,
+        move || async move {
+            let ctx = common::build_ctx(choice, initial, |b| b.ring_entries(64));
+            let table = Arc::new(tokio::sync::Mutex::new(
+                (0..4).map(|i| Some((i, i as u64))).collect::<Table>(),
+            ));
+            let stats = Arc::new([(); 6].map(|_| AtomicU64::new(0)));
+            let mut readers = Vec::new();
+            for r in 0..16u64 {
+                let (ctx, table, pool, stats) =
+                    (ctx.clone(), table.clone(), pool.clone(), stats.clone());
+                readers.push(tokio::spawn(async move {
+                let mut rng = Rng::new(0x4ead ^ r);
+                for i in 0..400 {
+                    let len = rng.range(1, 16384) as usize;
+                    let off = rng.below(256 * 1024);
+                    let mut buf = vec![0u8; len];
+                    // Pick the slot, create and first-poll the read while the
+                    // table is locked: the read is issued against exactly the
+                    // file recorded in the table.
+                    let guard = table.lock().await;
+                    let fid = rng.below(guard.len() as u64 + 2) as u32;
+                    let entry = guard.get(fid as usize).copied().flatten();
+                    let mut fut = pin!(ctx.read(fid, off, &mut buf));
+                    let first = common::poll_once(fut.as_mut()).await;
+                    drop(guard);
+                    let res = match first {
+                        Poll::Ready(res) => res,
+                        Poll::Pending => fut.await,
+                    };
+                    let what = format!("reader {r} iter {i}: fid {fid} @ {off}+{len}");
+                    match (entry, res) {
+                        (None, res) => {
+                            assert_invalid_input_naming(res, fid, &what);
+                            stats[0].fetch_add(1, Relaxed);
+                        }
+                        (Some((pi, _)), Ok(n)) => {
+                            let file = &pool[pi];
+                            assert_eq!(n, file.expected(off, len).len(), "{what}: length");
+                            if let Err(msg) = common::check_pattern(file.seed, off, &buf[..n]) {
+                                let other = pool
+                                    .iter()
+                                    .position(|f| common::check_pattern(f.seed, off, &buf[..n]).is_ok());
+                                panic!("{what}: read issued against pool file {pi} returned the bytes of pool file {other:?}: {msg}");
+                            }
+                            stats[1].fetch_add(1, Relaxed);
+                        }
+                        (Some((pi, g)), Err(e)) => {
+                            // Only acceptable if the slot was unregistered
+                            // while the read was in flight.
+                            let now = table.lock().await.get(fid as usize).copied().flatten();
+                            assert!(
+                                now != Some((pi, g)),
+                                "{what}: read on a file that stayed registered failed: {e:?}"
+                            );
+                            stats[2].fetch_add(1, Relaxed);
+                            if e.kind() == io::ErrorKind::InvalidInput {
+                                stats[3].fetch_add(1, Relaxed);
+                            }
+                        }
+                    }
+                }
+            }));
+            }
+            // The mutator: unregister / register, reusing slots with new files.
+            let mutator = {
+                let (ctx, table, pool, stats) =
+                    (ctx.clone(), table.clone(), pool.clone(), stats.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(0x3a7);
+                    let mut gen = 100u64;
+                    let mut reused = 0;
+                    for _ in 0..300 {
+                        tokio::time::sleep(Duration::from_micros(rng.below(800))).await;
+                        if rng.chance(30) {
+                            for f in pool.iter() {
+                                f.drop_cache();
+                            }
+                        }
+                        let mut t = table.lock().await;
+                        let live: Vec<usize> = (0..t.len()).filter(|&i| t[i].is_some()).collect();
+                        if live.len() > 1 && rng.chance(60) {
+                            let fid = live[rng.below(live.len() as u64) as usize];
+                            ctx.unregister_file(fid as u32)
+                                .unwrap_or_else(|e| panic!("unregister live fid {fid}: {e}"));
+                            t[fid] = None;
+                            // Unregistering it again fails cleanly.
+                            let e = ctx
+                                .unregister_file(fid as u32)
+                                .expect_err("double unregister succeeded");
+                            assert_eq!(
+                                e.kind(),
+                                io::ErrorKind::InvalidInput,
+                                "double unregister: {e}"
+                            );
+                        }
+                        if live.len() < 8 && rng.chance(70) {
+                            let pi = rng.below(pool.len() as u64) as usize;
+                            let fid = ctx
+                                .register_file(pool[pi].open())
+                                .expect("register_file")
+                                .index() as usize;
+                            if fid < t.len() {
+                                assert!(t[fid].is_none(), "register_file returned live fid {fid}");
+                                reused += 1;
+                            } else {
+                                t.resize(fid + 1, None);
+                            }
+                            gen += 1;
+                            t[fid] = Some((pi, gen));
+                            stats[4].fetch_add(1, Relaxed);
+                        }
+                        stats[5].store(t.len() as u64, Relaxed);
+                    }
+                    reused
+                })
+            };
+            for r in readers {
+                r.await.expect("reader panicked");
+            }
+            let reused = mutator.await.expect("mutator panicked");
+            eprintln!(
+            "{choice:?}: unknown-fid errors {}, ok reads {}, errors on removed files {} ({} InvalidInput), registrations {} (slot reuses {reused}), table len {}",
+            stats[0].load(Relaxed),
+            stats[1].load(Relaxed),
+            stats[2].load(Relaxed),
+            stats[3].load(Relaxed),
+            stats[4].load(Relaxed),
+            stats[5].load(Relaxed),
+        );
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await,
+                0
+            );
+            // Final check of every live slot.
+            let t = table.lock().await.clone();
+            for (fid, e) in t.iter().enumerate() {
+                if let Some((pi, _)) = e {
+                    common::verify_whole_file(&ctx, fid as u32, &pool[*pi], 64 * 1024).await;
+                }
+            }
+            drop(set);
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------
+// construction outside a runtime
+// ---------------------------------------------------------------------------
+
+fn new_outside_runtime_is_err(choice: BackendChoice) {
+    let set = common::FileSet::new(0x0, &[4096]);
+    common::watchdog("new_outside_runtime_is_err", 20, move || {
+        assert!(tokio::runtime::Handle::try_current().is_err());
+        let r = std::panic::catch_unwind(|| {
+            UringContext::builder()
+                .backend(choice)
+                .build(set.open_all())
+        });
+        match r {
+            Ok(Err(e)) => eprintln!("{choice:?}: build outside runtime -> {e}"),
+            Ok(Ok(_)) => panic!("build() outside a tokio runtime succeeded"),
+            Err(_) => panic!("build() outside a tokio runtime panicked instead of returning Err"),
+        }
+        if choice == BackendChoice::IoUring {
+            let r = std::panic::catch_unwind(|| UringContext::new(set.open_all()));
+            match r {
+                Ok(Err(e)) => eprintln!("new outside runtime -> {e}"),
+                Ok(Ok(_)) => panic!("new() outside a tokio runtime succeeded"),
+                Err(_) => panic!("new() outside a tokio runtime panicked instead of returning Err"),
+            }
+        }
+        // Inside a runtime the same call works.
+        let rt = common::runtime(Flavor::Current);
+        let ctx = rt.block_on(async { common::default_ctx(choice, set.open_all()) });
+        drop(ctx);
+        drop(rt);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// error and edge semantics
+// ---------------------------------------------------------------------------
+
+fn error_semantics(choice: BackendChoice) {
+    let set = common::FileSet::new(0xe7, &[10_000, 0]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    let dir = set.dir.path().to_path_buf();
+    common::run("error_semantics", Flavor::Multi, 30, move || async move {
+        let ctx = common::build_ctx(choice, opened, |b| b);
+        let mut buf = vec![0u8; 4096];
+
+        // Unknown fids.
+        for fid in [2u32, 9999, u32::MAX] {
+            assert_invalid_input_naming(ctx.read(fid, 0, &mut buf).await, fid, "read unknown fid");
+            let (r, b) = ctx.read_owned(fid, 0, vec![1u8; 8]).await;
+            assert_invalid_input_naming(r, fid, "read_owned unknown fid");
+            assert_eq!(
+                b,
+                vec![1u8; 8],
+                "read_owned must give the buffer back on error"
+            );
+            let e = ctx
+                .read_exact(fid, 0, &mut buf)
+                .await
+                .expect_err("read_exact unknown fid");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+            let e = ctx
+                .unregister_file(fid)
+                .expect_err("unregister unknown fid");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        }
+
+        // Past EOF, at EOF, empty files.
+        assert_eq!(
+            ctx.read(0u32, 10_000, &mut buf).await.unwrap(),
+            0,
+            "read at EOF"
+        );
+        assert_eq!(
+            ctx.read(0u32, 10_001, &mut buf).await.unwrap(),
+            0,
+            "read past EOF"
+        );
+        assert_eq!(
+            ctx.read(0u32, 1 << 40, &mut buf).await.unwrap(),
+            0,
+            "read far past EOF"
+        );
+        assert_eq!(
+            ctx.read(1u32, 0, &mut buf).await.unwrap(),
+            0,
+            "read of empty file"
+        );
+        let (r, _) = ctx.read_owned(0u32, 20_000, vec![0u8; 10]).await;
+        assert_eq!(r.unwrap(), 0, "read_owned past EOF");
+
+        // Empty buffers.
+        for off in [0u64, 5, 10_000, 1 << 40] {
+            assert_eq!(
+                ctx.read(0u32, off, &mut []).await.unwrap(),
+                0,
+                "empty read @ {off}"
+            );
+            let (r, b) = ctx.read_owned(0u32, off, Vec::new()).await;
+            assert_eq!((r.unwrap(), b.len()), (0, 0), "empty read_owned @ {off}");
+            ctx.read_exact(0u32, off, &mut [])
+                .await
+                .expect("empty read_exact");
+        }
+
+        // Short read at EOF returns exactly the available bytes.
+        buf.fill(0xEE);
+        let n = ctx.read(0u32, 10_000 - 100, &mut buf).await.unwrap();
+        assert_eq!(n, 100);
+        assert_eq!(&buf[..100], &file.expected(9_900, 100)[..]);
+        assert!(
+            buf[100..].iter().all(|&b| b == 0xEE),
+            "bytes past a short read were modified"
+        );
+
+        // read_exact: EOF inside the range -> UnexpectedEof; exact fit -> Ok.
+        let e = ctx
+            .read_exact(0u32, 9_000, &mut buf)
+            .await
+            .expect_err("read_exact across EOF");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+        let e = ctx
+            .read_exact(0u32, 50_000, &mut buf)
+            .await
+            .expect_err("read_exact past EOF");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+        let mut exact = vec![0u8; 1000];
+        ctx.read_exact(0u32, 9_000, &mut exact)
+            .await
+            .expect("read_exact up to EOF");
+        assert_eq!(exact, file.expected(9_000, 1000));
+
+        // Offsets that are not valid file positions (>= 2^63) must never
+        // return data (io_uring treats offset -1 as "current position").
+        for off in [u64::MAX, i64::MAX as u64 + 1, u64::MAX - 4095] {
+            buf.fill(0xEE);
+            let r = ctx.read(0u32, off, &mut buf).await;
+            match r {
+                Ok(0) => {}
+                Err(ref e) => eprintln!("{choice:?}: read @ {off:#x} -> {e}"),
+                Ok(n) => panic!(
+                    "read at invalid offset {off:#x} returned {n} bytes (first: {:?}); pread gives EINVAL",
+                    &buf[..n.min(8)]
+                ),
+            }
+        }
+
+        // Removed fid.
+        let fid = ctx.register_file(file.open()).unwrap();
+        assert_eq!(ctx.read(fid, 0, &mut buf).await.unwrap(), 4096);
+        ctx.unregister_file(fid).unwrap();
+        assert_invalid_input_naming(
+            ctx.read(fid, 0, &mut buf).await,
+            fid.index(),
+            "read removed fid",
+        );
+
+        // Kernel errors are passed through as raw OS errors.
+        let wo_path = dir.join("write-only");
+        std::fs::write(&wo_path, b"secret").unwrap();
+        let wo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&wo_path)
+            .unwrap();
+        let fid = ctx.register_file(wo).unwrap();
+        let e = ctx
+            .read(fid, 0, &mut buf)
+            .await
+            .expect_err("read of a write-only fd succeeded");
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF), "write-only fd: {e:?}");
+        let (r, _) = ctx.read_owned(fid, 0, vec![0u8; 16]).await;
+        assert_eq!(
+            r.expect_err("read_owned of write-only fd").raw_os_error(),
+            Some(libc::EBADF)
+        );
+        let e = ctx
+            .read_exact(fid, 0, &mut buf)
+            .await
+            .expect_err("read_exact write-only");
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EBADF),
+            "read_exact write-only fd: {e:?}"
+        );
+        ctx.unregister_file(fid).unwrap();
+
+        let dfid = ctx
+            .register_file(std::fs::File::open(&dir).unwrap())
+            .unwrap();
+        let e = ctx
+            .read(dfid, 0, &mut buf)
+            .await
+            .expect_err("read of a directory succeeded");
+        let code = e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("directory read: not an OS error: {e:?}"));
+        assert!(
+            code == libc::EISDIR || code == libc::EINVAL,
+            "directory read: {e:?}"
+        );
+        eprintln!("{choice:?}: directory read -> {e}");
+        ctx.unregister_file(dfid).unwrap();
+
+        // Still serving.
+        assert_eq!(ctx.read(0u32, 0, &mut buf).await.unwrap(), 4096);
+        assert_eq!(&buf[..], &file.expected(0, 4096)[..]);
+        assert_eq!(
+            common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+            0
+        );
+        drop(set);
+    });
+}
+
+/// FileId conversions and handle properties the API promises.
+#[test]
+fn api_properties() {
+    fn assert_send_sync_clone<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync_clone::<UringContext>();
+    let f = uring_positioned_io::FileId::from(7u32);
+    let g = f;
+    assert_eq!(f.index(), 7);
+    assert_eq!(f, g);
+}
+
+backend_tests!(
+    shutdown_with_reads_in_flight,
+    shutdown_between_polls,
+    drop_last_handle_with_reads_in_flight,
+    drop_runtime_with_reads_in_flight,
+    register_unregister_during_reads,
+    new_outside_runtime_is_err,
+    error_semantics,
+);
