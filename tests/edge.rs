@@ -1,0 +1,299 @@
+//! Edge cases, for both backends:
+//! - read futures dropped before ever being polled, or polled exactly once
+//!   (real waker, no-op waker, `now_or_never`) and then dropped;
+//! - a tiny bounce-buffer pool (`buffer_pool(2, 4096)`) with reads far bigger
+//!   than one pool buffer, many at once;
+//! - far more tasks than `max_in_flight` / ring entries: only waiting, no errors;
+//! - owned buffer types (`Vec<u8>`, `Box<[u8]>`, `AlignedBuf`), `O_DIRECT` files;
+//! - less common ring options (SQPOLL, COOP_TASKRUN, several rings) still read correctly.
+
+mod common;
+
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::{Flavor, Rng, TestFile};
+use futures::FutureExt;
+use uring_positioned_io::{BackendChoice, BackendKind, UringContext, UringReadFuture};
+
+#[test]
+fn read_future_is_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<UringReadFuture<'static>>();
+}
+
+fn unpolled_futures_dropped(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed1, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "unpolled_futures_dropped",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            let before = ctx.stats();
+            for i in 0..2000u64 {
+                let mut buf = vec![0x11u8; 4096];
+                let fut = ctx.read(0u32, (i * 4096) % file.len, &mut buf);
+                drop(fut);
+                assert!(
+                    buf.iter().all(|&b| b == 0x11),
+                    "never-polled read wrote into the buffer"
+                );
+                let fut = ctx.read_owned(0u32, 0, vec![0u8; 4096]);
+                drop(fut);
+            }
+            let after = ctx.stats();
+            assert_eq!(
+                after.in_flight, 0,
+                "never-polled futures left reads in flight: {after:?}"
+            );
+            assert_eq!(
+                after.submitted, before.submitted,
+                "never-polled futures submitted reads: {before:?} -> {after:?}"
+            );
+            common::verify_whole_file(&ctx, 0, &file, 65536).await;
+            drop(set);
+        },
+    );
+}
+
+fn polled_once_then_dropped(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed2, &[4 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "polled_once_then_dropped",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(8));
+            let mut rng = Rng::new(5);
+            let mut pending = 0;
+            for i in 0..1500u64 {
+                if i % 100 == 0 {
+                    file.drop_cache();
+                }
+                let off = rng.below(file.len);
+                let len = rng.range(1, 128 * 1024) as usize;
+                let mut buf = vec![0u8; len];
+                let polled = match i % 4 {
+                    0 => {
+                        let fut = pin!(ctx.read(0u32, off, &mut buf));
+                        common::poll_once(fut).await
+                    }
+                    1 => match ctx.read(0u32, off, &mut buf).now_or_never() {
+                        Some(r) => Poll::Ready(r),
+                        None => Poll::Pending,
+                    },
+                    2 => {
+                        let fut = pin!(ctx.read(0u32, off, &mut buf));
+                        common::poll_once_noop(fut)
+                    }
+                    _ => {
+                        let fut = pin!(ctx.read_owned(0u32, off, vec![0u8; len]));
+                        match common::poll_once_noop(fut) {
+                            Poll::Ready((r, b)) => {
+                                buf = b;
+                                Poll::Ready(r)
+                            }
+                            Poll::Pending => Poll::Pending,
+                        }
+                    }
+                };
+                match polled {
+                    Poll::Ready(r) => {
+                        let n = r.expect("read");
+                        assert_eq!(
+                            &buf[..n],
+                            &file.expected(off, len)[..],
+                            "read @ {off}+{len}"
+                        );
+                    }
+                    Poll::Pending => pending += 1,
+                }
+            }
+            eprintln!("{choice:?}: {pending} of 1500 futures dropped while pending");
+            let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await;
+            assert_eq!(
+                left,
+                0,
+                "in_flight stuck after dropped futures: {:?}",
+                ctx.stats()
+            );
+            common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+            drop(set);
+        },
+    );
+}
+
+/// Shared body: `tasks` tasks each doing `reads` verified reads of up to
+/// `max_len` bytes, through a context configured by `tweak`. Returns the
+/// largest `stats().in_flight` observed by a sampler.
+fn many_readers(
+    name: &str,
+    choice: BackendChoice,
+    flavor: Flavor,
+    tasks: u64,
+    reads: u64,
+    max_len: u64,
+    tweak: impl FnOnce(uring_positioned_io::Builder) -> uring_positioned_io::Builder + Send + 'static,
+) -> u64 {
+    let set = common::FileSet::new(0xed3, &[3 << 20, 100_001]);
+    let files = Arc::new(set.files.clone());
+    let opened = set.open_all();
+    common::run(name, flavor, 90, move || async move {
+        let ctx = common::build_ctx(choice, opened, tweak);
+        let max_seen = Arc::new(AtomicU64::new(0));
+        let sampler = {
+            let (ctx, max_seen) = (ctx.clone(), max_seen.clone());
+            tokio::spawn(async move {
+                loop {
+                    max_seen.fetch_max(ctx.stats().in_flight, Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (ctx, files) = (ctx.clone(), files.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(t * 31 + 7);
+                    for _ in 0..reads {
+                        let fid = rng.below(2) as usize;
+                        let file: &TestFile = &files[fid];
+                        let len = rng.range(1, max_len) as usize;
+                        let off = rng.below(file.len + 10);
+                        let mut buf = vec![0u8; len];
+                        let n = ctx
+                            .read(fid as u32, off, &mut buf)
+                            .await
+                            .unwrap_or_else(|e| panic!("task {t}: fid {fid} @ {off}+{len}: {e}"));
+                        assert_eq!(
+                            &buf[..n],
+                            &file.expected(off, len)[..],
+                            "task {t}: fid {fid} @ {off}+{len}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("reader panicked");
+        }
+        sampler.abort();
+        assert_eq!(
+            common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+            0
+        );
+        drop(set);
+        max_seen.load(Relaxed)
+    })
+}
+
+fn tiny_buffer_pool(choice: BackendChoice) {
+    // Reads up to 1 MiB through two 4 KiB bounce buffers.
+    many_readers(
+        "tiny_buffer_pool",
+        choice,
+        Flavor::Multi,
+        64,
+        8,
+        1 << 20,
+        |b| b.buffer_pool(2, 4096),
+    );
+    many_readers(
+        "tiny_buffer_pool_ct",
+        choice,
+        Flavor::Current,
+        64,
+        8,
+        64 * 1024,
+        |b| b.buffer_pool(2, 4096).ring_entries(4),
+    );
+}
+
+fn more_tasks_than_max_in_flight(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let max = many_readers(
+            "more_tasks_than_max_in_flight",
+            choice,
+            flavor,
+            256,
+            8,
+            32 * 1024,
+            |b| b.rings(1).max_in_flight(4),
+        );
+        eprintln!("{choice:?}/{flavor:?}: max in_flight observed with max_in_flight(4): {max}");
+        if choice == BackendChoice::IoUring {
+            assert!(
+                max <= 4,
+                "stats().in_flight reached {max} with max_in_flight(4) and one ring"
+            );
+        }
+    }
+}
+
+fn tiny_ring(choice: BackendChoice) {
+    many_readers("tiny_ring", choice, Flavor::Multi, 256, 8, 16 * 1024, |b| {
+        b.ring_entries(2).rings(1)
+    });
+}
+
+/// Ring options that change the submission path must not change results.
+#[test]
+fn ring_options_smoke() {
+    type Tweak = fn(uring_positioned_io::Builder) -> uring_positioned_io::Builder;
+    let configs: [(&str, Tweak); 5] = [
+        ("sqpoll", |b| b.sqpoll(Some(Duration::from_millis(50)))),
+        ("coop_taskrun", |b| b.coop_taskrun(true)),
+        ("inline_nowait", |b| b.inline_nowait(true)),
+        ("no_inline", |b| b.inline_nowait(false)),
+        ("rings4", |b| b.rings(4).ring_entries(16)),
+    ];
+    for (name, tweak) in configs {
+        let set = common::FileSet::new(0xed6, &[2 << 20]);
+        let file = set.files[0].clone();
+        let opened = set.open_all();
+        common::run(name, Flavor::Multi, 30, move || async move {
+            let ctx = match tweak(UringContext::builder().backend(BackendChoice::IoUring))
+                .build(opened)
+            {
+                Ok(ctx) => ctx,
+                Err(e) => panic!("{name}: build failed: {e}"),
+            };
+            assert_eq!(ctx.backend().kind, BackendKind::IoUring);
+            let futs = (0..64u64).map(|i| {
+                let ctx = &ctx;
+                let file = &file;
+                async move {
+                    let off = (i * 33_331) % file.len;
+                    let mut buf = vec![0u8; 20_000];
+                    let n = ctx.read(0u32, off, &mut buf).await.expect("read");
+                    assert_eq!(&buf[..n], &file.expected(off, 20_000)[..], "{name} @ {off}");
+                }
+            });
+            futures::future::join_all(futs).await;
+            common::verify_whole_file(&ctx, 0, &file, 300_000).await;
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+                0
+            );
+            eprintln!("{name}: {:?}", ctx.stats());
+            drop(set);
+        });
+    }
+}
+
+backend_tests!(
+    unpolled_futures_dropped,
+    polled_once_then_dropped,
+    tiny_buffer_pool,
+    more_tasks_than_max_in_flight,
+    tiny_ring,
+);
