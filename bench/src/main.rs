@@ -1,1 +1,349 @@
-fn main() {}
+//! uring-bench: random 4 KiB positioned reads — io_uring (this crate) vs mmap,
+//! pread threads, tokio::fs, tokio-uring, a raw ring and fio; hot, cold and
+//! direct; every block verified. See docs/BENCHMARKS.md.
+
+mod buf;
+mod charts;
+mod cli;
+mod dataset;
+mod engines;
+mod report;
+mod verify;
+
+use clap::Parser;
+use cli::{Args, Regime};
+use dataset::{gib, Dataset, Progress};
+use engines::{CellSpec, EngineKind, UringOpts};
+use report::{Cell, Report, RunInfo, Style};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn git_commit() -> String {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new("git")
+        .args(["-C", dir, "log", "-1", "--format=%h %s"])
+        .output();
+    let head = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => return "unknown (not a git checkout)".into(),
+    };
+    let dirty = std::process::Command::new("git")
+        .args(["-C", dir, "status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    if dirty {
+        format!("{head} (+ uncommitted changes)")
+    } else {
+        head
+    }
+}
+
+/// UTC "YYYY-MM-DD HH:MM:SS" and a compact form for directory names.
+fn utc_now() -> (String, String) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // civil-from-days (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (hh, mm, ss) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    (
+        format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}:{ss:02}"),
+        format!("{y:04}{m:02}{d:02}T{hh:02}{mm:02}{ss:02}Z"),
+    )
+}
+
+/// Files in the hot working set.
+fn hot_set_files(args: &Args, ds: &Dataset) -> u32 {
+    let want = match args.hot_set {
+        Some(b) => b,
+        None => {
+            let avail = meminfo("MemAvailable:").unwrap_or(u64::MAX / 4);
+            ds.total_bytes().min(avail / 2)
+        }
+    };
+    (want / ds.file_size).clamp(1, ds.files as u64) as u32
+}
+
+/// Applies the regime before a cell; returns the measured residency.
+fn prepare(regime: Regime, ds: &Dataset, hot_files: u32) -> Result<Option<f64>, String> {
+    match regime {
+        Regime::Hot => {
+            let r = ds
+                .residency(hot_files)
+                .map_err(|e| format!("mincore: {e}"))?;
+            if r < 0.999 {
+                ds.warm(hot_files)
+                    .map_err(|e| format!("warming the hot set: {e}"))?;
+                return Ok(Some(
+                    ds.residency(hot_files)
+                        .map_err(|e| format!("mincore: {e}"))?,
+                ));
+            }
+            Ok(Some(r))
+        }
+        Regime::Cold => {
+            ds.evict()
+                .map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
+            Ok(Some(
+                ds.residency(ds.files)
+                    .map_err(|e| format!("mincore: {e}"))?,
+            ))
+        }
+        Regime::Direct => Ok(None),
+    }
+}
+
+fn run(args: &Args) -> Result<bool, String> {
+    args.validate()?;
+    let t_start = Instant::now();
+    let (started, stamp) = utc_now();
+    let engines = args.engine_list();
+    let progress = if args.quiet {
+        Progress::Quiet
+    } else {
+        Progress::Bar
+    };
+
+    let t_ds = Instant::now();
+    let ds = Dataset::ensure(
+        &args.data_dir,
+        args.files,
+        args.file_size,
+        args.seed,
+        !args.no_generate,
+        progress,
+    )?;
+    let ds_secs = t_ds.elapsed().as_secs_f64();
+    println!(
+        "dataset: {} files x {:.2} GiB = {:.2} GiB in {} ({} in {:.1} s)",
+        ds.files,
+        gib(ds.file_size),
+        gib(ds.total_bytes()),
+        ds.dir.display(),
+        if ds.generated { "generated" } else { "reused" },
+        ds_secs
+    );
+    if args.generate_only {
+        return Ok(true);
+    }
+    let hot_files = hot_set_files(args, &ds);
+    let fio_missing = if engines.contains(&EngineKind::Fio) {
+        engines::fio::unavailable(&args.fio)
+    } else {
+        None
+    };
+
+    let out_dir = args.output_dir.join(format!("run-{stamp}"));
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create output dir {}: {e}", out_dir.display()))?;
+
+    let mut order = Vec::new();
+    for &regime in &args.regimes {
+        for &depth in &args.depths {
+            for &engine in &engines {
+                order.push((regime, depth, engine));
+            }
+        }
+    }
+    let uring = UringOpts {
+        rings: args.uring_rings,
+        entries: args.uring_entries,
+        max_in_flight: args.uring_max_in_flight,
+        inline: args.uring_inline,
+    };
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut all_ok = true;
+    let n = order.len();
+    for (i, &(regime, depth, engine)) in order.iter().enumerate() {
+        let label = format!(
+            "[{:>2}/{n}] {:<6} depth {:>4} {:<11}",
+            i + 1,
+            regime.name(),
+            depth,
+            engine.name()
+        );
+        if let Some(why) = engines::not_applicable(engine, regime) {
+            println!("{label} n/a: {why}");
+            cells.push(Cell::skipped(
+                engine.name(),
+                regime,
+                depth,
+                "n/a",
+                why.into(),
+            ));
+            continue;
+        }
+        if let (EngineKind::Fio, Some(why)) = (engine, &fio_missing) {
+            println!("{label} not run: {why}");
+            cells.push(Cell::skipped(
+                engine.name(),
+                regime,
+                depth,
+                "not-run",
+                why.clone(),
+            ));
+            continue;
+        }
+        let set_files = if regime == Regime::Hot {
+            hot_files
+        } else {
+            ds.files
+        };
+        let cached = prepare(regime, &ds, hot_files)?;
+        let spec = CellSpec {
+            engine,
+            regime,
+            depth,
+            duration: Duration::from_secs_f64(args.duration),
+            workers: args.workers,
+            verify: args.verify,
+            dataset: &ds,
+            set_files,
+            uring: uring.clone(),
+            fio: args.fio.clone(),
+        };
+        match engines::run(&spec) {
+            Ok(m) => {
+                let c = Cell::from_measured(engine.name(), regime, depth, m, cached);
+                let l = c.latency_us.clone();
+                println!(
+                    "{label} {:>8} reads/s  p50 {:>8}  p99.9 {:>8}  CPU/read {:>8}{}",
+                    report::rate(c.reads_per_sec),
+                    l.as_ref().map_or("-".into(), |l| report::micros(l.p50)),
+                    l.as_ref().map_or("-".into(), |l| report::micros(l.p999)),
+                    c.cpu_us_per_read
+                        .map_or("-".into(), |v| format!("{v:.2}µs")),
+                    c.reads_per_enter
+                        .map_or(String::new(), |v| format!("  reads/enter {v:.1}"))
+                );
+                cells.push(c);
+            }
+            Err(e) if e.starts_with("verification failed") => {
+                return Err(format!(
+                    "{e} (regime {}, depth {depth}); run stopped",
+                    regime.name()
+                ));
+            }
+            Err(e) => {
+                println!("{label} FAILED: {e}");
+                all_ok = false;
+                cells.push(Cell::skipped(engine.name(), regime, depth, "failed", e));
+            }
+        }
+    }
+
+    let names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
+    report::fill_ratios(&mut cells, &names);
+    let report = Report {
+        info: RunInfo {
+            started_utc: started,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            git_commit: git_commit(),
+            kernel: kernel(),
+            cpu_model: cpu_model(),
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            mem_total_gib: meminfo("MemTotal:").map_or(0.0, gib),
+            dataset_dir: ds.dir.display().to_string(),
+            files: ds.files,
+            file_size: ds.file_size,
+            dataset_gib: gib(ds.total_bytes()),
+            dataset_generated: ds.generated,
+            dataset_seconds: ds_secs,
+            hot_set_files: hot_files,
+            hot_set_gib: gib(hot_files as u64 * ds.file_size),
+            duration_s: args.duration,
+            workers: args.workers,
+            verify: args.verify,
+            engines: names,
+            depths: args.depths.clone(),
+            regimes: args.regimes.clone(),
+            total_seconds: 0.0,
+        },
+        cells,
+    };
+    let mut report = report;
+    report.info.total_seconds = t_start.elapsed().as_secs_f64();
+
+    println!();
+    println!(
+        "random 4 KiB reads, {} s per cell; hot = {} of {} files cached; cold = evicted before each cell; direct = O_DIRECT",
+        args.duration, hot_files, ds.files
+    );
+    print!("{}", report::side_by_side(&report, Style::Text));
+    println!();
+    print!("{}", report::details(&report, Style::Text));
+    for l in report::skipped(&report) {
+        println!("  {l}");
+    }
+
+    let charts = if args.no_charts {
+        Vec::new()
+    } else {
+        charts::write_all(&report, &out_dir).unwrap_or_else(|e| {
+            eprintln!("warning: {e}");
+            Vec::new()
+        })
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(out_dir.join("report.json"), json)
+        .map_err(|e| format!("write {}: {e}", out_dir.join("report.json").display()))?;
+    std::fs::write(
+        out_dir.join("report.md"),
+        report::markdown(&report, &charts),
+    )
+    .map_err(|e| format!("write {}: {e}", out_dir.join("report.md").display()))?;
+    println!(
+        "\nresults: {} (report.json, report.md, {} SVG charts); total {:.1} s",
+        out_dir.display(),
+        charts.len(),
+        t_start.elapsed().as_secs_f64()
+    );
+    Ok(all_ok)
+}

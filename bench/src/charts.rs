@@ -1,0 +1,189 @@
+//! SVG charts (plotters, SVG backend only): throughput by depth per engine,
+//! and latency CDFs per regime and depth.
+
+use crate::report::{Cell, Report};
+use plotters::prelude::*;
+use std::path::Path;
+
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    C[i % C.len()]
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    format!("chart: {e}")
+}
+
+/// Writes every chart into `dir`; returns the file names written.
+pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    for &regime in &r.info.regimes {
+        let cells: Vec<&Cell> = r
+            .cells
+            .iter()
+            .filter(|c| c.regime == regime && c.ok() && c.reads > 0)
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
+        let name = format!("throughput-{}.svg", regime.name());
+        throughput(r, &cells, &dir.join(&name), regime.name())?;
+        names.push(name);
+        for &depth in &r.info.depths {
+            let at: Vec<&Cell> = cells.iter().copied().filter(|c| c.depth == depth).collect();
+            if at.is_empty() {
+                continue;
+            }
+            let name = format!("latency-{}-depth{depth}.svg", regime.name());
+            latency_cdf(
+                r,
+                &at,
+                &dir.join(&name),
+                &format!("{} depth {depth}", regime.name()),
+            )?;
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+fn throughput(r: &Report, cells: &[&Cell], path: &Path, regime: &str) -> Result<(), String> {
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let dmin = *r.info.depths.iter().min().unwrap_or(&1) as f64;
+    let dmax = (*r.info.depths.iter().max().unwrap_or(&1) as f64).max(dmin * 2.0);
+    let ymax = cells.iter().map(|c| c.reads_per_sec).fold(0.0, f64::max) * 1.15 + 1.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("random 4 KiB reads, {regime}: reads/s by reads in flight"),
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d((dmin / 1.3..dmax * 1.3).log_scale(), 0.0..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("reads in flight (log scale)")
+        .y_desc("reads/s")
+        .x_label_formatter(&|x| format!("{:.0}", x))
+        .y_label_formatter(&|y| crate::report::rate(*y))
+        .draw()
+        .map_err(err)?;
+    for (i, e) in r.info.engines.iter().enumerate() {
+        let mut pts: Vec<(f64, f64)> = cells
+            .iter()
+            .filter(|c| &c.engine == e)
+            .map(|c| (c.depth as f64, c.reads_per_sec))
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let col = color(i);
+        chart
+            .draw_series(LineSeries::new(pts.clone(), col.stroke_width(2)))
+            .map_err(err)?
+            .label(e.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, col.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// y = number of nines of the quantile: 1 = p90, 2 = p99, 3 = p99.9 ...
+fn nines(q: f64) -> f64 {
+    (-(1.0 - q).max(1e-6).log10()).min(6.0)
+}
+
+fn latency_cdf(r: &Report, cells: &[&Cell], path: &Path, what: &str) -> Result<(), String> {
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let pts = cells
+        .iter()
+        .flat_map(|c| c.cdf.iter().map(|p| p.0))
+        .filter(|&x| x > 0.0);
+    let xmin = pts.clone().fold(f64::INFINITY, f64::min).max(0.05);
+    let xmax = pts.fold(0.0, f64::max).max(xmin * 10.0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("latency CDF, {what} (tail stretched)"),
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((xmin / 1.2..xmax * 1.2).log_scale(), 0.0..5.5)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("latency, µs (log scale)")
+        .y_desc("percentile")
+        .y_labels(12)
+        .y_label_formatter(&|y: &f64| match (*y * 2.0).round() as i64 {
+            0 => "p0".into(),
+            1 => "p68".into(),
+            2 => "p90".into(),
+            4 => "p99".into(),
+            6 => "p99.9".into(),
+            8 => "p99.99".into(),
+            10 => "p99.999".into(),
+            _ => String::new(),
+        })
+        .x_label_formatter(&|x| {
+            if *x >= 1000.0 {
+                format!("{:.0}ms", x / 1000.0)
+            } else {
+                format!("{x:.0}")
+            }
+        })
+        .draw()
+        .map_err(err)?;
+    for c in cells {
+        let i = r
+            .info
+            .engines
+            .iter()
+            .position(|e| e == &c.engine)
+            .unwrap_or(0);
+        let col = color(i);
+        let line: Vec<(f64, f64)> = c
+            .cdf
+            .iter()
+            .filter(|p| p.0 > 0.0)
+            .map(|&(x, q)| (x, nines(q)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(line, col.stroke_width(2)))
+            .map_err(err)?
+            .label(c.engine.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}

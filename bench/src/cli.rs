@@ -1,0 +1,234 @@
+//! Command-line flags.
+
+use crate::engines::EngineKind;
+use crate::verify::VerifyMode;
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+
+/// How the page cache is set up before each cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regime {
+    /// Working set read once beforehand and resident in the page cache.
+    Hot,
+    /// Every dataset file evicted (posix_fadvise DONTNEED) before the cell.
+    Cold,
+    /// O_DIRECT: the page cache is bypassed (mmap: n/a).
+    Direct,
+}
+
+impl Regime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::Hot => "hot",
+            Regime::Cold => "cold",
+            Regime::Direct => "direct",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// Parses sizes like `4096`, `64K`, `512MiB`, `1G`, `1.5GiB` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => return Err(format!("invalid size unit {u:?} in {s:?} (use K, M, G, T)")),
+    };
+    let v = n * mult as f64;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("invalid size {s:?}"));
+    }
+    Ok(v as u64)
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('s');
+    let (v, scale) = match t.strip_suffix("m") {
+        Some(ms) => (ms, 0.001),
+        None => (t, 1.0),
+    };
+    let v: f64 = v
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 2.5, 2.5s, 200ms)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("duration must be positive, got {s:?}"));
+    }
+    Ok(v * scale)
+}
+
+fn parse_depth(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(d) if (1..=65536).contains(&d) => Ok(d),
+        _ => Err(format!(
+            "invalid depth {s:?}: reads in flight must be 1..=65536"
+        )),
+    }
+}
+
+/// Random 4 KiB positioned reads: io_uring (uring-positioned-io) against mmap,
+/// pread threads, tokio::fs, tokio-uring, a raw io_uring loop and fio, hot and
+/// cold, every block verified.
+///
+/// With no arguments: makes (or reuses) an 8 x 1 GiB dataset in ./bench-data,
+/// runs `uring` and `mmap` at 8, 32 and 512 reads in flight, hot and cold,
+/// prints the table and writes JSON, Markdown and SVG charts to
+/// ./bench-results/<time>/.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "uring-bench", version, about, long_about = None)]
+pub struct Args {
+    /// Engines to run (comma separated or repeated); `all` runs every engine.
+    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap"])]
+    pub engines: Vec<EngineKind>,
+
+    /// Reads in flight per engine (tasks / threads / ring slots / fio iodepth).
+    #[arg(short, long, value_delimiter = ',', default_values = ["8", "32", "512"], value_parser = parse_depth)]
+    pub depths: Vec<usize>,
+
+    /// Page-cache regimes.
+    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
+    pub regimes: Vec<Regime>,
+
+    /// Measured time per cell, in seconds (`2.5`, `60s`, `200ms`).
+    #[arg(short = 't', long, default_value = "2.5", value_parser = parse_secs)]
+    pub duration: f64,
+
+    /// Tokio worker threads for the `uring` and `tokio-fs` engines.
+    #[arg(short, long, default_value_t = 2)]
+    pub workers: usize,
+
+    /// Number of dataset files.
+    #[arg(long, default_value_t = 8)]
+    pub files: u32,
+
+    /// Size of each dataset file (multiple of 4 KiB; K/M/G/T suffixes).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub file_size: u64,
+
+    /// Directory holding the dataset (created and reused).
+    #[arg(long, default_value = "bench-data")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the dataset contents.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+
+    /// Fail instead of generating when no matching dataset exists.
+    #[arg(long)]
+    pub no_generate: bool,
+
+    /// Only make (or check) the dataset, run nothing.
+    #[arg(long, conflicts_with = "no_generate")]
+    pub generate_only: bool,
+
+    /// Hot working set in bytes (whole files from file 0); default: the whole
+    /// dataset if it fits in half of the available memory, otherwise what fits.
+    #[arg(long, value_parser = parse_size)]
+    pub hot_set: Option<u64>,
+
+    /// Where run directories are created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
+
+    /// Per-read verification.
+    #[arg(long, value_enum, default_value_t = VerifyMode::Checksum)]
+    pub verify: VerifyMode,
+
+    /// io_uring rings of the `uring` engine (library default if unset).
+    #[arg(long)]
+    pub uring_rings: Option<usize>,
+
+    /// Entries per ring of the `uring` engine.
+    #[arg(long, default_value_t = 256)]
+    pub uring_entries: u32,
+
+    /// Reads in flight the `uring` engine's context admits (default: max(1024, depth)).
+    #[arg(long)]
+    pub uring_max_in_flight: Option<usize>,
+
+    /// RWF_NOWAIT page-cache fast path of the `uring` engine (library default if unset).
+    #[arg(long, value_enum)]
+    pub uring_inline: Option<OnOff>,
+
+    /// Path of the fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: PathBuf,
+
+    /// Skip charts (SVG).
+    #[arg(long)]
+    pub no_charts: bool,
+
+    /// No progress bar, fewer messages.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl Args {
+    /// Engines in a stable order, `all` expanded, duplicates removed.
+    pub fn engine_list(&self) -> Vec<EngineKind> {
+        let mut out = Vec::new();
+        for &e in &self.engines {
+            let add: Vec<EngineKind> = if e == EngineKind::All {
+                EngineKind::ALL.to_vec()
+            } else {
+                vec![e]
+            };
+            for a in add {
+                if !out.contains(&a) {
+                    out.push(a);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 {
+            return Err("--workers must be at least 1".into());
+        }
+        if self.uring_entries == 0 {
+            return Err("--uring-entries must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("x").is_err());
+        assert_eq!(parse_secs("200ms").unwrap(), 0.2);
+        assert_eq!(parse_secs("2.5").unwrap(), 2.5);
+        assert!(parse_secs("0").is_err());
+    }
+    #[test]
+    fn defaults() {
+        let a = Args::parse_from(["uring-bench"]);
+        assert_eq!(a.engine_list(), vec![EngineKind::Uring, EngineKind::Mmap]);
+        assert_eq!(a.depths, vec![8, 32, 512]);
+        assert_eq!(a.regimes, vec![Regime::Hot, Regime::Cold]);
+        let a = Args::parse_from(["uring-bench", "-e", "all,uring"]);
+        assert_eq!(a.engine_list().len(), EngineKind::ALL.len());
+    }
+}

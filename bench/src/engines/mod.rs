@@ -1,0 +1,525 @@
+//! Engines and the per-cell machinery they share: random target selection,
+//! verification, latency histograms, the stop clock and CPU accounting.
+//!
+//! Every engine does the same work per read: pick a uniformly random
+//! (file, block) of the working set from its own RNG, read those 4 KiB,
+//! verify the block, record the latency. Thread engines use [`run_threads`],
+//! async engines [`read_loop`]; `uring-raw` and `fio` drive their own loops
+//! but use the same [`Worker`] (or report fio's own figures).
+
+pub mod fio;
+pub mod mmap;
+pub mod pread;
+pub mod tokio_fs;
+pub mod tokio_uring;
+pub mod uring;
+pub mod uring_raw;
+
+use crate::buf::AlignedBlock;
+use crate::cli::{OnOff, Regime};
+use crate::dataset::Dataset;
+use crate::verify::{verify_block, VerifyMode, BLOCK};
+use hdrhistogram::Histogram;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The engines, by report name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// uring-positioned-io on a multi-thread tokio runtime.
+    Uring,
+    /// OS threads copying out of MADV_RANDOM mappings.
+    Mmap,
+    /// OS threads calling pread(2).
+    Pread,
+    /// tokio tasks doing spawn_blocking + pread (what tokio::fs does).
+    TokioFs,
+    /// tokio-uring 0.5 (own runtime), read_at on owned buffers.
+    TokioUring,
+    /// Single-thread raw io_uring loop (io-uring crate, fixed files).
+    UringRaw,
+    /// fio, ioengine=io_uring, on the same files.
+    Fio,
+    /// Every engine above.
+    All,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 7] = [
+        EngineKind::Uring,
+        EngineKind::Mmap,
+        EngineKind::Pread,
+        EngineKind::TokioFs,
+        EngineKind::TokioUring,
+        EngineKind::UringRaw,
+        EngineKind::Fio,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Uring => "uring",
+            EngineKind::Mmap => "mmap",
+            EngineKind::Pread => "pread",
+            EngineKind::TokioFs => "tokio-fs",
+            EngineKind::TokioUring => "tokio-uring",
+            EngineKind::UringRaw => "uring-raw",
+            EngineKind::Fio => "fio",
+            EngineKind::All => "all",
+        }
+    }
+}
+
+/// Options of the `uring` engine.
+#[derive(Debug, Clone)]
+pub struct UringOpts {
+    pub rings: Option<usize>,
+    pub entries: u32,
+    pub max_in_flight: Option<usize>,
+    pub inline: Option<OnOff>,
+}
+
+/// Everything one cell needs.
+#[derive(Debug, Clone)]
+pub struct CellSpec<'a> {
+    pub engine: EngineKind,
+    pub regime: Regime,
+    pub depth: usize,
+    pub duration: Duration,
+    pub workers: usize,
+    pub verify: VerifyMode,
+    pub dataset: &'a Dataset,
+    /// Files `0..set_files` form the working set.
+    pub set_files: u32,
+    pub uring: UringOpts,
+    pub fio: PathBuf,
+}
+
+impl CellSpec<'_> {
+    pub fn direct(&self) -> bool {
+        self.regime == Regime::Direct
+    }
+
+    pub fn workload(&self) -> Workload {
+        Workload {
+            files: self.set_files,
+            blocks: self.dataset.blocks_per_file(),
+            seed: self.dataset.seed,
+            verify: self.verify,
+            engine: self.engine.name(),
+        }
+    }
+
+    pub fn open_files(&self) -> Result<Vec<std::fs::File>, String> {
+        self.dataset
+            .open(self.set_files, self.direct())
+            .map_err(|e| format!("{}: open dataset: {e}", self.engine.name()))
+    }
+}
+
+/// The random-read workload (shared, read-only).
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub files: u32,
+    pub blocks: u64,
+    pub seed: u64,
+    pub verify: VerifyMode,
+    pub engine: &'static str,
+}
+
+/// One read: a block of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub file: u32,
+    pub block: u64,
+}
+
+impl Target {
+    pub fn offset(self) -> u64 {
+        self.block * BLOCK as u64
+    }
+}
+
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Per-thread / per-task state: RNG, latency histogram, read count.
+pub struct Worker {
+    rng: u64,
+    wl: Workload,
+    pub hist: Histogram<u64>,
+    pub reads: u64,
+}
+
+impl Worker {
+    pub fn new(wl: Workload, id: u64) -> Worker {
+        let mut rng = (id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ wl.seed.rotate_left(17);
+        if rng == 0 {
+            rng = 1;
+        }
+        Worker {
+            rng,
+            wl,
+            hist: new_histogram(),
+            reads: 0,
+        }
+    }
+
+    #[inline]
+    fn rand(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A uniformly random block of the working set.
+    #[inline]
+    pub fn next(&mut self) -> Target {
+        let a = self.rand();
+        let b = self.rand();
+        let file = ((a as u128 * self.wl.files as u128) >> 64) as u32;
+        let block = ((b as u128 * self.wl.blocks as u128) >> 64) as u64;
+        Target { file, block }
+    }
+
+    /// Checks the result of a read of `t` into `buf` started at `started`
+    /// and records its latency.
+    #[inline]
+    pub fn complete(
+        &mut self,
+        t: Target,
+        res: io::Result<usize>,
+        buf: &[u8],
+        started: Instant,
+    ) -> Result<(), String> {
+        let ns = started.elapsed().as_nanos() as u64;
+        let n = res.map_err(|e| {
+            format!(
+                "engine {}: read of file {} block {} failed: {e}",
+                self.wl.engine, t.file, t.block
+            )
+        })?;
+        verify_block(
+            self.wl.verify,
+            self.wl.seed,
+            t.file,
+            t.block,
+            &buf[..n.min(buf.len())],
+        )
+        .map_err(|e| format!("verification failed in engine {}: {e}", self.wl.engine))?;
+        self.hist.saturating_record(ns.max(1));
+        self.reads += 1;
+        Ok(())
+    }
+}
+
+/// Stop flag plus the first failure of a cell.
+#[derive(Default)]
+pub struct Stop {
+    flag: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+impl Stop {
+    #[inline]
+    pub fn stopped(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+    }
+
+    pub fn fail(&self, msg: String) {
+        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        e.get_or_insert(msg);
+        self.stop();
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// User and system CPU seconds of this process so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    pub user: f64,
+    pub sys: f64,
+}
+
+pub fn cpu_now() -> Cpu {
+    // SAFETY: getrusage writes into the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Cpu {
+        user: s(ru.ru_utime),
+        sys: s(ru.ru_stime),
+    }
+}
+
+/// What an engine measured in one cell.
+pub struct Measured {
+    pub hist: Histogram<u64>,
+    pub reads: u64,
+    pub elapsed: Duration,
+    pub cpu: Cpu,
+    pub reads_per_enter: Option<f64>,
+    /// Extra facts for the report (backend, limits hit, ...).
+    pub notes: Vec<String>,
+    /// Latency CDF points (ns, quantile) when no histogram is available (fio).
+    pub cdf: Option<Vec<(f64, f64)>>,
+    /// Whether every read was verified.
+    pub verified: bool,
+}
+
+/// The timed window of a cell: starts the clock and CPU accounting, and a
+/// watchdog thread that raises the stop flag after the duration.
+pub struct Clock {
+    t0: Instant,
+    cpu0: Cpu,
+}
+
+impl Clock {
+    pub fn start(duration: Duration, stop: &std::sync::Arc<Stop>) -> Clock {
+        let stop = stop.clone();
+        let t0 = Instant::now();
+        std::thread::spawn(move || {
+            while !stop.stopped() {
+                let left = duration.saturating_sub(t0.elapsed());
+                if left.is_zero() {
+                    stop.stop();
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(20)));
+            }
+        });
+        Clock {
+            t0,
+            cpu0: cpu_now(),
+        }
+    }
+
+    /// Ends the window (after every worker has finished) and merges the workers.
+    pub fn finish(self, workers: Vec<Worker>, stop: &Stop) -> Result<Measured, String> {
+        let elapsed = self.t0.elapsed();
+        let cpu1 = cpu_now();
+        stop.stop();
+        if let Some(e) = stop.error() {
+            return Err(e);
+        }
+        let mut hist = new_histogram();
+        let mut reads = 0;
+        for w in workers {
+            hist.add(&w.hist).expect("same histogram bounds");
+            reads += w.reads;
+        }
+        Ok(Measured {
+            hist,
+            reads,
+            elapsed,
+            cpu: Cpu {
+                user: cpu1.user - self.cpu0.user,
+                sys: cpu1.sys - self.cpu0.sys,
+            },
+            reads_per_enter: None,
+            notes: Vec::new(),
+            cdf: None,
+            verified: true,
+        })
+    }
+}
+
+/// A start gate for threads: the clock starts only once all are running.
+struct Gate {
+    state: Mutex<(usize, bool)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn arrive_and_wait(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 += 1;
+        self.cv.notify_all();
+        while !s.1 {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn wait_for(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while s.0 < n {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Runs `spec.depth` OS threads, each looping read -> verify -> record with
+/// its own buffer, for the cell's duration. `read` fills the buffer with
+/// block `t` and returns the byte count.
+pub fn run_threads<R>(spec: &CellSpec, read: R) -> Result<Measured, String>
+where
+    R: Fn(Target, &mut AlignedBlock) -> io::Result<usize> + Sync,
+{
+    let wl = spec.workload();
+    let stop = std::sync::Arc::new(Stop::default());
+    let gate = Gate {
+        state: Mutex::new((0, false)),
+        cv: Condvar::new(),
+    };
+    std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(spec.depth);
+        let mut spawn_error = None;
+        for id in 0..spec.depth {
+            let (stop, gate, read) = (&stop, &gate, &read);
+            let h = std::thread::Builder::new()
+                .name(format!("{}-{id}", wl.engine))
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || {
+                    let mut w = Worker::new(wl, id as u64);
+                    let mut buf = AlignedBlock::new();
+                    gate.arrive_and_wait();
+                    while !stop.stopped() {
+                        let t = w.next();
+                        let t0 = Instant::now();
+                        let r = read(t, &mut buf);
+                        if let Err(e) = w.complete(t, r, &buf, t0) {
+                            stop.fail(e);
+                            break;
+                        }
+                    }
+                    w
+                });
+            match h {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    spawn_error = Some(format!(
+                        "{}: could not start thread {id} of {}: {e}",
+                        wl.engine, spec.depth
+                    ));
+                    break;
+                }
+            }
+        }
+        gate.wait_for(handles.len());
+        if let Some(e) = spawn_error {
+            stop.fail(e);
+        }
+        let clock = Clock::start(spec.duration, &stop);
+        gate.open();
+        let workers: Vec<Worker> = handles
+            .into_iter()
+            .map(|h| h.join().expect("bench worker thread panicked"))
+            .collect();
+        clock.finish(workers, &stop)
+    })
+}
+
+/// The async per-task loop shared by the async engines: `read` is the
+/// engine's read of one block into an owned aligned buffer.
+pub async fn read_loop<F, Fut>(mut read: F, mut w: Worker, stop: &Stop) -> Worker
+where
+    F: FnMut(Target, AlignedBlock) -> Fut,
+    Fut: Future<Output = (io::Result<usize>, AlignedBlock)>,
+{
+    let mut buf = AlignedBlock::new();
+    while !stop.stopped() {
+        let t = w.next();
+        let t0 = Instant::now();
+        let (r, b) = read(t, buf).await;
+        buf = b;
+        if let Err(e) = w.complete(t, r, &buf, t0) {
+            stop.fail(e);
+            break;
+        }
+    }
+    w
+}
+
+/// Runs one cell of an engine (the regime has already been applied).
+pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+    let name = spec.engine.name();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match spec.engine {
+        EngineKind::Uring => uring::run(spec),
+        EngineKind::Mmap => mmap::run(spec),
+        EngineKind::Pread => pread::run(spec),
+        EngineKind::TokioFs => tokio_fs::run(spec),
+        EngineKind::TokioUring => tokio_uring::run(spec),
+        EngineKind::UringRaw => uring_raw::run(spec),
+        EngineKind::Fio => fio::run(spec),
+        EngineKind::All => Err("`all` is not an engine".into()),
+    }));
+    match r {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(format!("engine {name} panicked: {msg}"))
+        }
+    }
+}
+
+/// Why an engine cannot run a regime at all (reported as n/a).
+pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str> {
+    match (engine, regime) {
+        (EngineKind::Mmap, Regime::Direct) => {
+            Some("mmap always goes through the page cache; O_DIRECT does not apply")
+        }
+        _ => None,
+    }
+}
+
+/// Runs `tokio` multi-thread runtime tasks of the async loop: `spawn_task`
+/// is called once per task with its worker and must return the task's future.
+pub fn run_tokio_tasks<S, Fut>(
+    spec: &CellSpec,
+    rt: &tokio::runtime::Runtime,
+    mut spawn_task: S,
+) -> Result<Measured, String>
+where
+    S: FnMut(Worker, std::sync::Arc<Stop>) -> Fut,
+    Fut: Future<Output = Worker> + Send + 'static,
+{
+    let wl = spec.workload();
+    let stop = std::sync::Arc::new(Stop::default());
+    let clock = Clock::start(spec.duration, &stop);
+    let handles: Vec<_> = (0..spec.depth)
+        .map(|id| rt.spawn(spawn_task(Worker::new(wl, id as u64), stop.clone())))
+        .collect();
+    let workers = rt.block_on(async {
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            match h.await {
+                Ok(w) => out.push(w),
+                Err(e) => stop.fail(format!("engine {}: task failed: {e}", wl.engine)),
+            }
+        }
+        out
+    });
+    clock.finish(workers, &stop)
+}
+
+pub fn tokio_runtime(workers: usize, blocking: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .max_blocking_threads(blocking.max(1))
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot build tokio runtime: {e}"))
+}

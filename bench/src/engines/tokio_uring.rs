@@ -1,0 +1,48 @@
+//! `tokio-uring`: the tokio-uring 0.5 crate on its own (single-thread)
+//! runtime, `depth` tasks calling `read_at` with owned aligned buffers.
+
+use super::{read_loop, CellSpec, Clock, Measured, Stop, Worker};
+use std::rc::Rc;
+use std::sync::Arc;
+
+pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+    let std_files = spec.open_files()?;
+    let wl = spec.workload();
+    let entries = (spec.depth.next_power_of_two() as u32).clamp(256, 4096);
+    let depth = spec.depth;
+    let duration = spec.duration;
+    // tokio_uring::start takes over the thread; run it on its own thread.
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            tokio_uring::builder().entries(entries).start(async move {
+                let files: Rc<Vec<tokio_uring::fs::File>> =
+                    Rc::new(std_files.into_iter().map(tokio_uring::fs::File::from_std).collect());
+                let stop = Arc::new(Stop::default());
+                let clock = Clock::start(duration, &stop);
+                let handles: Vec<_> = (0..depth)
+                    .map(|id| {
+                        let files = files.clone();
+                        let stop = stop.clone();
+                        tokio_uring::spawn(async move {
+                            let files = &files;
+                            let read = |t: super::Target, buf: crate::buf::AlignedBlock| async move {
+                                files[t.file as usize].read_at(buf, t.offset()).await
+                            };
+                            read_loop(read, Worker::new(wl, id as u64), &stop).await
+                        })
+                    })
+                    .collect();
+                let mut workers = Vec::with_capacity(depth);
+                for h in handles {
+                    match h.await {
+                        Ok(w) => workers.push(w),
+                        Err(e) => stop.fail(format!("engine tokio-uring: task failed: {e}")),
+                    }
+                }
+                clock.finish(workers, &stop)
+            })
+        })
+        .join()
+        .map_err(|_| "engine tokio-uring: runtime thread panicked".to_string())?
+    })
+}

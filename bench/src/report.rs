@@ -1,0 +1,528 @@
+//! Results: per-cell summaries, ratios, the terminal table, JSON and Markdown.
+
+use crate::cli::Regime;
+use crate::engines::Measured;
+use crate::verify::BLOCK;
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Latency summary in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub p9999: f64,
+    pub max: f64,
+}
+
+/// One (engine, regime, depth) result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub engine: String,
+    pub regime: Regime,
+    pub depth: usize,
+    /// "ok", "n/a" (engine cannot do this regime), "not-run" (tool missing)
+    /// or "failed".
+    pub status: String,
+    pub reason: Option<String>,
+    pub reads: u64,
+    pub seconds: f64,
+    pub reads_per_sec: f64,
+    pub mb_per_sec: f64,
+    /// reads/s divided by the baseline engine's reads/s in the same regime and depth.
+    pub ratio: Option<f64>,
+    pub baseline: Option<String>,
+    pub latency_us: Option<Latency>,
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    /// (user + sys CPU) / reads, microseconds.
+    pub cpu_us_per_read: Option<f64>,
+    /// Reads per io_uring_enter (uring: from ctx.stats(); uring-raw: own count).
+    pub reads_per_enter: Option<f64>,
+    /// Page-cache residency of the files read, measured (mincore) just
+    /// before the timed window.
+    pub cached_before: Option<f64>,
+    pub verified: bool,
+    pub notes: Vec<String>,
+    /// Latency CDF: (microseconds, quantile).
+    pub cdf: Vec<(f64, f64)>,
+}
+
+impl Cell {
+    pub fn skipped(
+        engine: &str,
+        regime: Regime,
+        depth: usize,
+        status: &str,
+        reason: String,
+    ) -> Cell {
+        Cell {
+            engine: engine.into(),
+            regime,
+            depth,
+            status: status.into(),
+            reason: Some(reason),
+            reads: 0,
+            seconds: 0.0,
+            reads_per_sec: 0.0,
+            mb_per_sec: 0.0,
+            ratio: None,
+            baseline: None,
+            latency_us: None,
+            cpu_user_s: 0.0,
+            cpu_sys_s: 0.0,
+            cpu_us_per_read: None,
+            reads_per_enter: None,
+            cached_before: None,
+            verified: false,
+            notes: Vec::new(),
+            cdf: Vec::new(),
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.status == "ok"
+    }
+
+    pub fn from_measured(
+        engine: &str,
+        regime: Regime,
+        depth: usize,
+        m: Measured,
+        cached_before: Option<f64>,
+    ) -> Cell {
+        let secs = m.elapsed.as_secs_f64().max(1e-9);
+        let us = |ns: f64| ns / 1000.0;
+        let (latency, cdf) = match &m.cdf {
+            Some(points) => {
+                let at = |q: f64| {
+                    points
+                        .iter()
+                        .find(|p| p.1 >= q - 1e-12)
+                        .or(points.last())
+                        .map_or(0.0, |p| us(p.0))
+                };
+                (
+                    Latency {
+                        p50: at(0.5),
+                        p90: at(0.9),
+                        p99: at(0.99),
+                        p999: at(0.999),
+                        p9999: at(0.9999),
+                        max: at(1.0),
+                    },
+                    points.iter().map(|&(ns, q)| (us(ns), q)).collect(),
+                )
+            }
+            None => {
+                let h = &m.hist;
+                let q = |q: f64| us(h.value_at_quantile(q) as f64);
+                let mut cdf = vec![(us(h.min() as f64), 0.0)];
+                for i in 1..20 {
+                    let qq = i as f64 / 20.0;
+                    cdf.push((q(qq), qq));
+                }
+                for k in 14..=50 {
+                    let qq = 1.0 - 10f64.powf(-(k as f64) / 10.0);
+                    cdf.push((q(qq), qq));
+                }
+                cdf.push((us(h.max() as f64), 1.0));
+                (
+                    Latency {
+                        p50: q(0.5),
+                        p90: q(0.9),
+                        p99: q(0.99),
+                        p999: q(0.999),
+                        p9999: q(0.9999),
+                        max: us(h.max() as f64),
+                    },
+                    cdf,
+                )
+            }
+        };
+        let cpu = m.cpu.user + m.cpu.sys;
+        Cell {
+            engine: engine.into(),
+            regime,
+            depth,
+            status: "ok".into(),
+            reason: None,
+            reads: m.reads,
+            seconds: secs,
+            reads_per_sec: m.reads as f64 / secs,
+            mb_per_sec: m.reads as f64 * BLOCK as f64 / secs / 1e6,
+            ratio: None,
+            baseline: None,
+            latency_us: (m.reads > 0).then_some(latency),
+            cpu_user_s: m.cpu.user,
+            cpu_sys_s: m.cpu.sys,
+            cpu_us_per_read: (m.reads > 0).then(|| cpu * 1e6 / m.reads as f64),
+            reads_per_enter: m.reads_per_enter,
+            cached_before,
+            verified: m.verified,
+            notes: m.notes,
+            cdf,
+        }
+    }
+}
+
+/// Fills `ratio`/`baseline`: per (regime, depth) the baseline is mmap when it
+/// ran, otherwise fio, otherwise the first engine (in run order) that ran.
+pub fn fill_ratios(cells: &mut [Cell], engine_order: &[String]) {
+    let keys: Vec<(Regime, usize)> = cells.iter().map(|c| (c.regime, c.depth)).collect();
+    for (regime, depth) in keys {
+        let find = |name: &str, cells: &[Cell]| {
+            cells
+                .iter()
+                .find(|c| c.regime == regime && c.depth == depth && c.engine == name && c.ok())
+                .map(|c| (c.engine.clone(), c.reads_per_sec))
+        };
+        let base = find("mmap", cells)
+            .or_else(|| find("fio", cells))
+            .or_else(|| engine_order.iter().find_map(|e| find(e, cells)));
+        if let Some((name, rate)) = base {
+            for c in cells
+                .iter_mut()
+                .filter(|c| c.regime == regime && c.depth == depth && c.ok())
+            {
+                c.baseline = Some(name.clone());
+                c.ratio = (rate > 0.0).then(|| c.reads_per_sec / rate);
+            }
+        }
+    }
+}
+
+/// Run-level facts.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub started_utc: String,
+    pub command: String,
+    pub git_commit: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+    pub mem_total_gib: f64,
+    pub dataset_dir: String,
+    pub files: u32,
+    pub file_size: u64,
+    pub dataset_gib: f64,
+    pub dataset_generated: bool,
+    pub dataset_seconds: f64,
+    pub hot_set_files: u32,
+    pub hot_set_gib: f64,
+    pub duration_s: f64,
+    pub workers: usize,
+    pub verify: crate::verify::VerifyMode,
+    pub engines: Vec<String>,
+    pub depths: Vec<usize>,
+    pub regimes: Vec<Regime>,
+    pub total_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub info: RunInfo,
+    pub cells: Vec<Cell>,
+}
+
+pub fn rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.2}M", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1}k", r / 1e3)
+    } else {
+        format!("{r:.0}")
+    }
+}
+
+pub fn micros(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1}ms", us / 1000.0)
+    } else if us >= 100.0 {
+        format!("{us:.0}µs")
+    } else {
+        format!("{us:.1}µs")
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    Text,
+    Markdown,
+}
+
+/// Renders rows as an aligned text table or a Markdown table. The first row is the header.
+pub fn table(rows: &[Vec<String>], style: Style) -> String {
+    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r.get(i).map_or(0, |s| s.chars().count()))
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..cols).map(width).collect();
+    let mut out = String::new();
+    for (n, r) in rows.iter().enumerate() {
+        let cells: Vec<String> = (0..cols)
+            .map(|i| {
+                let s = r.get(i).map_or("", |s| s.as_str());
+                let pad = widths[i].saturating_sub(s.chars().count());
+                if i == 0 {
+                    format!("{s}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{s}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        match style {
+            Style::Text => {
+                let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+                if n == 0 {
+                    let total: usize = widths.iter().sum::<usize>() + 2 * cols.saturating_sub(1);
+                    let _ = writeln!(out, "{}", "-".repeat(total));
+                }
+            }
+            Style::Markdown => {
+                let _ = writeln!(out, "| {} |", cells.join(" | "));
+                if n == 0 {
+                    let seps: Vec<String> = widths
+                        .iter()
+                        .enumerate()
+                        .map(|(i, w)| {
+                            let w = (*w).max(3);
+                            if i == 0 {
+                                "-".repeat(w)
+                            } else {
+                                format!("{}:", "-".repeat(w - 1))
+                            }
+                        })
+                        .collect();
+                    let _ = writeln!(out, "| {} |", seps.join(" | "));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn status_text(c: &Cell) -> String {
+    match c.status.as_str() {
+        "ok" => String::new(),
+        s => s.to_string(),
+    }
+}
+
+/// Side-by-side: one row per (regime, depth), one column per engine with
+/// reads/s and the ratio to the baseline.
+pub fn side_by_side(r: &Report, style: Style) -> String {
+    let engines = &r.info.engines;
+    let mut rows = vec![{
+        let mut h = vec!["regime".to_string(), "depth".to_string()];
+        h.extend(engines.iter().map(|e| format!("{e} reads/s (x base)")));
+        h.push("base".into());
+        h
+    }];
+    for &regime in &r.info.regimes {
+        for &depth in &r.info.depths {
+            let mut row = vec![regime.name().to_string(), depth.to_string()];
+            let mut base = String::from("-");
+            for e in engines {
+                let c = r
+                    .cells
+                    .iter()
+                    .find(|c| c.regime == regime && c.depth == depth && &c.engine == e);
+                row.push(match c {
+                    Some(c) if c.ok() => {
+                        if let Some(b) = &c.baseline {
+                            base = b.clone();
+                        }
+                        match c.ratio {
+                            Some(x) => format!("{} ({x:.2}x)", rate(c.reads_per_sec)),
+                            None => rate(c.reads_per_sec),
+                        }
+                    }
+                    Some(c) => status_text(c),
+                    None => "-".into(),
+                });
+            }
+            row.push(base);
+            rows.push(row);
+        }
+    }
+    table(&rows, style)
+}
+
+/// Every cell with all of its figures.
+pub fn details(r: &Report, style: Style) -> String {
+    let mut rows = vec![[
+        "engine",
+        "regime",
+        "depth",
+        "reads/s",
+        "MB/s",
+        "x base",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "p99.99",
+        "max",
+        "CPU/read",
+        "reads/enter",
+        "cached",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect::<Vec<_>>()];
+    for c in &r.cells {
+        let mut row = vec![
+            c.engine.clone(),
+            c.regime.name().into(),
+            c.depth.to_string(),
+        ];
+        if !c.ok() {
+            row.push(c.status.clone());
+            rows.push(row);
+            continue;
+        }
+        row.push(rate(c.reads_per_sec));
+        row.push(format!("{:.0}", c.mb_per_sec));
+        row.push(c.ratio.map_or("-".into(), |x| format!("{x:.2}")));
+        match &c.latency_us {
+            Some(l) => {
+                for v in [l.p50, l.p90, l.p99, l.p999, l.p9999, l.max] {
+                    row.push(micros(v));
+                }
+            }
+            None => row.extend(std::iter::repeat_n("-".to_string(), 6)),
+        }
+        row.push(
+            c.cpu_us_per_read
+                .map_or("-".into(), |v| format!("{v:.2}µs")),
+        );
+        row.push(c.reads_per_enter.map_or("-".into(), |v| format!("{v:.1}")));
+        row.push(
+            c.cached_before
+                .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
+        );
+        rows.push(row);
+    }
+    table(&rows, style)
+}
+
+/// Cells that did not run, with why.
+pub fn skipped(r: &Report) -> Vec<String> {
+    r.cells
+        .iter()
+        .filter(|c| !c.ok())
+        .map(|c| {
+            format!(
+                "{} {} depth {}: {}: {}",
+                c.engine,
+                c.regime.name(),
+                c.depth,
+                c.status,
+                c.reason.as_deref().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+pub fn markdown(r: &Report, charts: &[String]) -> String {
+    let i = &r.info;
+    let mut s = String::new();
+    let _ = writeln!(s, "# uring-bench results\n");
+    let _ = writeln!(s, "- started: {} UTC", i.started_utc);
+    let _ = writeln!(s, "- command: `{}`", i.command);
+    let _ = writeln!(s, "- commit: {}", i.git_commit);
+    let _ = writeln!(
+        s,
+        "- machine: {} ({} CPUs), {:.1} GiB RAM, Linux {}",
+        i.cpu_model, i.cpus, i.mem_total_gib, i.kernel
+    );
+    let _ = writeln!(
+        s,
+        "- dataset: {} files x {:.2} GiB = {:.2} GiB in `{}` ({})",
+        i.files,
+        i.file_size as f64 / (1u64 << 30) as f64,
+        i.dataset_gib,
+        i.dataset_dir,
+        if i.dataset_generated {
+            "generated"
+        } else {
+            "reused"
+        }
+    );
+    let _ = writeln!(
+        s,
+        "- hot working set: {} files ({:.2} GiB); cold: all files evicted before each cell; direct: O_DIRECT",
+        i.hot_set_files, i.hot_set_gib
+    );
+    let _ = writeln!(
+        s,
+        "- {} s per cell, {} tokio workers, every block verified ({:?}) except fio's",
+        i.duration_s, i.workers, i.verify
+    );
+    let _ = writeln!(s, "\n## Throughput (ratio to the baseline engine)\n");
+    s.push_str(&side_by_side(r, Style::Markdown));
+    let _ = writeln!(s, "\n## All figures\n");
+    let _ = writeln!(
+        s,
+        "Latency per read in the engine's own terms (task/thread view; fio: clat). \
+         CPU/read = (user+sys CPU of the process) / reads. `cached` = page-cache residency \
+         of the files read, measured just before the cell.\n"
+    );
+    s.push_str(&details(r, Style::Markdown));
+    let sk = skipped(r);
+    if !sk.is_empty() {
+        let _ = writeln!(s, "\n## Not run\n");
+        for l in sk {
+            let _ = writeln!(s, "- {l}");
+        }
+    }
+    let notes: Vec<String> = r
+        .cells
+        .iter()
+        .filter(|c| c.ok() && !c.notes.is_empty())
+        .map(|c| {
+            format!(
+                "- {} {} {}: {}",
+                c.engine,
+                c.regime.name(),
+                c.depth,
+                c.notes.join("; ")
+            )
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\n## Engine notes\n");
+        for n in notes {
+            let _ = writeln!(s, "{n}");
+        }
+    }
+    if !charts.is_empty() {
+        let _ = writeln!(s, "\n## Charts\n");
+        for c in charts {
+            let _ = writeln!(s, "![{c}]({c})");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn tables_align() {
+        let rows = vec![
+            vec!["a".to_string(), "bb".to_string()],
+            vec!["ccc".to_string(), "d".to_string()],
+        ];
+        let t = table(&rows, Style::Text);
+        assert!(t.contains("a    bb"), "{t}");
+        let m = table(&rows, Style::Markdown);
+        assert!(m.starts_with("| a   | bb |"), "{m}");
+    }
+}
