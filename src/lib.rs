@@ -1,167 +1,75 @@
-//! API skeleton; the implementation lands in the following commits.
-#![allow(missing_docs, unused_variables, dead_code)]
-use std::fs::File;
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Duration;
+//! Positioned file reads through io_uring for ordinary tokio runtimes.
+//!
+//! `uring-positioned-io` lets async code on a stock tokio runtime
+//! (`multi_thread` or `current_thread`) await random reads of files —
+//! `ctx.read(fid, offset, &mut buf).await` — with thousands in flight, without
+//! blocking worker threads and without a hop to the blocking pool per read.
+//!
+//! # Getting started
+//!
+//! ```
+//! use std::io::Write;
+//! use uring_positioned_io::UringContext;
+//!
+//! # fn main() -> std::io::Result<()> {
+//! let mut file = tempfile::tempfile()?;
+//! file.write_all(b"hello, positioned world")?;
+//!
+//! let rt = tokio::runtime::Runtime::new()?;
+//! rt.block_on(async {
+//!     // File ids are indices into this Vec.
+//!     let ctx = UringContext::new(vec![file])?;
+//!     let mut buf = [0u8; 10];
+//!     let n = ctx.read(0, 7, &mut buf).await?;
+//!     assert_eq!(&buf[..n], b"positioned");
+//!
+//!     // Owned buffers avoid the copy: the kernel writes straight into them.
+//!     let (res, buf) = ctx.read_owned(0, 0, vec![0u8; 5]).await;
+//!     assert_eq!((res?, &buf[..]), (5, &b"hello"[..]));
+//!     println!("backend: {}, {:?}", ctx.backend(), ctx.stats());
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! A [`UringContext`] owns one io_uring ring per runtime worker (by default)
+//! and spawns one background *driver* task per ring. A read first tries the
+//! page cache inline with `preadv2(RWF_NOWAIT)`; on a miss it queues an SQE and
+//! wakes the driver, which submits everything queued with one
+//! `io_uring_enter`, reaps every completion and wakes the reading tasks. An
+//! idle driver sleeps on an eventfd the kernel signals: an idle context costs
+//! no CPU. See `docs/DESIGN.md` for the full design and measurements.
+//!
+//! # Ownership and cancellation
+//!
+//! The kernel never writes into memory the caller owns through a borrow:
+//! [`UringContext::read`] reads into a bounce buffer owned by the in-flight
+//! operation and copies the bytes out on completion. Dropping a read future
+//! at any point is therefore safe: an operation still in the kernel is marked
+//! *ignored* and its buffer is recycled only when its completion arrives.
+//! [`UringContext::read_owned`] takes the buffer by value instead (no copy); a
+//! dropped owned read parks the buffer in the context until the kernel is
+//! done with it.
+//!
+//! # Fallback
+//!
+//! Where io_uring is unavailable (old kernel, seccomp, `io_uring_disabled`,
+//! memlock limits) the same API runs on `pread` in tokio's blocking pool;
+//! [`UringContext::backend`] says which backend runs and why.
+#![deny(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId(u32);
-impl From<u32> for FileId {
-    fn from(v: u32) -> Self {
-        FileId(v)
-    }
-}
-impl FileId {
-    pub fn index(self) -> u32 {
-        self.0
-    }
-}
+mod buf;
+mod context;
+mod fallback;
+mod files;
+mod op;
+mod read;
+mod ring;
+mod sys;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    IoUring,
-    Fallback,
-}
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackendChoice {
-    #[default]
-    Auto,
-    IoUring,
-    Fallback,
-}
-#[derive(Debug, Clone)]
-pub struct BackendInfo {
-    pub kind: BackendKind,
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Stats {
-    pub submitted: u64,
-    pub completed: u64,
-    pub enters: u64,
-    pub inline_completed: u64,
-    pub in_flight: u64,
-}
-impl Stats {
-    pub fn reads_per_enter(&self) -> f64 {
-        0.0
-    }
-}
-
-/// # Safety
-/// The pointer must stay valid and stable for `bytes_total` bytes while the value lives, even if moved.
-pub unsafe trait IoBufMut: Send + 'static {
-    fn stable_mut_ptr(&mut self) -> *mut u8;
-    fn bytes_total(&self) -> usize;
-}
-unsafe impl IoBufMut for Vec<u8> {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.as_mut_ptr()
-    }
-    fn bytes_total(&self) -> usize {
-        self.len()
-    }
-}
-
-#[derive(Debug)]
-pub struct AlignedBuf;
-impl AlignedBuf {
-    pub fn new(len: usize, align: usize) -> AlignedBuf {
-        todo!()
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct Builder;
-impl Builder {
-    pub fn ring_entries(self, n: u32) -> Self {
-        self
-    }
-    pub fn rings(self, n: usize) -> Self {
-        self
-    }
-    pub fn max_in_flight(self, n: usize) -> Self {
-        self
-    }
-    pub fn sqpoll(self, idle: Option<Duration>) -> Self {
-        self
-    }
-    pub fn coop_taskrun(self, on: bool) -> Self {
-        self
-    }
-    pub fn buffer_pool(self, count: usize, size: usize) -> Self {
-        self
-    }
-    pub fn inline_nowait(self, on: bool) -> Self {
-        self
-    }
-    pub fn backend(self, b: BackendChoice) -> Self {
-        self
-    }
-    pub fn build(self, files: Vec<File>) -> io::Result<UringContext> {
-        todo!()
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct UringContext;
-impl UringContext {
-    pub fn new(files: Vec<File>) -> io::Result<Self> {
-        todo!()
-    }
-    pub fn builder() -> Builder {
-        Builder
-    }
-    pub fn read<'a>(
-        &'a self,
-        fid: impl Into<FileId>,
-        offset: u64,
-        buf: &'a mut [u8],
-    ) -> UringReadFuture<'a> {
-        todo!()
-    }
-    pub async fn read_exact(
-        &self,
-        fid: impl Into<FileId>,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> io::Result<()> {
-        todo!()
-    }
-    pub async fn read_owned<B: IoBufMut>(
-        &self,
-        fid: impl Into<FileId>,
-        offset: u64,
-        buf: B,
-    ) -> (io::Result<usize>, B) {
-        todo!()
-    }
-    pub fn register_file(&self, file: File) -> io::Result<FileId> {
-        todo!()
-    }
-    pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
-        todo!()
-    }
-    pub fn backend(&self) -> &BackendInfo {
-        todo!()
-    }
-    pub fn stats(&self) -> Stats {
-        todo!()
-    }
-    pub async fn shutdown(&self) {
-        todo!()
-    }
-}
-
-#[derive(Debug)]
-pub struct UringReadFuture<'a>(std::marker::PhantomData<&'a ()>);
-impl Future for UringReadFuture<'_> {
-    type Output = io::Result<usize>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        todo!()
-    }
-}
+pub use buf::{AlignedBuf, IoBufMut};
+pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
+pub use read::{UringReadFuture, UringReadOwnedFuture};

@@ -1,0 +1,213 @@
+//! Buffers the kernel may write into: the [`IoBufMut`] contract for owned
+//! buffers, [`AlignedBuf`] for `O_DIRECT`, and the per-ring bounce-buffer pool.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// A buffer that can be handed to the kernel by value for a zero-copy read
+/// ([`UringContext::read_owned`](crate::UringContext::read_owned)).
+///
+/// While a read is in flight the crate owns the buffer: if the read future is
+/// dropped, the buffer is parked inside the context until the kernel has
+/// finished with it, and only then dropped.
+///
+/// # Safety
+///
+/// Implementors promise that `stable_mut_ptr` returns a pointer valid for
+/// writes of `bytes_total()` bytes, and that the pointed-to memory neither
+/// moves nor is freed while the value is alive, *even when the value itself
+/// is moved* (heap storage, not inline storage).
+pub unsafe trait IoBufMut: Unpin + Send + 'static {
+    /// Start of the writable region.
+    fn stable_mut_ptr(&mut self) -> *mut u8;
+    /// Length of the writable region in bytes.
+    fn bytes_total(&self) -> usize;
+}
+
+// SAFETY: a Vec's elements live on the heap; moving the Vec moves only its
+// (ptr, len, cap) header, so the pointer stays valid for `len` bytes.
+unsafe impl IoBufMut for Vec<u8> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: a boxed slice is a heap allocation that does not move with the box.
+unsafe impl IoBufMut for Box<[u8]> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: AlignedBuf owns a heap allocation of `len` bytes that lives until drop.
+unsafe impl IoBufMut for AlignedBuf {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+}
+
+/// A zero-initialised heap buffer with a chosen alignment, as `O_DIRECT`
+/// reads require (usually 512 or 4096 bytes).
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    align: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes aligned to `align`.
+    ///
+    /// # Panics
+    ///
+    /// If `align` is not a power of two, or on allocation failure (like `Vec`).
+    pub fn new(len: usize, align: usize) -> AlignedBuf {
+        let layout = Layout::from_size_align(len.max(1), align)
+            .expect("AlignedBuf: align must be a power of two and len must not overflow");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len, align }
+    }
+
+    /// The buffer's alignment in bytes.
+    pub fn align(&self) -> usize {
+        self.align
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid, initialised (zeroed) memory of `len` bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe {
+            alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len.max(1), self.align),
+            )
+        }
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("align", &self.align)
+            .finish()
+    }
+}
+
+/// Page alignment of every bounce buffer, so borrowed reads also work on
+/// files opened with `O_DIRECT`.
+pub(crate) const BOUNCE_ALIGN: usize = 4096;
+
+/// One contiguous, page-aligned region cut into `count` bounce buffers of
+/// `size` bytes. The region belongs to a ring and is freed only after the
+/// ring has reaped every operation (see `Ring::drop`). Which buffer is free
+/// is tracked by the ring's locked state, not here.
+pub(crate) struct BufferPool {
+    region: AlignedBuf,
+    size: usize,
+    count: usize,
+}
+
+impl BufferPool {
+    pub(crate) fn new(count: usize, size: usize) -> BufferPool {
+        let size = size.div_ceil(BOUNCE_ALIGN).max(1) * BOUNCE_ALIGN;
+        BufferPool {
+            region: AlignedBuf::new(size * count, BOUNCE_ALIGN),
+            size,
+            count,
+        }
+    }
+
+    pub(crate) fn buf_size(&self) -> usize {
+        self.size
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Pointer to buffer `index`.
+    pub(crate) fn ptr(&self, index: usize) -> *mut u8 {
+        assert!(index < self.count, "bounce buffer index out of range");
+        // SAFETY: index < count, so the offset stays inside the region.
+        unsafe { self.region.ptr.as_ptr().add(index * self.size) }
+    }
+
+    /// The iovecs to register with the ring, one per buffer.
+    pub(crate) fn iovecs(&self) -> Vec<libc::iovec> {
+        (0..self.count)
+            .map(|i| libc::iovec {
+                iov_base: self.ptr(i).cast(),
+                iov_len: self.size,
+            })
+            .collect()
+    }
+}
+
+impl fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("count", &self.count)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_aligned_and_zeroed() {
+        for &(len, align) in &[(0, 512), (1, 4096), (8192, 4096), (100, 64)] {
+            let b = AlignedBuf::new(len, align);
+            assert_eq!(b.as_ptr() as usize % align, 0);
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn pool_buffers_are_disjoint_and_page_aligned() {
+        let p = BufferPool::new(3, 5000);
+        assert_eq!(p.buf_size(), 8192);
+        for i in 0..3 {
+            assert_eq!(p.ptr(i) as usize % BOUNCE_ALIGN, 0);
+        }
+        assert_eq!(p.ptr(1) as usize - p.ptr(0) as usize, 8192);
+        assert_eq!(p.iovecs().len(), 3);
+    }
+}

@@ -1,0 +1,334 @@
+//! The life of one in-flight read, independent of the kernel.
+//!
+//! Every submitted read owns a slot in an [`OpTable`], keyed by the SQE's
+//! `user_data`. The slot holds everything the kernel may touch (the buffer it
+//! writes into) and everything that must outlive the kernel's use of it (the
+//! file's table entry, the in-flight permit). The future that issued the read
+//! holds only the key. State changes go through `mem::replace` and a `match`:
+//!
+//! ```text
+//!            poll (not done)                  CQE
+//! Waiting(w) ───────────────► Waiting(w') ──────────► Completed(res) ──poll──► removed, result to future
+//!     │                                                    │
+//!     │ future dropped                                     │ future dropped
+//!     ▼                                                    ▼
+//! Ignored(keep) ─────────────── CQE ───────────────► removed, resources released
+//! ```
+//!
+//! The slot is removed, and its buffer released, only in two places: when the
+//! CQE arrives for an `Ignored` op, or when the future collects a `Completed`
+//! result (or is dropped after completion). Both happen after the kernel has
+//! posted the CQE, i.e. after it has stopped touching the buffer.
+
+use std::any::Any;
+use std::fmt;
+use std::mem;
+use std::task::Waker;
+
+use slab::Slab;
+
+use crate::buf::AlignedBuf;
+
+/// Where the kernel writes the bytes of one read.
+pub(crate) enum OpBuf {
+    /// Buffer `index` of the ring's bounce-buffer pool.
+    Pool(u32),
+    /// A one-off bounce buffer for a read larger than the pool's buffers.
+    Heap(AlignedBuf),
+    /// The caller's own buffer (`read_owned`); if the future is dropped it is
+    /// parked in [`Lifecycle::Ignored`].
+    Caller,
+}
+
+impl fmt::Debug for OpBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpBuf::Pool(i) => write!(f, "Pool({i})"),
+            OpBuf::Heap(b) => write!(f, "Heap({})", b.len()),
+            OpBuf::Caller => f.write_str("Caller"),
+        }
+    }
+}
+
+/// The state of one operation.
+pub(crate) enum Lifecycle {
+    /// Queued or in the kernel; the waker of the last poll, if any.
+    Waiting(Option<Waker>),
+    /// The future is gone; whatever the kernel may still write into is kept
+    /// here until the CQE arrives.
+    Ignored(Option<Box<dyn Any + Send>>),
+    /// The CQE arrived with this result; waiting for the future to collect it.
+    Completed(i32),
+}
+
+impl fmt::Debug for Lifecycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lifecycle::Waiting(w) => write!(f, "Waiting(has_waker: {})", w.is_some()),
+            Lifecycle::Ignored(k) => write!(f, "Ignored(keeps: {})", k.is_some()),
+            Lifecycle::Completed(r) => write!(f, "Completed({r})"),
+        }
+    }
+}
+
+/// One slot: the state plus the resources released when the slot is removed.
+/// `R` is what must outlive the kernel's use (file entry, permit); generic so
+/// the lifecycle can be tested without a kernel.
+#[derive(Debug)]
+pub(crate) struct Op<R> {
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) buf: OpBuf,
+    pub(crate) keep: R,
+}
+
+/// What a CQE did to its slot.
+#[derive(Debug)]
+pub(crate) enum OnCqe<R> {
+    /// The future is waiting: wake it (if it was ever polled).
+    Wake(Option<Waker>),
+    /// The future was dropped: the slot is removed, release its resources.
+    Release(Op<R>),
+    /// No such slot (a CQE for an internal SQE such as a cancel).
+    Unknown,
+}
+
+/// The table of operations of one ring.
+#[derive(Debug)]
+pub(crate) struct OpTable<R> {
+    slab: Slab<Op<R>>,
+}
+
+impl<R> Default for OpTable<R> {
+    fn default() -> Self {
+        OpTable { slab: Slab::new() }
+    }
+}
+
+impl<R> OpTable<R> {
+    /// Number of live slots (queued, in the kernel, or completed but not collected).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// Adds a `Waiting` op; returns its key (the SQE's `user_data`).
+    pub(crate) fn insert(&mut self, buf: OpBuf, keep: R) -> usize {
+        self.slab.insert(Op {
+            lifecycle: Lifecycle::Waiting(None),
+            buf,
+            keep,
+        })
+    }
+
+    /// Applies a CQE.
+    pub(crate) fn on_cqe(&mut self, key: usize, res: i32) -> OnCqe<R> {
+        let Some(op) = self.slab.get_mut(key) else {
+            return OnCqe::Unknown;
+        };
+        match mem::replace(&mut op.lifecycle, Lifecycle::Completed(res)) {
+            Lifecycle::Waiting(waker) => OnCqe::Wake(waker),
+            Lifecycle::Ignored(keep) => {
+                drop(keep);
+                OnCqe::Release(self.slab.remove(key))
+            }
+            Lifecycle::Completed(prev) => {
+                // One SQE yields one CQE; a second one means the key was
+                // reused while the kernel still owned it, which would be a bug.
+                op.lifecycle = Lifecycle::Completed(prev);
+                debug_assert!(false, "second CQE for op {key}");
+                OnCqe::Unknown
+            }
+        }
+    }
+
+    /// Polls an op from its future: `Some` (and the slot removed) once the
+    /// CQE is in, otherwise the waker is stored and `None` returned.
+    pub(crate) fn poll(&mut self, key: usize, waker: &Waker) -> Option<(i32, Op<R>)> {
+        let op = self.slab.get_mut(key).expect("polled an unknown op");
+        match &mut op.lifecycle {
+            Lifecycle::Completed(res) => {
+                let res = *res;
+                Some((res, self.slab.remove(key)))
+            }
+            Lifecycle::Waiting(slot) => {
+                match slot {
+                    Some(w) if w.will_wake(waker) => {}
+                    _ => *slot = Some(waker.clone()),
+                }
+                None
+            }
+            Lifecycle::Ignored(_) => unreachable!("polled an op whose future was dropped"),
+        }
+    }
+
+    /// The future is gone. A completed op is removed and returned (release
+    /// its resources); an op the kernel still owns becomes `Ignored`, keeping
+    /// `keep_alive` (e.g. the caller's owned buffer) until its CQE.
+    pub(crate) fn abandon(
+        &mut self,
+        key: usize,
+        keep_alive: Option<Box<dyn Any + Send>>,
+    ) -> Option<Op<R>> {
+        let op = self.slab.get_mut(key)?;
+        match mem::replace(&mut op.lifecycle, Lifecycle::Ignored(None)) {
+            Lifecycle::Completed(_) => Some(self.slab.remove(key)),
+            Lifecycle::Waiting(_) => {
+                op.lifecycle = Lifecycle::Ignored(keep_alive);
+                None
+            }
+            Lifecycle::Ignored(_) => unreachable!("op {key} abandoned twice"),
+        }
+    }
+
+    /// Keys of the ops the kernel still owns (waiting or ignored).
+    #[cfg(test)]
+    pub(crate) fn kernel_owned(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slab
+            .iter()
+            .filter(|(_, op)| !matches!(op.lifecycle, Lifecycle::Completed(_)))
+            .map(|(k, _)| k)
+    }
+
+    /// Wakes every waiting future (shutdown, driver gone).
+    pub(crate) fn take_wakers(&mut self) -> Vec<Waker> {
+        self.slab
+            .iter_mut()
+            .filter_map(|(_, op)| match &mut op.lifecycle {
+                Lifecycle::Waiting(w) => w.take(),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lifecycle driven by synthetic completions: no kernel involved.
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct CountWaker(AtomicUsize);
+    impl Wake for CountWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn waker() -> (Arc<CountWaker>, Waker) {
+        let c = Arc::new(CountWaker(AtomicUsize::new(0)));
+        (c.clone(), Waker::from(c))
+    }
+
+    /// A resource whose drop is observable: stands for the file entry/permit.
+    #[derive(Debug)]
+    struct Tracked(Arc<AtomicUsize>);
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn poll_then_complete_then_collect() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Pool(3), Tracked(drops.clone()));
+        let (count, w) = waker();
+        assert!(t.poll(k, &w).is_none());
+        match t.on_cqe(k, 4096) {
+            OnCqe::Wake(Some(w)) => w.wake(),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        let (res, op) = t.poll(k, &w).expect("completed");
+        assert_eq!(res, 4096);
+        assert!(matches!(op.buf, OpBuf::Pool(3)));
+        assert_eq!(t.len(), 0);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            0,
+            "released by the caller, not the table"
+        );
+        drop(op);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn completion_before_first_poll() {
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Caller, ());
+        assert!(matches!(t.on_cqe(k, -5), OnCqe::Wake(None)));
+        let (_, w) = waker();
+        assert_eq!(t.poll(k, &w).map(|(r, _)| r), Some(-5));
+    }
+
+    #[test]
+    fn drop_in_flight_keeps_resources_until_cqe() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let kept = Arc::new(AtomicUsize::new(0));
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Caller, Tracked(drops.clone()));
+        let (_, w) = waker();
+        assert!(t.poll(k, &w).is_none());
+        // The future is dropped mid-flight and hands over its owned buffer.
+        assert!(t
+            .abandon(k, Some(Box::new(Tracked(kept.clone()))))
+            .is_none());
+        assert_eq!(t.len(), 1, "the slot stays while the kernel owns it");
+        assert_eq!(kept.load(Ordering::SeqCst), 0);
+        assert_eq!(t.kernel_owned().collect::<Vec<_>>(), vec![k]);
+        // The key is not reused while the kernel owns the slot.
+        let k2 = t.insert(OpBuf::Pool(0), Tracked(drops.clone()));
+        assert_ne!(k, k2);
+        match t.on_cqe(k, 10) {
+            OnCqe::Release(op) => drop(op),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(
+            kept.load(Ordering::SeqCst),
+            1,
+            "owned buffer freed after CQE"
+        );
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn drop_after_completion_releases_at_once() {
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Pool(1), ());
+        let _ = t.on_cqe(k, 1);
+        let op = t.abandon(k, None).expect("completed op is handed back");
+        assert!(matches!(op.buf, OpBuf::Pool(1)));
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn drop_before_poll_then_cqe() {
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Pool(0), ());
+        assert!(t.abandon(k, None).is_none());
+        assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_)));
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn unknown_cqe_and_waker_refresh() {
+        let mut t: OpTable<()> = OpTable::default();
+        assert!(matches!(t.on_cqe(99, 0), OnCqe::Unknown));
+        let k = t.insert(OpBuf::Caller, ());
+        let (c1, w1) = waker();
+        let (c2, w2) = waker();
+        assert!(t.poll(k, &w1).is_none());
+        assert!(
+            t.poll(k, &w2).is_none(),
+            "the newest waker replaces the old one"
+        );
+        for w in t.take_wakers() {
+            w.wake();
+        }
+        assert_eq!(c1.0.load(Ordering::SeqCst), 0);
+        assert_eq!(c2.0.load(Ordering::SeqCst), 1);
+    }
+}

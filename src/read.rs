@@ -1,0 +1,401 @@
+//! The read futures: [`UringReadFuture`] (borrowed buffer) and
+//! [`UringReadOwnedFuture`] (owned buffer), sharing one state machine.
+//!
+//! ```text
+//! Start ──fid/len checks──► (page-cache fast path: preadv2 RWF_NOWAIT) ──hit──► Ready
+//!   │                                      │ miss / partial
+//!   ▼                                      ▼
+//! Blocking (fallback)            Acquire (in-flight permit) ──► InFlight{ring, key} ──CQE──► Ready
+//! ```
+//!
+//! Dropping the future in `InFlight` hands the op to the ring
+//! (`Ring::abandon`), which keeps the memory the kernel writes into alive
+//! until the CQE; in every other state nothing is in the kernel.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
+use tokio::task::JoinHandle;
+
+use crate::buf::IoBufMut;
+use crate::context::{Backend, Inner};
+use crate::fallback::Fallback;
+use crate::files::FileEntry;
+use crate::ring::{shut_down_error, Dst, MAX_READ};
+use crate::sys::{pread_nowait, Nowait};
+use crate::FileId;
+
+/// The ring a thread submits to: threads are numbered on first use, so the
+/// worker threads of a runtime spread over the rings.
+fn ring_for_this_thread(rings: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static HINT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    HINT.with(|h| *h % rings)
+}
+
+/// Where a read's bytes end up; the one difference between the two futures.
+pub(crate) trait Target {
+    /// What a fallback (blocking pool) read returns.
+    type Blocking: Send + 'static;
+    fn len(&self) -> usize;
+    /// The destination, for a synchronous read straight into it.
+    fn dest(&mut self) -> &mut [u8];
+    /// The destination of a ring read of `len` bytes starting at `done`.
+    fn ring_dst(&mut self, done: usize, len: usize) -> Dst;
+    /// Where a bounce buffer is copied on completion (`None`: no bounce).
+    fn copy_to(&mut self, done: usize) -> Option<&mut [u8]>;
+    fn spawn_blocking(
+        &mut self,
+        fb: &Fallback,
+        file: Arc<FileEntry>,
+        offset: u64,
+    ) -> io::Result<JoinHandle<Self::Blocking>>;
+    fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize>;
+    /// What must stay alive with an abandoned in-flight op.
+    fn park(&mut self) -> Option<Box<dyn Any + Send>>;
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+enum State<J> {
+    Start,
+    Acquire {
+        ring: usize,
+        file: Arc<FileEntry>,
+        permit: Acquire,
+    },
+    InFlight {
+        ring: usize,
+        key: usize,
+    },
+    Blocking(JoinHandle<J>),
+    Done,
+}
+
+pub(crate) struct ReadCore<'a, T: Target> {
+    ctx: &'a Inner,
+    fid: FileId,
+    offset: u64,
+    /// Bytes already read by the fast path (a partial page-cache hit).
+    done: usize,
+    state: State<T::Blocking>,
+    pub(crate) target: T,
+}
+
+impl<'a, T: Target> ReadCore<'a, T> {
+    pub(crate) fn new(ctx: &'a Inner, fid: FileId, offset: u64, target: T) -> Self {
+        ReadCore {
+            ctx,
+            fid,
+            offset,
+            done: 0,
+            state: State::Start,
+            target,
+        }
+    }
+
+    pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        // Every poll spends tokio's cooperative budget, so a task whose reads
+        // complete at once (page-cache hits) still yields to its neighbours.
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
+        let res = ready!(self.poll_inner(cx));
+        coop.made_progress();
+        self.state = State::Done;
+        Poll::Ready(res)
+    }
+
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            match &mut self.state {
+                State::Start => {
+                    let file = self.ctx.files.get(self.fid)?;
+                    let len = self.target.len();
+                    if len == 0 {
+                        return Poll::Ready(Ok(0));
+                    }
+                    if self.offset > i64::MAX as u64 {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!(
+                                "offset {} of a read of {} is beyond i64::MAX",
+                                self.offset, self.fid
+                            ),
+                        )));
+                    }
+                    let rings = match &self.ctx.backend {
+                        Backend::Fallback(fb) => {
+                            let h = self.target.spawn_blocking(fb, file, self.offset)?;
+                            self.state = State::Blocking(h);
+                            continue;
+                        }
+                        Backend::Uring(rings) => rings,
+                    };
+                    let ring = ring_for_this_thread(rings.len());
+                    if self.ctx.inline_nowait && file.nowait_ok() {
+                        match pread_nowait(file.file.as_raw_fd(), self.target.dest(), self.offset)?
+                        {
+                            Nowait::Read(n) if n == len || n == 0 => {
+                                rings[ring].count_inline();
+                                return Poll::Ready(Ok(n));
+                            }
+                            Nowait::Read(n) => self.done = n,
+                            Nowait::WouldBlock => {}
+                            Nowait::Unsupported => file.nowait_ok.store(false, Ordering::Relaxed),
+                        }
+                    }
+                    match rings[ring].permits.clone().try_acquire_owned() {
+                        Ok(permit) => self.submit(ring, file, permit)?,
+                        Err(TryAcquireError::NoPermits) => {
+                            let permit = Box::pin(rings[ring].permits.clone().acquire_owned());
+                            self.state = State::Acquire { ring, file, permit };
+                        }
+                        Err(TryAcquireError::Closed) => return Poll::Ready(Err(shut_down_error())),
+                    }
+                }
+                State::Acquire { ring, file, permit } => {
+                    let permit = ready!(permit.as_mut().poll(cx)).map_err(|_| shut_down_error())?;
+                    let (ring, file) = (*ring, file.clone());
+                    self.submit(ring, file, permit)?;
+                }
+                State::InFlight { ring, key } => {
+                    let (ring, key) = (*ring, *key);
+                    let Backend::Uring(rings) = &self.ctx.backend else {
+                        unreachable!("in flight on a ring without rings")
+                    };
+                    let res =
+                        ready!(rings[ring].poll_complete(key, cx, self.target.copy_to(self.done)));
+                    self.state = State::Done;
+                    return Poll::Ready(match res {
+                        Ok(n) => Ok(self.done + n),
+                        Err(_) if self.done > 0 => Ok(self.done),
+                        Err(e) => Err(e),
+                    });
+                }
+                State::Blocking(handle) => {
+                    let out = ready!(Pin::new(handle).poll(cx));
+                    self.state = State::Done;
+                    return Poll::Ready(match out {
+                        Ok(out) => self.target.finish_blocking(out),
+                        Err(join) => Err(io::Error::other(format!(
+                            "blocking read task failed: {join}"
+                        ))),
+                    });
+                }
+                State::Done => panic!("read future polled after completion"),
+            }
+        }
+    }
+
+    fn submit(
+        &mut self,
+        ring: usize,
+        file: Arc<FileEntry>,
+        permit: OwnedSemaphorePermit,
+    ) -> io::Result<()> {
+        let Backend::Uring(rings) = &self.ctx.backend else {
+            unreachable!("submit without rings")
+        };
+        let len = (self.target.len() - self.done).min(MAX_READ);
+        let dst = self.target.ring_dst(self.done, len);
+        let key = rings[ring].submit_read(file, permit, self.offset + self.done as u64, dst)?;
+        self.state = State::InFlight { ring, key };
+        Ok(())
+    }
+}
+
+impl<T: Target> Drop for ReadCore<'_, T> {
+    fn drop(&mut self) {
+        if let State::InFlight { ring, key } = self.state {
+            if let Backend::Uring(rings) = &self.ctx.backend {
+                rings[ring].abandon(key, self.target.park());
+            }
+        }
+    }
+}
+
+impl<J> fmt::Debug for State<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            State::Start => f.write_str("Start"),
+            State::Acquire { ring, .. } => write!(f, "Acquire {{ ring: {ring} }}"),
+            State::InFlight { ring, key } => write!(f, "InFlight {{ ring: {ring}, key: {key} }}"),
+            State::Blocking(_) => f.write_str("Blocking"),
+            State::Done => f.write_str("Done"),
+        }
+    }
+}
+
+impl<T: Target> fmt::Debug for ReadCore<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Read")
+            .field("fid", &self.fid)
+            .field("offset", &self.offset)
+            .field("len", &self.target.len())
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+/// A borrowed destination: the kernel writes into a bounce buffer owned by
+/// the op, copied here on completion.
+pub(crate) struct Borrowed<'a>(pub(crate) &'a mut [u8]);
+
+impl Target for Borrowed<'_> {
+    type Blocking = io::Result<Vec<u8>>;
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn dest(&mut self) -> &mut [u8] {
+        self.0
+    }
+    fn ring_dst(&mut self, _done: usize, len: usize) -> Dst {
+        Dst::Bounce(len)
+    }
+    fn copy_to(&mut self, done: usize) -> Option<&mut [u8]> {
+        Some(&mut self.0[done..])
+    }
+    fn spawn_blocking(
+        &mut self,
+        fb: &Fallback,
+        file: Arc<FileEntry>,
+        offset: u64,
+    ) -> io::Result<JoinHandle<Self::Blocking>> {
+        fb.read(file, offset, self.0.len())
+    }
+    fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
+        let data = out?;
+        self.0[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
+    }
+    fn park(&mut self) -> Option<Box<dyn Any + Send>> {
+        None
+    }
+}
+
+/// An owned destination: the kernel writes straight into it. On the
+/// fallback backend the buffer travels to the blocking pool through `lent`,
+/// so it comes back even if the blocking task is cancelled before it runs.
+pub(crate) struct Owned<B> {
+    buf: Option<B>,
+    lent: Option<Arc<Mutex<Option<B>>>>,
+}
+
+impl<B: IoBufMut> Owned<B> {
+    pub(crate) fn new(buf: B) -> Self {
+        Owned {
+            buf: Some(buf),
+            lent: None,
+        }
+    }
+
+    fn buf(&mut self) -> &mut B {
+        self.buf.as_mut().expect("owned buffer is at home")
+    }
+
+    /// Hands the buffer back once the read is over.
+    pub(crate) fn take(&mut self) -> B {
+        if let Some(lent) = self.lent.take() {
+            self.buf = lent.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+        self.buf
+            .take()
+            .expect("the owned buffer was lost by a panicking blocking read")
+    }
+}
+
+impl<B: IoBufMut> Target for Owned<B> {
+    type Blocking = io::Result<usize>;
+    fn len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.bytes_total())
+    }
+    fn dest(&mut self) -> &mut [u8] {
+        let b = self.buf();
+        // SAFETY: IoBufMut promises bytes_total() writable bytes at the
+        // pointer while `b` lives; the slice does not outlive `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr(), b.bytes_total()) }
+    }
+    fn ring_dst(&mut self, done: usize, len: usize) -> Dst {
+        let b = self.buf();
+        debug_assert!(done + len <= b.bytes_total());
+        // SAFETY: done + len <= bytes_total, so the pointer stays in bounds.
+        Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len)
+    }
+    fn copy_to(&mut self, _done: usize) -> Option<&mut [u8]> {
+        None
+    }
+    fn spawn_blocking(
+        &mut self,
+        fb: &Fallback,
+        file: Arc<FileEntry>,
+        offset: u64,
+    ) -> io::Result<JoinHandle<Self::Blocking>> {
+        let lent = Arc::new(Mutex::new(self.buf.take()));
+        self.lent = Some(lent.clone());
+        fb.read_owned(file, offset, lent)
+    }
+    fn finish_blocking(&mut self, res: Self::Blocking) -> io::Result<usize> {
+        res
+    }
+    fn park(&mut self) -> Option<Box<dyn Any + Send>> {
+        self.buf.take().map(|b| Box::new(b) as Box<dyn Any + Send>)
+    }
+}
+
+/// The future returned by [`UringContext::read`](crate::UringContext::read).
+///
+/// Resolves to the number of bytes read (fewer than asked only at end of
+/// file, or when the kernel returns a short read). Dropping it at any point
+/// is sound: if the read is in the kernel, the bytes land in a buffer owned by
+/// the context, never in the caller's slice.
+#[must_use = "futures do nothing unless polled"]
+pub struct UringReadFuture<'a> {
+    pub(crate) core: ReadCore<'a, Borrowed<'a>>,
+}
+
+impl Future for UringReadFuture<'_> {
+    type Output = io::Result<usize>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.get_mut().core.poll_read(cx)
+    }
+}
+
+impl fmt::Debug for UringReadFuture<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// The future returned by [`UringContext::read_owned`](crate::UringContext::read_owned):
+/// the kernel writes straight into the buffer, which comes back with the
+/// result. Dropped while the read is in the kernel, the buffer is kept by the
+/// context until the kernel is done, then freed.
+#[must_use = "futures do nothing unless polled"]
+pub struct UringReadOwnedFuture<'a, B: IoBufMut> {
+    pub(crate) core: ReadCore<'a, Owned<B>>,
+}
+
+impl<B: IoBufMut> Future for UringReadOwnedFuture<'_, B> {
+    type Output = (io::Result<usize>, B);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let res = ready!(this.core.poll_read(cx));
+        let buf = this.core.target.take();
+        Poll::Ready((res, buf))
+    }
+}
+
+impl<B: IoBufMut> fmt::Debug for UringReadOwnedFuture<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
