@@ -1,0 +1,208 @@
+//! End-to-end tests of the uring-bench binary on tiny datasets (fast; every
+//! cell runs 0.2 s).
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uring-bench");
+
+/// A temp dir on the build filesystem (not tmpfs, so O_DIRECT works).
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
+}
+
+fn bench(dir: &Path, extra: &[&str]) -> Output {
+    let data: PathBuf = dir.join("data");
+    let out: PathBuf = dir.join("results");
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--quiet",
+        "--files",
+        "2",
+        "--file-size",
+        "256K",
+        "--data-dir",
+    ])
+    .arg(&data)
+    .arg("--output-dir")
+    .arg(&out)
+    .args(extra);
+    let o = cmd.output().expect("run uring-bench");
+    eprintln!("--- stdout\n{}", String::from_utf8_lossy(&o.stdout));
+    eprintln!("--- stderr\n{}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs one engine in every regime at depth 4 and checks the reports.
+fn engine_end_to_end(engine: &str) {
+    let dir = tmp();
+    let o = bench(
+        dir.path(),
+        &[
+            "-e",
+            engine,
+            "-d",
+            "4",
+            "-r",
+            "hot,cold,direct",
+            "-t",
+            "0.2",
+        ],
+    );
+    assert!(o.status.success(), "{engine} failed: {}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains(engine), "{out}");
+    assert!(!out.contains("FAILED"), "{out}");
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1);
+    let json = std::fs::read_to_string(runs[0].join("report.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let cells = v["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 3);
+    for c in cells {
+        let status = c["status"].as_str().unwrap();
+        if engine == "mmap" && c["regime"] == "direct" {
+            assert_eq!(status, "n/a");
+            continue;
+        }
+        assert_eq!(status, "ok", "{c}");
+        assert!(c["reads"].as_u64().unwrap() > 0, "{c}");
+        assert!(c["latency_us"]["p99"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    assert!(runs[0].join("report.md").exists());
+    assert!(runs[0].join("throughput-hot.svg").exists());
+    assert!(runs[0].join("latency-cold-depth4.svg").exists());
+}
+
+#[test]
+fn engine_uring() {
+    engine_end_to_end("uring");
+}
+
+#[test]
+fn engine_mmap() {
+    engine_end_to_end("mmap");
+}
+
+#[test]
+fn engine_pread() {
+    engine_end_to_end("pread");
+}
+
+#[test]
+fn engine_tokio_fs() {
+    engine_end_to_end("tokio-fs");
+}
+
+#[test]
+fn engine_tokio_uring() {
+    engine_end_to_end("tokio-uring");
+}
+
+#[test]
+fn engine_uring_raw() {
+    engine_end_to_end("uring-raw");
+}
+
+#[test]
+fn engine_fio() {
+    if Command::new("fio").arg("--version").output().is_err() {
+        println!("note: fio is not installed; skipping the fio engine test");
+        let dir = tmp();
+        let o = bench(
+            dir.path(),
+            &["-e", "fio", "-d", "4", "-r", "hot", "-t", "0.2"],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stdout(&o).contains("not run"), "{}", stdout(&o));
+        return;
+    }
+    engine_end_to_end("fio");
+}
+
+#[test]
+fn corrupted_block_stops_the_run_naming_file_and_block() {
+    let dir = tmp();
+    let o = bench(dir.path(), &["--generate-only"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // corrupt file 1, block 17 (the reuse check only spot-checks first/last blocks)
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("data/data-0001.bin"))
+        .unwrap();
+    f.write_all_at(&[0xAB; 16], 17 * 4096 + 2000).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let o = bench(
+        dir.path(),
+        &[
+            "-e",
+            "pread",
+            "-d",
+            "4",
+            "-r",
+            "direct",
+            "-t",
+            "2",
+            "--no-generate",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("verification failed in engine pread"), "{err}");
+    assert!(err.contains("file 1 block 17"), "{err}");
+}
+
+#[test]
+fn missing_dataset_is_a_clear_error() {
+    let dir = tmp();
+    let o = bench(dir.path(), &["--no-generate", "-e", "pread"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("no usable dataset"), "{err}");
+    assert!(err.contains("--no-generate"), "{err}");
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let dir = tmp();
+    let o = bench(dir.path(), &["-e", "nope"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("invalid value 'nope'"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("tokio-uring"), "possible values listed");
+
+    let o = bench(dir.path(), &["-d", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("invalid depth"), "{}", stderr(&o));
+
+    let o = Command::new(BIN)
+        .args(["--quiet", "--file-size", "3000", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("multiple of 4096"), "{}", stderr(&o));
+
+    let o = bench(dir.path(), &["-t", "soon"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("invalid duration"), "{}", stderr(&o));
+    assert!(!dir.path().join("results").exists());
+}
