@@ -246,7 +246,7 @@ async fn worker(
 
 fn cancellation_storm(choice: BackendChoice) {
     let _serial = common::serial();
-    let fds_before = common::fd_count();
+    let (fds_before, fd_names_before) = common::fd_baseline();
     let set = common::FileSet::new(
         0xca4ce1,
         &[8 << 20, (4 << 20) + 5, 1 << 20, (3 << 20) + 4097],
@@ -366,7 +366,8 @@ fn cancellation_storm(choice: BackendChoice) {
     let fds_after = common::wait_fd_count_at_most(fds_before, Duration::from_secs(5));
     assert!(
         fds_after <= fds_before,
-        "fd leak: {fds_before} fds before the test, {fds_after} after dropping context and runtime"
+        "fd leak: {fds_before} fds before the test, {fds_after} after dropping context and runtime\nbefore: {fd_names_before:?}\nafter: {:?}",
+        common::fd_list()
     );
 }
 
@@ -377,7 +378,7 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
     let set = common::FileSet::new(0xfdfd, &[2 << 20, 12345]);
     set.sync_all();
     let files = set.files.clone();
-    let fds_before = common::fd_count();
+    let (fds_before, fd_names_before) = common::fd_baseline();
     common::run(
         "contexts_create_drop_no_leak",
         Flavor::Multi,
@@ -399,7 +400,8 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
                         let _ = common::poll_once(fut).await;
                     }));
                 }
-                // Owned reads left in flight when the context is dropped.
+                // Owned reads submitted, then dropped in flight just before the
+                // context itself is dropped.
                 let mut owned = Vec::new();
                 for _ in 0..8 {
                     let off = rng.below(files[0].len);
@@ -426,7 +428,8 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
     let fds_after = common::wait_fd_count_at_most(fds_before, Duration::from_secs(5));
     assert!(
         fds_after <= fds_before,
-        "fd leak: {fds_before} -> {fds_after}"
+        "fd leak: {fds_before} -> {fds_after}\nbefore: {fd_names_before:?}\nafter: {:?}",
+        common::fd_list()
     );
 }
 

@@ -409,7 +409,7 @@ fn large_reads(choice: BackendChoice) {
             let ctx = &ctx;
             let file = &files[(i % 2) as usize];
             async move {
-                let off = i * 333_333;
+                let off = i * 250_001;
                 let mut buf = vec![0u8; LEN];
                 ctx.read_exact((i % 2) as u32, off, &mut buf)
                     .await

@@ -288,7 +288,7 @@ fn drop_runtime_with_reads_in_flight(choice: BackendChoice) {
                     }
                 });
             }
-            rt.block_on(tokio::time::sleep(Duration::from_millis(5)));
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(5)).await });
             if round % 2 == 0 {
                 drop(ctx);
                 drop(rt);

@@ -215,6 +215,33 @@ pub fn fd_count() -> usize {
         .unwrap_or(0)
 }
 
+/// The open fds of this process with what they point to (for diagnostics).
+pub fn fd_list() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| {
+                    let target = std::fs::read_link(e.path())
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default();
+                    format!("{}->{target}", e.file_name().to_string_lossy())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// fd count to compare against later: first creates and drops a runtime of
+/// each flavour, because tokio keeps a process-global socket pair for its
+/// signal driver once the first runtime has been built.
+pub fn fd_baseline() -> (usize, Vec<String>) {
+    drop(runtime(Flavor::Multi));
+    drop(runtime(Flavor::Current));
+    (fd_count(), fd_list())
+}
+
 /// Poll `fd_count()` until it is at most `want` or the deadline passes.
 pub fn wait_fd_count_at_most(want: usize, within: Duration) -> usize {
     let deadline = Instant::now() + within;
