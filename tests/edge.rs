@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use common::{Flavor, Rng, TestFile};
 use futures::FutureExt;
-use uring_positioned_io::{BackendChoice, BackendKind, UringContext, UringReadFuture};
+use std::os::unix::fs::OpenOptionsExt;
+use uring_positioned_io::{AlignedBuf, BackendChoice, BackendKind, UringContext, UringReadFuture};
 
 #[test]
 fn read_future_is_send() {
@@ -245,6 +246,89 @@ fn tiny_ring(choice: BackendChoice) {
     });
 }
 
+fn owned_buffer_types(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed4, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "owned_buffer_types",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            for (off, len) in [
+                (0u64, 4096usize),
+                (1, 100),
+                (4096, 65536),
+                (file.len - 10, 4096),
+                (file.len, 10),
+            ] {
+                let want = file.expected(off, len);
+                let (r, b) = ctx.read_owned(0u32, off, vec![0u8; len]).await;
+                assert_eq!(&b[..r.expect("Vec")], &want[..], "Vec @ {off}+{len}");
+
+                let boxed: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+                let (r, b) = ctx.read_owned(0u32, off, boxed).await;
+                assert_eq!(b.len(), len);
+                assert_eq!(&b[..r.expect("Box<[u8]>")], &want[..], "Box @ {off}+{len}");
+
+                for align in [512usize, 4096] {
+                    let ab = AlignedBuf::new(len, align);
+                    let ptr = ab.as_ptr();
+                    let (r, b) = ctx.read_owned(0u32, off, ab).await;
+                    assert_eq!(
+                        b.as_ptr(),
+                        ptr,
+                        "AlignedBuf came back as a different buffer"
+                    );
+                    assert_eq!(b.len(), len);
+                    assert_eq!(b.as_ptr() as usize % align, 0);
+                    assert_eq!(
+                        &b[..r.expect("AlignedBuf")],
+                        &want[..],
+                        "AlignedBuf({align}) @ {off}+{len}"
+                    );
+                }
+            }
+            drop(set);
+        },
+    );
+}
+
+fn o_direct_files(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed5, &[(1 << 20) + 8192]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file.path)
+        .expect("open O_DIRECT");
+    common::run("o_direct_files", Flavor::Multi, 30, move || async move {
+        let ctx = common::default_ctx(choice, vec![direct]);
+        for (off, len) in [
+            (0u64, 4096usize),
+            (4096, 65536),
+            (1 << 20, 8192),
+            (1 << 20, 16384),
+            (file.len, 4096),
+        ] {
+            let want = file.expected(off, len);
+            let (r, b) = ctx.read_owned(0u32, off, AlignedBuf::new(len, 4096)).await;
+            let n =
+                r.unwrap_or_else(|e| panic!("O_DIRECT read_owned(AlignedBuf) @ {off}+{len}: {e}"));
+            assert_eq!(&b[..n], &want[..], "O_DIRECT AlignedBuf @ {off}+{len}");
+            // Borrowed reads go through page-aligned bounce buffers, so an
+            // unaligned user buffer works too.
+            let mut v = vec![0u8; len + 1];
+            let r = ctx.read(0u32, off, &mut v[1..]).await;
+            let n = r.unwrap_or_else(|e| panic!("O_DIRECT borrowed read @ {off}+{len}: {e}"));
+            assert_eq!(&v[1..1 + n], &want[..], "O_DIRECT borrowed @ {off}+{len}");
+        }
+        drop(set);
+    });
+}
+
 /// Ring options that change the submission path must not change results.
 #[test]
 fn ring_options_smoke() {
@@ -296,4 +380,6 @@ backend_tests!(
     tiny_buffer_pool,
     more_tasks_than_max_in_flight,
     tiny_ring,
+    owned_buffer_types,
+    o_direct_files,
 );

@@ -173,24 +173,27 @@ fn shutdown_between_polls(choice: BackendChoice) {
             let ctx = common::build_ctx(choice, opened, |b| b);
             let mut a = vec![0u8; 65536];
             let mut b = vec![0u8; 65536];
-            let mut fa = pin!(ctx.read(0u32, 1 << 20, &mut a));
-            let first = common::poll_once(fa.as_mut()).await;
-            let fb = ctx.read(0u32, 2 << 20, &mut b);
-            tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
-                .await
-                .expect("shutdown hung");
-            let ra = match first {
-                Poll::Ready(r) => r,
-                Poll::Pending => tokio::time::timeout(Duration::from_secs(10), fa)
+            let (ra, rb) = {
+                let mut fa = pin!(ctx.read(0u32, 1 << 20, &mut a));
+                let first = common::poll_once(fa.as_mut()).await;
+                let fb = ctx.read(0u32, 2 << 20, &mut b);
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
                     .await
-                    .expect("read polled before shutdown never resolved"),
+                    .expect("shutdown hung");
+                let ra = match first {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => tokio::time::timeout(Duration::from_secs(10), fa)
+                        .await
+                        .expect("read polled before shutdown never resolved"),
+                };
+                let rb = tokio::time::timeout(Duration::from_secs(10), fb)
+                    .await
+                    .expect("read created before shutdown, first polled after, hung");
+                (ra, rb)
             };
             if let Ok(n) = ra {
                 assert_eq!(&a[..n], &file.expected(1 << 20, 65536)[..]);
             }
-            let rb = tokio::time::timeout(Duration::from_secs(10), fb)
-                .await
-                .expect("read created before shutdown, first polled after, hung");
             if let Ok(n) = rb {
                 assert_eq!(&b[..n], &file.expected(2 << 20, 65536)[..]);
             }
@@ -351,12 +354,14 @@ fn register_unregister_during_reads(choice: BackendChoice) {
                     let guard = table.lock().await;
                     let fid = rng.below(guard.len() as u64 + 2) as u32;
                     let entry = guard.get(fid as usize).copied().flatten();
-                    let mut fut = pin!(ctx.read(fid, off, &mut buf));
-                    let first = common::poll_once(fut.as_mut()).await;
-                    drop(guard);
-                    let res = match first {
-                        Poll::Ready(res) => res,
-                        Poll::Pending => fut.await,
+                    let res = {
+                        let mut fut = pin!(ctx.read(fid, off, &mut buf));
+                        let first = common::poll_once(fut.as_mut()).await;
+                        drop(guard);
+                        match first {
+                            Poll::Ready(res) => res,
+                            Poll::Pending => fut.await,
+                        }
                     };
                     let what = format!("reader {r} iter {i}: fid {fid} @ {off}+{len}");
                     match (entry, res) {
