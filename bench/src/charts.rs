@@ -152,6 +152,8 @@ fn latency_cdf(r: &Report, cells: &[&Cell], path: &Path, what: &str) -> Result<(
         .x_label_formatter(&|x| {
             if *x >= 1000.0 {
                 format!("{:.0}ms", x / 1000.0)
+            } else if *x < 1.0 {
+                format!("{x:.1}")
             } else {
                 format!("{x:.0}")
             }

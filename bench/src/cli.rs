@@ -107,6 +107,11 @@ pub struct Args {
     #[arg(short = 't', long, default_value = "2.5", value_parser = parse_secs)]
     pub duration: f64,
 
+    /// Run every cell this many times (interleaved with the other engines)
+    /// and report the run with the median reads/s; on a noisy machine use 3.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+
     /// Tokio worker threads for the `uring` and `tokio-fs` engines.
     #[arg(short, long, default_value_t = 2)]
     pub workers: usize,

@@ -140,6 +140,18 @@ fn prepare(regime: Regime, ds: &Dataset, hot_files: u32) -> Result<Option<f64>, 
     }
 }
 
+/// The repetition with the median reads/s, carrying every repetition's reads/s.
+fn median_cell(mut reps: Vec<Cell>) -> Cell {
+    if reps.len() == 1 || !reps[0].ok() {
+        return reps.swap_remove(0);
+    }
+    let all: Vec<f64> = reps.iter().map(|c| c.reads_per_sec).collect();
+    reps.sort_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec));
+    let mut c = reps.swap_remove(reps.len() / 2);
+    c.runs_reads_per_sec = all;
+    c
+}
+
 fn run(args: &Args) -> Result<bool, String> {
     args.validate()?;
     let t_start = Instant::now();
@@ -184,11 +196,14 @@ fn run(args: &Args) -> Result<bool, String> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create output dir {}: {e}", out_dir.display()))?;
 
+    // regime-major (so the hot set is warmed once), then repetition, depth, engine
     let mut order = Vec::new();
     for &regime in &args.regimes {
-        for &depth in &args.depths {
-            for &engine in &engines {
-                order.push((regime, depth, engine));
+        for rep in 0..args.repeat {
+            for &depth in &args.depths {
+                for &engine in &engines {
+                    order.push((regime, rep, depth, engine));
+                }
             }
         }
     }
@@ -198,10 +213,11 @@ fn run(args: &Args) -> Result<bool, String> {
         max_in_flight: args.uring_max_in_flight,
         inline: args.uring_inline,
     };
-    let mut cells: Vec<Cell> = Vec::new();
+    // every repetition of every (regime, depth, engine)
+    let mut runs: Vec<Vec<Cell>> = Vec::new();
     let mut all_ok = true;
     let n = order.len();
-    for (i, &(regime, depth, engine)) in order.iter().enumerate() {
+    for (i, &(regime, rep, depth, engine)) in order.iter().enumerate() {
         let label = format!(
             "[{:>2}/{n}] {:<6} depth {:>4} {:<11}",
             i + 1,
@@ -209,9 +225,25 @@ fn run(args: &Args) -> Result<bool, String> {
             depth,
             engine.name()
         );
+        let slot = match runs.iter().position(|v| {
+            v[0].regime == regime && v[0].depth == depth && v[0].engine == engine.name()
+        }) {
+            Some(p) => p,
+            None => {
+                runs.push(Vec::new());
+                runs.len() - 1
+            }
+        };
+        let mut push = |c: Cell| {
+            if runs[slot].is_empty() || runs[slot][0].ok() {
+                runs[slot].push(c);
+            }
+        };
         if let Some(why) = engines::not_applicable(engine, regime) {
-            println!("{label} n/a: {why}");
-            cells.push(Cell::skipped(
+            if rep == 0 {
+                println!("{label} n/a: {why}");
+            }
+            push(Cell::skipped(
                 engine.name(),
                 regime,
                 depth,
@@ -221,8 +253,10 @@ fn run(args: &Args) -> Result<bool, String> {
             continue;
         }
         if let (EngineKind::Fio, Some(why)) = (engine, &fio_missing) {
-            println!("{label} not run: {why}");
-            cells.push(Cell::skipped(
+            if rep == 0 {
+                println!("{label} not run: {why}");
+            }
+            push(Cell::skipped(
                 engine.name(),
                 regime,
                 depth,
@@ -251,7 +285,18 @@ fn run(args: &Args) -> Result<bool, String> {
         };
         match engines::run(&spec) {
             Ok(m) => {
-                let c = Cell::from_measured(engine.name(), regime, depth, m, cached);
+                let mut c = Cell::from_measured(engine.name(), regime, depth, m, cached);
+                if cached.is_some() {
+                    c.cached_after = ds.residency(set_files).ok();
+                }
+                if regime != Regime::Hot {
+                    let blocks = set_files as f64 * ds.blocks_per_file() as f64;
+                    let reads = c.reads as f64;
+                    if reads > 0.0 {
+                        let distinct = blocks * (1.0 - (-reads / blocks).exp());
+                        c.reread_share_est = Some(((reads - distinct) / reads).max(0.0));
+                    }
+                }
                 let l = c.latency_us.clone();
                 println!(
                     "{label} {:>8} reads/s  p50 {:>8}  p99.9 {:>8}  CPU/read {:>8}{}",
@@ -263,7 +308,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     c.reads_per_enter
                         .map_or(String::new(), |v| format!("  reads/enter {v:.1}"))
                 );
-                cells.push(c);
+                push(c);
             }
             Err(e) if e.starts_with("verification failed") => {
                 return Err(format!(
@@ -274,13 +319,16 @@ fn run(args: &Args) -> Result<bool, String> {
             Err(e) => {
                 println!("{label} FAILED: {e}");
                 all_ok = false;
-                cells.push(Cell::skipped(engine.name(), regime, depth, "failed", e));
+                // a failure replaces any successful repetition of this cell
+                runs[slot] = vec![Cell::skipped(engine.name(), regime, depth, "failed", e)];
             }
         }
     }
+    let mut cells: Vec<Cell> = runs.into_iter().map(median_cell).collect();
 
     let names: Vec<String> = engines.iter().map(|e| e.name().to_string()).collect();
     report::fill_ratios(&mut cells, &names);
+    let cells = cells;
     let report = Report {
         info: RunInfo {
             started_utc: started,

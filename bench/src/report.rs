@@ -44,6 +44,15 @@ pub struct Cell {
     /// Page-cache residency of the files read, measured (mincore) just
     /// before the timed window.
     pub cached_before: Option<f64>,
+    /// The same, measured right after the timed window.
+    pub cached_after: Option<f64>,
+    /// Share of reads completed inline, without the ring (uring).
+    pub inline_share: Option<f64>,
+    /// Cold: expected share of this cell's reads that hit a block the cell
+    /// had already read (uniform random reads over the working set).
+    pub reread_share_est: Option<f64>,
+    /// reads/s of every repetition of this cell (the cell reports the median).
+    pub runs_reads_per_sec: Vec<f64>,
     pub verified: bool,
     pub notes: Vec<String>,
     /// Latency CDF: (microseconds, quantile).
@@ -76,6 +85,10 @@ impl Cell {
             cpu_us_per_read: None,
             reads_per_enter: None,
             cached_before: None,
+            cached_after: None,
+            inline_share: None,
+            reread_share_est: None,
+            runs_reads_per_sec: Vec::new(),
             verified: false,
             notes: Vec::new(),
             cdf: Vec::new(),
@@ -161,6 +174,13 @@ impl Cell {
             cpu_us_per_read: (m.reads > 0).then(|| cpu * 1e6 / m.reads as f64),
             reads_per_enter: m.reads_per_enter,
             cached_before,
+            cached_after: None,
+            inline_share: m
+                .inline_completed
+                .filter(|_| m.reads > 0)
+                .map(|i| i as f64 / m.reads as f64),
+            reread_share_est: None,
+            runs_reads_per_sec: vec![m.reads as f64 / secs],
             verified: m.verified,
             notes: m.notes,
             cdf,
@@ -371,7 +391,8 @@ pub fn details(r: &Report, style: Style) -> String {
         "max",
         "CPU/read",
         "reads/enter",
-        "cached",
+        "cached before→after",
+        "runs",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -402,11 +423,28 @@ pub fn details(r: &Report, style: Style) -> String {
             c.cpu_us_per_read
                 .map_or("-".into(), |v| format!("{v:.2}µs")),
         );
-        row.push(c.reads_per_enter.map_or("-".into(), |v| format!("{v:.1}")));
-        row.push(
-            c.cached_before
-                .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
-        );
+        row.push(match (c.reads_per_enter, c.inline_share) {
+            (Some(v), Some(i)) if i >= 0.005 => format!("{v:.1} ({:.0}% inline)", i * 100.0),
+            (Some(v), _) => format!("{v:.1}"),
+            (None, Some(i)) => format!("no enter ({:.0}% inline)", i * 100.0),
+            (None, None) => "-".into(),
+        });
+        let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+        row.push(match c.cached_after {
+            Some(_) => format!("{}→{}", pct(c.cached_before), pct(c.cached_after)),
+            None => pct(c.cached_before),
+        });
+        row.push(if c.runs_reads_per_sec.len() > 1 {
+            let lo = c
+                .runs_reads_per_sec
+                .iter()
+                .copied()
+                .fold(f64::INFINITY, f64::min);
+            let hi = c.runs_reads_per_sec.iter().copied().fold(0.0, f64::max);
+            format!("{}: {}–{}", c.runs_reads_per_sec.len(), rate(lo), rate(hi))
+        } else {
+            "1".into()
+        });
         rows.push(row);
     }
     table(&rows, style)

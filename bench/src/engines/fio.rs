@@ -134,6 +134,7 @@ pub fn parse(stdout: &str, depth: usize) -> Result<Measured, String> {
         elapsed: Duration::from_secs_f64(secs),
         cpu: Cpu { user: usr, sys },
         reads_per_enter: None,
+        inline_completed: None,
         notes: vec![format!(
             "fio io_uring iodepth={depth}; blocks not verified; latency = fio clat; CPU = fio usr+sys"
         )],

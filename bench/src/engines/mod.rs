@@ -273,6 +273,8 @@ pub struct Measured {
     pub elapsed: Duration,
     pub cpu: Cpu,
     pub reads_per_enter: Option<f64>,
+    /// Reads the engine completed without the ring (uring's RWF_NOWAIT path).
+    pub inline_completed: Option<u64>,
     /// Extra facts for the report (backend, limits hit, ...).
     pub notes: Vec<String>,
     /// Latency CDF points (ns, quantile) when no histogram is available (fio).
@@ -331,6 +333,7 @@ impl Clock {
                 sys: cpu1.sys - self.cpu0.sys,
             },
             reads_per_enter: None,
+            inline_completed: None,
             notes: Vec::new(),
             cdf: None,
             verified: true,

@@ -47,6 +47,7 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
     if enters > 0 {
         m.reads_per_enter = Some(submitted as f64 / enters as f64);
     }
+    m.inline_completed = Some(inline);
     m.notes.push(format!("backend {:?}", backend.kind));
     if let Some(why) = backend.reason {
         m.notes.push(format!("backend reason: {why}"));
