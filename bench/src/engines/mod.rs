@@ -116,7 +116,7 @@ impl CellSpec<'_> {
 
     pub fn open_files(&self) -> Result<Vec<std::fs::File>, String> {
         self.dataset
-            .open(self.set_files, self.direct())
+            .open_for_random_reads(self.set_files, self.direct())
             .map_err(|e| format!("{}: open dataset: {e}", self.engine.name()))
     }
 }
