@@ -425,8 +425,94 @@ fn large_reads(choice: BackendChoice) {
     });
 }
 
+/// Reads over files that are only partly in the page cache: the inline
+/// RWF_NOWAIT fast path may return a prefix, and the rest must come from the
+/// ring / blocking pool and land at the right place.
+fn partially_cached_reads(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9a7, &[(2 << 20) + 777]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "partially_cached_reads",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| {
+                b.inline_nowait(true).buffer_pool(8, 16384)
+            });
+            let mut rng = common::Rng::new(0x9a7);
+            for i in 0..300u64 {
+                if i % 10 == 0 {
+                    file.drop_cache();
+                    // Warm a few random runs of pages.
+                    for _ in 0..8 {
+                        let off = rng.below(file.len / 4096) * 4096;
+                        let _ = file.pread(off, rng.range(1, 16) as usize * 4096);
+                    }
+                }
+                let off = if rng.chance(50) {
+                    rng.below(file.len / 4096) * 4096
+                } else {
+                    rng.below(file.len)
+                };
+                let len = rng.range(1, 256 * 1024) as usize;
+                let what = format!("iter {i} @ {off}+{len}");
+                match i % 3 {
+                    0 => {
+                        let mut buf = vec![FILL; len];
+                        let n = ctx
+                            .read(0u32, off, &mut buf)
+                            .await
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(n, file.expected(off, len).len(), "{what}: length");
+                        if let Err(m) = common::check_pattern(file.seed, off, &buf[..n]) {
+                            panic!("{what}: {m}");
+                        }
+                        assert!(
+                            buf[n..].iter().all(|&b| b == FILL),
+                            "{what}: wrote past the returned length"
+                        );
+                    }
+                    1 => {
+                        let (r, buf) = ctx.read_owned(0u32, off, vec![FILL; len]).await;
+                        let n = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(n, file.expected(off, len).len(), "{what}: length");
+                        if let Err(m) = common::check_pattern(file.seed, off, &buf[..n]) {
+                            panic!("{what}: {m}");
+                        }
+                    }
+                    _ => {
+                        let mut buf = vec![FILL; len];
+                        let r = ctx.read_exact(0u32, off, &mut buf).await;
+                        if off + len as u64 <= file.len {
+                            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                            if let Err(m) = common::check_pattern(file.seed, off, &buf) {
+                                panic!("{what}: {m}");
+                            }
+                        } else {
+                            assert_eq!(
+                                r.unwrap_err().kind(),
+                                io::ErrorKind::UnexpectedEof,
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+            }
+            eprintln!("{choice:?}: {:?}", ctx.stats());
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, std::time::Duration::from_secs(5)).await,
+                0
+            );
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
     differential_multi_thread,
     differential_current_thread,
-    large_reads
+    large_reads,
+    partially_cached_reads
 );

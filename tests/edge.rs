@@ -333,18 +333,30 @@ fn o_direct_files(choice: BackendChoice) {
 #[test]
 fn ring_options_smoke() {
     type Tweak = fn(uring_positioned_io::Builder) -> uring_positioned_io::Builder;
-    let configs: [(&str, Tweak); 5] = [
-        ("sqpoll", |b| b.sqpoll(Some(Duration::from_millis(50)))),
-        ("coop_taskrun", |b| b.coop_taskrun(true)),
-        ("inline_nowait", |b| b.inline_nowait(true)),
-        ("no_inline", |b| b.inline_nowait(false)),
-        ("rings4", |b| b.rings(4).ring_entries(16)),
+    let configs: [(&str, Flavor, Tweak); 7] = [
+        ("sqpoll", Flavor::Multi, |b| {
+            b.sqpoll(Some(Duration::from_millis(50)))
+        }),
+        ("sqpoll_ct", Flavor::Current, |b| {
+            b.sqpoll(Some(Duration::from_millis(50)))
+        }),
+        // COOP_TASKRUN is documented as current_thread only.
+        ("coop_taskrun", Flavor::Current, |b| b.coop_taskrun(true)),
+        ("inline_nowait", Flavor::Multi, |b| b.inline_nowait(true)),
+        ("no_inline", Flavor::Multi, |b| b.inline_nowait(false)),
+        ("no_inline_ct", Flavor::Current, |b| {
+            b.inline_nowait(false).ring_entries(4)
+        }),
+        ("rings4", Flavor::Multi, |b| b.rings(4).ring_entries(16)),
     ];
-    for (name, tweak) in configs {
+    for (name, flavor, tweak) in configs {
         let set = common::FileSet::new(0xed6, &[2 << 20]);
+        // Cold data, so reads really go through the ring.
+        set.sync_all();
+        set.drop_caches();
         let file = set.files[0].clone();
         let opened = set.open_all();
-        common::run(name, Flavor::Multi, 30, move || async move {
+        common::run(name, flavor, 30, move || async move {
             let ctx = match tweak(UringContext::builder().backend(BackendChoice::IoUring))
                 .build(opened)
             {
@@ -353,24 +365,89 @@ fn ring_options_smoke() {
             };
             assert_eq!(ctx.backend().kind, BackendKind::IoUring);
             let futs = (0..64u64).map(|i| {
-                let ctx = &ctx;
-                let file = &file;
-                async move {
+                let ctx = ctx.clone();
+                let file = file.clone();
+                tokio::spawn(async move {
                     let off = (i * 33_331) % file.len;
                     let mut buf = vec![0u8; 20_000];
                     let n = ctx.read(0u32, off, &mut buf).await.expect("read");
                     assert_eq!(&buf[..n], &file.expected(off, 20_000)[..], "{name} @ {off}");
-                }
+                })
             });
-            futures::future::join_all(futs).await;
+            for r in futures::future::join_all(futs).await {
+                r.expect("reader panicked");
+            }
             common::verify_whole_file(&ctx, 0, &file, 300_000).await;
             assert_eq!(
                 common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
                 0
             );
             eprintln!("{name}: {:?}", ctx.stats());
+            ctx.shutdown().await;
             drop(set);
         });
+    }
+}
+
+/// Invalid or degenerate options give an error at `build` or a context that
+/// works; never a panic, never a context that hangs every read.
+#[test]
+fn invalid_options_are_errors() {
+    type Tweak = fn(uring_positioned_io::Builder) -> uring_positioned_io::Builder;
+    let configs: [(&str, Flavor, Tweak); 8] = [
+        ("coop_taskrun_multi_thread", Flavor::Multi, |b| {
+            b.coop_taskrun(true)
+        }),
+        ("coop_taskrun_sqpoll", Flavor::Current, |b| {
+            b.coop_taskrun(true).sqpoll(Some(Duration::from_millis(10)))
+        }),
+        ("ring_entries_0", Flavor::Multi, |b| b.ring_entries(0)),
+        ("ring_entries_huge", Flavor::Multi, |b| {
+            b.ring_entries(1 << 20)
+        }),
+        ("rings_0", Flavor::Multi, |b| b.rings(0)),
+        ("max_in_flight_0", Flavor::Multi, |b| b.max_in_flight(0)),
+        ("buffer_pool_0", Flavor::Multi, |b| b.buffer_pool(0, 0)),
+        ("buffer_pool_0_count", Flavor::Current, |b| {
+            b.buffer_pool(0, 4096)
+        }),
+    ];
+    let set = common::FileSet::new(0xed7, &[100_000]);
+    let file = set.files[0].clone();
+    for (name, flavor, tweak) in configs {
+        for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+            let opened = set.open_all();
+            let file = file.clone();
+            common::run(name, flavor, 30, move || async move {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tweak(UringContext::builder().backend(choice)).build(opened)
+                }));
+                let ctx = match r {
+                    Err(_) => panic!("{name}/{choice:?}: build panicked instead of returning Err"),
+                    Ok(Err(e)) => {
+                        eprintln!("{name}/{choice:?}: rejected: {e}");
+                        return;
+                    }
+                    Ok(Ok(ctx)) => ctx,
+                };
+                let mut buf = vec![0u8; 70_000];
+                let r =
+                    tokio::time::timeout(Duration::from_secs(5), ctx.read(0u32, 1000, &mut buf))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{name}/{choice:?}: accepted, but a read hangs")
+                        });
+                let n = r.unwrap_or_else(|e| {
+                    panic!("{name}/{choice:?}: accepted, but a read fails: {e}")
+                });
+                assert_eq!(
+                    &buf[..n],
+                    &file.expected(1000, 70_000)[..],
+                    "{name}/{choice:?}"
+                );
+                eprintln!("{name}/{choice:?}: accepted and works");
+            });
+        }
     }
 }
 

@@ -203,6 +203,63 @@ fn shutdown_between_polls(choice: BackendChoice) {
     );
 }
 
+/// Focused: after `shutdown()`, reads of data that is in the page cache
+/// (eligible for any inline fast path) fail too, from every handle.
+fn reads_after_shutdown_fail(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let set = common::FileSet::new(0x5f, &[64 * 1024]);
+        let file = set.files[0].clone();
+        let opened = set.open_all();
+        common::run(
+            "reads_after_shutdown_fail",
+            flavor,
+            30,
+            move || async move {
+                let ctx = common::build_ctx(choice, opened, |b| b);
+                let clone = ctx.clone();
+                // Warm: the data is cached and a read succeeds.
+                common::verify_whole_file(&ctx, 0, &file, 4096).await;
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                    .await
+                    .expect("shutdown hung");
+                let mut buf = vec![0u8; 4096];
+                for (who, c) in [("same handle", &ctx), ("clone", &clone)] {
+                    let r = tokio::time::timeout(Duration::from_secs(5), c.read(0u32, 0, &mut buf))
+                        .await
+                        .expect("read after shutdown hung");
+                    assert!(
+                        r.is_err(),
+                        "{flavor:?}/{who}: read of cached data after shutdown returned {r:?}"
+                    );
+                    let (r, _) = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        c.read_owned(0u32, 4096, vec![0u8; 100]),
+                    )
+                    .await
+                    .expect("read_owned after shutdown hung");
+                    assert!(
+                        r.is_err(),
+                        "{flavor:?}/{who}: read_owned of cached data after shutdown returned {r:?}"
+                    );
+                    let r = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        c.read_exact(0u32, 0, &mut buf),
+                    )
+                    .await
+                    .expect("read_exact after shutdown hung");
+                    assert!(
+                        r.is_err(),
+                        "{flavor:?}/{who}: read_exact of cached data after shutdown returned {r:?}"
+                    );
+                }
+                let reg = ctx.register_file(file.open());
+                eprintln!("{choice:?}/{flavor:?}: register_file after shutdown -> {reg:?}");
+                drop(set);
+            },
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // dropping handles and runtimes with reads in flight
 // ---------------------------------------------------------------------------
@@ -306,7 +363,10 @@ fn drop_runtime_with_reads_in_flight(choice: BackendChoice) {
                 }));
                 match r {
                     Ok(r) => eprintln!("{choice:?}: read after runtime drop -> {r:?}"),
-                    Err(_) => eprintln!("QUESTIONABLE {choice:?}: polling a read after the runtime was dropped panicked"),
+                    Err(_) => panic!(
+                        "{choice:?}: polling a read after the context's runtime was dropped panicked \
+                         (expected a clean error, like the shut-down error of the io_uring backend)"
+                    ),
                 }
                 drop(ctx);
             }
@@ -708,6 +768,7 @@ fn api_properties() {
 backend_tests!(
     shutdown_with_reads_in_flight,
     shutdown_between_polls,
+    reads_after_shutdown_fail,
     drop_last_handle_with_reads_in_flight,
     drop_runtime_with_reads_in_flight,
     register_unregister_during_reads,
