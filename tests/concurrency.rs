@@ -155,8 +155,70 @@ fn joined_reads_multi_ring(choice: BackendChoice) {
     );
 }
 
+/// `stats()` called from another OS thread while reads complete must never
+/// panic and must stay self-consistent (`completed <= submitted`,
+/// `in_flight` bounded by what was ever submitted).
+fn stats_consistent_under_load(choice: BackendChoice) {
+    let set = common::FileSet::new(0x57a7, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "stats_consistent_under_load",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b.inline_nowait(false));
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let samplers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (ctx, stop) = (ctx.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut samples = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let s = ctx.stats();
+                            assert!(s.completed <= s.submitted, "completed > submitted: {s:?}");
+                            assert!(s.in_flight <= s.submitted, "in_flight > submitted: {s:?}");
+                            samples += 1;
+                        }
+                        samples
+                    })
+                })
+                .collect();
+            let tasks: Vec<_> = (0..64u64)
+                .map(|t| {
+                    let (ctx, file) = (ctx.clone(), file.clone());
+                    tokio::spawn(async move {
+                        let mut rng = Rng::new(t);
+                        for _ in 0..300 {
+                            let off = rng.below(file.len);
+                            let (r, b) = ctx.read_owned(0u32, off, vec![0u8; 4096]).await;
+                            let n = r.expect("read");
+                            assert_eq!(&b[..n], &file.expected(off, 4096)[..]);
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("reader panicked");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for s in samplers {
+                match s.join() {
+                    Ok(n) => assert!(n > 0),
+                    Err(e) => panic!(
+                        "{choice:?}: stats() on another thread panicked / was inconsistent: {}",
+                        common::panic_message(&*e)
+                    ),
+                }
+            }
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
     concurrent_multi_thread,
     concurrent_current_thread,
-    joined_reads_multi_ring
+    joined_reads_multi_ring,
+    stats_consistent_under_load
 );

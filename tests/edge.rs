@@ -190,7 +190,12 @@ fn many_readers(
             h.await.expect("reader panicked");
         }
         stop.store(true, Relaxed);
-        sampler.join().expect("sampler thread");
+        if let Err(e) = sampler.join() {
+            panic!(
+                "stats() panicked on a sampler thread: {}",
+                common::panic_message(&*e)
+            );
+        }
         assert_eq!(
             common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
             0

@@ -338,6 +338,17 @@ where
     })
 }
 
+/// The message of a caught panic payload.
+pub fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = e.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = e.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "<non-string panic payload>".to_string()
+    }
+}
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Serialise tests within one test binary (for fd counting and timing).
