@@ -49,6 +49,12 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
@@ -112,13 +118,24 @@ fn hot_set_files(args: &Args, ds: &Dataset) -> u32 {
 }
 
 /// Applies the regime before a cell; returns the measured residency.
-fn prepare(regime: Regime, ds: &Dataset, hot_files: u32) -> Result<Option<f64>, String> {
+fn prepare(
+    regime: Regime,
+    ds: &Dataset,
+    hot_files: u32,
+    quiet: bool,
+) -> Result<Option<f64>, String> {
     match regime {
         Regime::Hot => {
             let r = ds
                 .residency(hot_files)
                 .map_err(|e| format!("mincore: {e}"))?;
             if r < 0.999 {
+                if !quiet {
+                    println!(
+                        "warming the hot set ({hot_files} files, {:.0}% cached)",
+                        r * 100.0
+                    );
+                }
                 ds.warm(hot_files)
                     .map_err(|e| format!("warming the hot set: {e}"))?;
                 return Ok(Some(
@@ -155,6 +172,7 @@ fn median_cell(mut reps: Vec<Cell>) -> Cell {
 fn run(args: &Args) -> Result<bool, String> {
     args.validate()?;
     let t_start = Instant::now();
+    let load_start = loadavg();
     let (started, stamp) = utc_now();
     let engines = args.engine_list();
     let progress = if args.quiet {
@@ -270,7 +288,7 @@ fn run(args: &Args) -> Result<bool, String> {
         } else {
             ds.files
         };
-        let cached = prepare(regime, &ds, hot_files)?;
+        let cached = prepare(regime, &ds, hot_files, args.quiet)?;
         let spec = CellSpec {
             engine,
             regime,
@@ -353,10 +371,14 @@ fn run(args: &Args) -> Result<bool, String> {
             depths: args.depths.clone(),
             regimes: args.regimes.clone(),
             total_seconds: 0.0,
+            loadavg_start: load_start,
+            loadavg_end: loadavg(),
         },
         cells,
+        targets: Vec::new(),
     };
     let mut report = report;
+    report.targets = report::targets(&report);
     report.info.total_seconds = t_start.elapsed().as_secs_f64();
 
     println!();
@@ -369,6 +391,10 @@ fn run(args: &Args) -> Result<bool, String> {
     print!("{}", report::details(&report, Style::Text));
     for l in report::skipped(&report) {
         println!("  {l}");
+    }
+    if !report.targets.is_empty() {
+        println!();
+        print!("{}", report::targets_table(&report.targets, Style::Text));
     }
 
     let charts = if args.no_charts {

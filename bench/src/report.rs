@@ -239,12 +239,17 @@ pub struct RunInfo {
     pub depths: Vec<usize>,
     pub regimes: Vec<Regime>,
     pub total_seconds: f64,
+    /// /proc/loadavg (1, 5, 15 min) at the start and end of the run: other
+    /// load on the machine shows up here.
+    pub loadavg_start: String,
+    pub loadavg_end: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub info: RunInfo,
     pub cells: Vec<Cell>,
+    pub targets: Vec<TargetCheck>,
 }
 
 pub fn rate(r: f64) -> String {
@@ -500,11 +505,20 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
     );
     let _ = writeln!(
         s,
+        "- load average at start / end: {} / {}",
+        i.loadavg_start, i.loadavg_end
+    );
+    let _ = writeln!(
+        s,
         "- {} s per cell, {} tokio workers, every block verified ({:?}) except fio's",
         i.duration_s, i.workers, i.verify
     );
     let _ = writeln!(s, "\n## Throughput (ratio to the baseline engine)\n");
     s.push_str(&side_by_side(r, Style::Markdown));
+    if !r.targets.is_empty() {
+        let _ = writeln!(s, "\n## Targets\n");
+        s.push_str(&targets_table(&r.targets, Style::Markdown));
+    }
     let _ = writeln!(s, "\n## All figures\n");
     let _ = writeln!(
         s,
@@ -563,4 +577,116 @@ mod tests {
         let m = table(&rows, Style::Markdown);
         assert!(m.starts_with("| a   | bb |"), "{m}");
     }
+}
+
+/// One of issue #3's targets, evaluated on this run's cells.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+/// Evaluates the targets of issue #3 wherever this run has the cells they
+/// need (same run, same regime and depth; ratios only).
+pub fn targets(r: &Report) -> Vec<TargetCheck> {
+    let cell = |e: &str, regime: Regime, depth: usize| {
+        r.cells
+            .iter()
+            .find(|c| c.engine == e && c.regime == regime && c.depth == depth && c.ok())
+    };
+    let mut out = Vec::new();
+    for depth in [32, 512] {
+        if let (Some(u), Some(m)) = (
+            cell("uring", Regime::Hot, depth),
+            cell("mmap", Regime::Hot, depth),
+        ) {
+            let x = u.reads_per_sec / m.reads_per_sec;
+            out.push(TargetCheck {
+                target: format!("hot, depth {depth}: uring >= 0.5x mmap"),
+                measured: format!(
+                    "{x:.2}x ({} vs {})",
+                    rate(u.reads_per_sec),
+                    rate(m.reads_per_sec)
+                ),
+                met: x >= 0.5,
+            });
+        }
+        if let (Some(u), Some(t)) = (
+            cell("uring", Regime::Hot, depth),
+            cell("tokio-fs", Regime::Hot, depth),
+        ) {
+            let x = u.reads_per_sec / t.reads_per_sec;
+            out.push(TargetCheck {
+                target: format!("hot, depth {depth}: uring >= 5x tokio-fs"),
+                measured: format!(
+                    "{x:.2}x ({} vs {})",
+                    rate(u.reads_per_sec),
+                    rate(t.reads_per_sec)
+                ),
+                met: x >= 5.0,
+            });
+        }
+        if let (Some(u), Some(m)) = (
+            cell("uring", Regime::Cold, depth),
+            cell("mmap", Regime::Cold, depth),
+        ) {
+            let x = u.reads_per_sec / m.reads_per_sec;
+            out.push(TargetCheck {
+                target: format!("cold, depth {depth}: uring >= mmap"),
+                measured: format!(
+                    "{x:.2}x ({} vs {})",
+                    rate(u.reads_per_sec),
+                    rate(m.reads_per_sec)
+                ),
+                met: x >= 1.0,
+            });
+            if let (Some(lu), Some(lm)) = (&u.latency_us, &m.latency_us) {
+                out.push(TargetCheck {
+                    target: format!("cold, depth {depth}: uring p99.9 < mmap p99.9"),
+                    measured: format!("{} vs {}", micros(lu.p999), micros(lm.p999)),
+                    met: lu.p999 < lm.p999,
+                });
+            }
+            if let (Some(cu), Some(cm)) = (u.cpu_us_per_read, m.cpu_us_per_read) {
+                out.push(TargetCheck {
+                    target: format!("cold, depth {depth}: uring CPU/read <= 0.5x mmap"),
+                    measured: format!("{:.2}x ({cu:.1}µs vs {cm:.1}µs)", cu / cm),
+                    met: cu <= 0.5 * cm,
+                });
+            }
+        }
+    }
+    if let (Some(u), Some(f)) = (
+        cell("uring", Regime::Direct, 512),
+        cell("fio", Regime::Direct, 512),
+    ) {
+        let x = u.reads_per_sec / f.reads_per_sec;
+        out.push(TargetCheck {
+            target: "direct, depth 512: uring >= 0.95x fio".into(),
+            measured: format!(
+                "{x:.2}x ({} vs {})",
+                rate(u.reads_per_sec),
+                rate(f.reads_per_sec)
+            ),
+            met: x >= 0.95,
+        });
+    }
+    out
+}
+
+pub fn targets_table(checks: &[TargetCheck], style: Style) -> String {
+    let mut rows = vec![vec![
+        "target (issue #3)".to_string(),
+        "measured".into(),
+        "met".into(),
+    ]];
+    for c in checks {
+        rows.push(vec![
+            c.target.clone(),
+            c.measured.clone(),
+            if c.met { "yes".into() } else { "NO".into() },
+        ]);
+    }
+    table(&rows, style)
 }
