@@ -144,7 +144,7 @@ fn many_readers(
     reads: u64,
     max_len: u64,
     tweak: impl FnOnce(uring_positioned_io::Builder) -> uring_positioned_io::Builder + Send + 'static,
-) -> u64 {
+) -> Result<u64, String> {
     let set = common::FileSet::new(0xed3, &[3 << 20, 100_001]);
     let files = Arc::new(set.files.clone());
     let opened = set.open_all();
@@ -190,24 +190,24 @@ fn many_readers(
             h.await.expect("reader panicked");
         }
         stop.store(true, Relaxed);
-        if let Err(e) = sampler.join() {
-            panic!(
+        let sampled = sampler.join().map_err(|e| {
+            format!(
                 "stats() panicked on a sampler thread: {}",
                 common::panic_message(&*e)
-            );
-        }
+            )
+        });
         assert_eq!(
             common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
             0
         );
         drop(set);
-        max_seen.load(Relaxed)
+        sampled.map(|()| max_seen.load(Relaxed))
     })
 }
 
 fn tiny_buffer_pool(choice: BackendChoice) {
     // Reads up to 1 MiB through two 4 KiB bounce buffers.
-    many_readers(
+    let _ = many_readers(
         "tiny_buffer_pool",
         choice,
         Flavor::Multi,
@@ -216,7 +216,7 @@ fn tiny_buffer_pool(choice: BackendChoice) {
         1 << 20,
         |b| b.buffer_pool(2, 4096),
     );
-    many_readers(
+    let _ = many_readers(
         "tiny_buffer_pool_ct",
         choice,
         Flavor::Current,
@@ -239,6 +239,7 @@ fn more_tasks_than_max_in_flight(choice: BackendChoice) {
             32 * 1024,
             |b| b.rings(1).max_in_flight(4).inline_nowait(false),
         );
+        let max = max.unwrap_or_else(|e| panic!("{choice:?}/{flavor:?}: {e}"));
         eprintln!("{choice:?}/{flavor:?}: max in_flight observed with max_in_flight(4): {max}");
         // The documented contract: at most max_in_flight reads at once, the
         // rest wait for a slot (no backend exception is documented).
@@ -250,7 +251,7 @@ fn more_tasks_than_max_in_flight(choice: BackendChoice) {
 }
 
 fn tiny_ring(choice: BackendChoice) {
-    many_readers("tiny_ring", choice, Flavor::Multi, 256, 8, 16 * 1024, |b| {
+    let _ = many_readers("tiny_ring", choice, Flavor::Multi, 256, 8, 16 * 1024, |b| {
         b.ring_entries(2).rings(1)
     });
 }
