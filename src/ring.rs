@@ -519,7 +519,7 @@ impl Ring {
         &self,
         cx: &mut Context<'_>,
         tick: &mut Option<Pin<Box<tokio::time::Sleep>>>,
-    ) -> Poll<()> {
+    ) -> Drive {
         self.driver_waker.register(cx.waker());
         for _ in 0..ROUNDS {
             self.submit_pending.store(false, Ordering::SeqCst);
@@ -536,10 +536,14 @@ impl Ring {
             if closed && kernel_owned == 0 {
                 self.done.store(true, Ordering::Release);
                 self.drained.notify_waiters();
-                return Poll::Ready(());
+                return Drive::Done;
             }
-            if reaped > 0 || backlog > 0 || self.submit_pending.load(Ordering::SeqCst) {
+            if reaped > 0 || backlog > 0 {
                 continue;
+            }
+            if self.submit_pending.load(Ordering::SeqCst) {
+                // More SQEs are coming in: let them accumulate first.
+                return Drive::Batch;
             }
             // Idle: sleep until the kernel posts a CQE (eventfd) or a reader
             // queues an SQE (driver_waker).
@@ -566,11 +570,10 @@ impl Ring {
                     continue;
                 }
             }
-            return Poll::Pending;
+            return Drive::Sleep;
         }
-        // Busy: let other tasks on this worker run, then continue.
-        cx.waker().wake_by_ref();
-        Poll::Pending
+        // Busy: let the reading tasks on this worker run, then continue.
+        Drive::Batch
     }
 
     /// io_uring_enter failed in a way retrying will not fix: stop taking
@@ -696,11 +699,29 @@ impl Drop for Ring {
 pub(crate) struct Driver {
     ring: Arc<Ring>,
     tick: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A pending `yield_now`: set when readers queued SQEs, so that the
+    /// other tasks that are ready on this worker queue theirs too before the
+    /// enter (tokio runs a freshly woken task next, which would otherwise
+    /// make every batch one read long).
+    batching: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl Driver {
     pub(crate) fn new(ring: Arc<Ring>) -> Driver {
-        Driver { ring, tick: None }
+        Driver {
+            ring,
+            tick: None,
+            batching: None,
+        }
+    }
+}
+
+impl Driver {
+    fn start_batching(&mut self) {
+        // `yield_now` defers our wake-up until this worker has run the tasks
+        // that are ready now (or until its next maintenance tick, every 61
+        // polls), so the wait is short and bounded.
+        self.batching = Some(Box::pin(tokio::task::yield_now()));
     }
 }
 
@@ -708,7 +729,30 @@ impl Future for Driver {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        this.ring.poll_drive(cx, &mut this.tick)
+        let mut yielded = false;
+        loop {
+            if let Some(y) = &mut this.batching {
+                if y.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.batching = None;
+                yielded = true;
+            }
+            // Woken by a reader's SQE: let the other ready readers queue
+            // theirs before entering.
+            if !yielded && this.ring.submit_pending.load(Ordering::Acquire) {
+                this.start_batching();
+                continue;
+            }
+            match this.ring.poll_drive(cx, &mut this.tick) {
+                Drive::Done => return Poll::Ready(()),
+                Drive::Sleep => return Poll::Pending,
+                Drive::Batch => {
+                    yielded = false;
+                    this.start_batching();
+                }
+            }
+        }
     }
 }
 
@@ -728,6 +772,16 @@ impl Drop for Driver {
         self.ring.drained.notify_waiters();
         wakers.into_iter().for_each(Waker::wake);
     }
+}
+
+/// What a driver poll ended with.
+enum Drive {
+    /// Closed and every op is back from the kernel.
+    Done,
+    /// Nothing to do: woken by the eventfd or by a reader.
+    Sleep,
+    /// Reads are being queued: come back once the ready tasks have run.
+    Batch,
 }
 
 /// Updates the fixed-file tables of every ring.
