@@ -163,7 +163,7 @@ fn crate_run(
             .map(|t| {
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
-                    let mut rng = Rng(0x9E37_79B9 ^ (t as u64 + 1) * 0x2545_F491);
+                    let mut rng = Rng(0x9E37_79B9 ^ ((t as u64 + 1) * 0x2545_F491));
                     let mut buf = vec![0u8; BLOCK];
                     let mut n = 0u64;
                     while Instant::now() < deadline {
