@@ -515,6 +515,19 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
     );
     let _ = writeln!(s, "\n## Throughput (ratio to the baseline engine)\n");
     s.push_str(&side_by_side(r, Style::Markdown));
+    let reread = r
+        .cells
+        .iter()
+        .filter_map(|c| c.reread_share_est)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    if let Some(x) = reread {
+        let _ = writeln!(
+            s,
+            "\nCold/direct cells re-read at most an expected {:.1}% of their blocks \
+             (uniform random reads over the whole dataset).",
+            x * 100.0
+        );
+    }
     if !r.targets.is_empty() {
         let _ = writeln!(s, "\n## Targets\n");
         s.push_str(&targets_table(&r.targets, Style::Markdown));
