@@ -510,6 +510,80 @@ fn partially_cached_reads(choice: BackendChoice) {
     );
 }
 
+/// Linux transfers at most 0x7ffff000 bytes per read call, so a read bigger
+/// than that is the one deterministic way to get a short read that is not at
+/// EOF: `read` may return a prefix, `read_exact` must loop and fill it all.
+/// Uses a sparse file (zeros) with patterned islands around the boundary.
+/// Both backends run in one test, over one file, so the second run finds
+/// the (zero) pages of the holes already cached.
+#[test]
+fn huge_read_sparse() {
+    const MAX_RW: u64 = 0x7fff_f000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse");
+    let len = (2u64 << 30) + 65536;
+    let islands = [0u64, MAX_RW - 4096, MAX_RW - 3, len - 5000];
+    let seed = 0xb16;
+    {
+        use std::os::unix::fs::FileExt as _;
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(len).unwrap();
+        for &at in &islands {
+            let mut chunk = vec![0u8; 4096.min((len - at) as usize)];
+            common::fill_pattern(seed, at, &mut chunk);
+            f.write_all_at(&chunk, at).unwrap();
+        }
+    }
+    let byte_at = move |pos: u64| -> u8 {
+        if islands.iter().any(|&at| pos >= at && pos < at + 4096) {
+            common::pattern_byte(seed, pos)
+        } else {
+            0
+        }
+    };
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let file = std::fs::File::open(&path).unwrap();
+        common::run("huge_read_sparse", Flavor::Multi, 120, move || async move {
+            let ctx = common::build_ctx(choice, vec![file], |b| b);
+            let check = |buf: &[u8], off: u64, n: usize, what: &str| {
+                let mut positions: Vec<u64> = (0..n as u64).step_by(4093).collect();
+                for &at in &islands {
+                    positions.extend(
+                        (at.saturating_sub(8)..at + 4104)
+                            .filter(|p| *p >= off && *p < off + n as u64)
+                            .map(|p| p - off),
+                    );
+                }
+                positions.extend((n as u64).saturating_sub(16)..n as u64);
+                for p in positions {
+                    let got = buf[p as usize];
+                    let want = byte_at(off + p);
+                    assert_eq!(got, want, "{what}: byte at file offset {}", off + p);
+                }
+            };
+            let size = (MAX_RW + 8192) as usize;
+            let mut buf = vec![FILL; size];
+            let n = ctx.read(0u32, 0, &mut buf).await.expect("huge read");
+            assert!(n > 0 && n <= size, "huge read returned {n}");
+            eprintln!("{choice:?}: read of {size} bytes returned {n}");
+            check(&buf, 0, n, "read");
+            if let Some(i) = buf[n..].iter().take(1 << 20).position(|&b| b != FILL) {
+                panic!(
+                    "huge read: byte {} past the returned {n} was modified",
+                    n + i
+                );
+            }
+            drop(buf);
+            let mut buf = vec![FILL; size];
+            ctx.read_exact(0u32, 1000, &mut buf)
+                .await
+                .expect("huge read_exact");
+            check(&buf, 1000, size, "read_exact");
+        });
+    }
+    drop(dir);
+}
+
 backend_tests!(
     differential_multi_thread,
     differential_current_thread,
