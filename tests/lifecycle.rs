@@ -702,6 +702,32 @@ fn error_semantics(choice: BackendChoice) {
             }
         }
 
+        // Offsets near the top of the valid range behave like pread(2).
+        for off in [
+            i64::MAX as u64 - 10,
+            i64::MAX as u64,
+            1u64 << 62,
+            (1u64 << 62) - 1,
+        ] {
+            use std::os::unix::fs::FileExt as _;
+            let reference = file
+                .open()
+                .read_at(&mut buf, off)
+                .map_err(|e| e.raw_os_error());
+            let got = ctx
+                .read(0u32, off, &mut buf)
+                .await
+                .map_err(|e| e.raw_os_error());
+            eprintln!("{choice:?}: read @ {off:#x}: pread {reference:?}, library {got:?}");
+            match (reference, got) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a, b, "read @ {off:#x}: pread returned {a}, library {b}")
+                }
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("read @ {off:#x}: pread gave {a:?} but the library {b:?}"),
+            }
+        }
+
         // Removed fid.
         let fid = ctx.register_file(file.open()).unwrap();
         assert_eq!(ctx.read(fid, 0, &mut buf).await.unwrap(), 4096);
