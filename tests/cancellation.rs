@@ -245,6 +245,15 @@ async fn worker(
 }
 
 fn cancellation_storm(choice: BackendChoice) {
+    storm(choice, Flavor::Multi, TOTAL_READS);
+}
+
+/// The same storm, smaller, on a current_thread runtime.
+fn cancellation_storm_current_thread(choice: BackendChoice) {
+    storm(choice, Flavor::Current, TOTAL_READS / 5);
+}
+
+fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64) {
     let _serial = common::serial();
     let (fds_before, fd_names_before) = common::fd_baseline();
     let set = common::FileSet::new(
@@ -254,115 +263,110 @@ fn cancellation_storm(choice: BackendChoice) {
     set.sync_all();
     let files = Arc::new(set.files.clone());
     let opened = set.open_all();
-    common::run(
-        "cancellation_storm",
-        Flavor::Multi,
-        150,
-        move || async move {
-            let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(32).max_in_flight(128));
-            let stop = Arc::new(AtomicBool::new(false));
-            // Periodically evict the files from the page cache so that reads go
-            // to the device and are really in flight when their futures drop.
-            let dropper = {
-                let stop = stop.clone();
-                let handles: Vec<_> = files.iter().map(TestFile::open).collect();
-                tokio::spawn(async move {
-                    let mut rounds = 0u64;
-                    while !stop.load(Relaxed) {
-                        for h in &handles {
-                            common::drop_cache(h);
-                        }
-                        rounds += 1;
-                        tokio::time::sleep(Duration::from_millis(3)).await;
+    common::run("cancellation_storm", flavor, 150, move || async move {
+        let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(32).max_in_flight(128));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Periodically evict the files from the page cache so that reads go
+        // to the device and are really in flight when their futures drop.
+        let dropper = {
+            let stop = stop.clone();
+            let handles: Vec<_> = files.iter().map(TestFile::open).collect();
+            tokio::spawn(async move {
+                let mut rounds = 0u64;
+                while !stop.load(Relaxed) {
+                    for h in &handles {
+                        common::drop_cache(h);
                     }
-                    rounds
-                })
-            };
-            let counters = Arc::new(Counters::default());
-            let t0 = Instant::now();
-            let workers: Vec<_> = (0..WORKERS)
-                .map(|w| {
-                    tokio::spawn(worker(
-                        ctx.clone(),
-                        files.clone(),
-                        w,
-                        TOTAL_READS / WORKERS,
-                        counters.clone(),
-                    ))
-                })
-                .collect();
-            let mut graves = Vec::new();
-            for h in workers {
-                graves.push(h.await.expect("worker panicked"));
-            }
-            stop.store(true, Relaxed);
-            let drop_rounds = dropper.await.unwrap();
-            let storm = t0.elapsed();
+                    rounds += 1;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                rounds
+            })
+        };
+        let counters = Arc::new(Counters::default());
+        let t0 = Instant::now();
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                tokio::spawn(worker(
+                    ctx.clone(),
+                    files.clone(),
+                    w,
+                    total_reads / WORKERS,
+                    counters.clone(),
+                ))
+            })
+            .collect();
+        let mut graves = Vec::new();
+        for h in workers {
+            graves.push(h.await.expect("worker panicked"));
+        }
+        stop.store(true, Relaxed);
+        let drop_rounds = dropper.await.unwrap();
+        let storm = t0.elapsed();
 
-            let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(20)).await;
-            assert_eq!(
-                left,
-                0,
-                "in_flight did not return to 0 after the storm: {:?}",
-                ctx.stats()
-            );
-            // Give a straggling kernel write (if any) a moment to show up.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            for g in graves.iter().flatten() {
-                check_grave(g, "final graveyard check");
-            }
-            eprintln!(
+        let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(20)).await;
+        assert_eq!(
+            left,
+            0,
+            "in_flight did not return to 0 after the storm: {:?}",
+            ctx.stats()
+        );
+        // Give a straggling kernel write (if any) a moment to show up.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for g in graves.iter().flatten() {
+            check_grave(g, "final graveyard check");
+        }
+        eprintln!(
             "{choice:?}: storm took {storm:?}, {counters:?}, cache drops {drop_rounds}, stats {:?}",
             ctx.stats()
         );
-            assert!(
-                counters.dropped_pending.load(Relaxed) > 0,
-                "no future was dropped while pending: the test did not exercise cancellation"
-            );
+        assert!(
+            counters.dropped_pending.load(Relaxed) > 0,
+            "no future was dropped while pending: the test did not exercise cancellation"
+        );
 
-            // The context keeps serving: full verification pass (cold and warm).
-            set.drop_caches();
-            for (fid, file) in files.iter().enumerate() {
-                common::verify_whole_file(&ctx, fid as u32, file, 256 * 1024).await;
-            }
-            let mut rng = Rng::new(7);
-            for _ in 0..2000 {
-                let fid = rng.below(files.len() as u64) as usize;
-                let off = rng.below(files[fid].len + 100);
-                let len = rng.range(1, 9000) as usize;
-                let mut buf = vec![0u8; len];
-                let r = ctx.read(fid as u32, off, &mut buf).await;
-                verify(&files[fid], fid, off, len, r, &buf, "post-storm");
-            }
+        // The context keeps serving: full verification pass (cold and warm).
+        set.drop_caches();
+        for (fid, file) in files.iter().enumerate() {
+            common::verify_whole_file(&ctx, fid as u32, file, 256 * 1024).await;
+        }
+        let mut rng = Rng::new(7);
+        for _ in 0..2000 {
+            let fid = rng.below(files.len() as u64) as usize;
+            let off = rng.below(files[fid].len + 100);
+            let len = rng.range(1, 9000) as usize;
+            let mut buf = vec![0u8; len];
+            let r = ctx.read(fid as u32, off, &mut buf).await;
+            verify(&files[fid], fid, off, len, r, &buf, "post-storm");
+        }
 
-            // register/unregister churn leaks nothing.
-            let fds_mid = common::fd_count();
-            let extra = files[2].clone();
-            let mut seen = std::collections::BTreeSet::new();
-            for i in 0..300u64 {
-                let fid = ctx.register_file(extra.open()).expect("register_file");
-                seen.insert(fid.index());
-                let off = (i * 4093) % extra.len;
-                let mut buf = vec![0u8; 5000];
-                let r = ctx.read(fid, off, &mut buf).await;
-                verify(&extra, fid.index() as usize, off, 5000, r, &buf, "churn");
-                ctx.unregister_file(fid).expect("unregister_file");
-            }
-            let fds_after_churn = common::wait_fd_count_at_most(fds_mid, Duration::from_secs(3));
-            assert!(
-                fds_after_churn <= fds_mid,
-                "fd leak from register/unregister churn: {fds_mid} -> {fds_after_churn}"
-            );
-            eprintln!("{choice:?}: churn used {} distinct fids", seen.len());
-            assert_eq!(
-                common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
-                0
-            );
-            ctx.shutdown().await;
-            drop(ctx);
-            drop(set);
-        },
-    );
+        // register/unregister churn leaks nothing.
+        let fds_mid = common::fd_count();
+        let extra = files[2].clone();
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..300u64 {
+            let fid = ctx.register_file(extra.open()).expect("register_file");
+            seen.insert(fid.index());
+            let off = (i * 4093) % extra.len;
+            let mut buf = vec![0u8; 5000];
+            let r = ctx.read(fid, off, &mut buf).await;
+            verify(&extra, fid.index() as usize, off, 5000, r, &buf, "churn");
+            ctx.unregister_file(fid).expect("unregister_file");
+        }
+        let fds_after_churn = common::wait_fd_count_at_most(fds_mid, Duration::from_secs(3));
+        assert!(
+            fds_after_churn <= fds_mid,
+            "fd leak from register/unregister churn: {fds_mid} -> {fds_after_churn}"
+        );
+        eprintln!("{choice:?}: churn used {} distinct fids", seen.len());
+        assert_eq!(
+            common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+            0
+        );
+        ctx.shutdown().await;
+        drop(ctx);
+        drop(set);
+    });
     let fds_after = common::wait_fd_count_at_most(fds_before, Duration::from_secs(5));
     assert!(
         fds_after <= fds_before,
@@ -433,4 +437,8 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
     );
 }
 
-backend_tests!(cancellation_storm, contexts_create_drop_no_leak);
+backend_tests!(
+    cancellation_storm,
+    cancellation_storm_current_thread,
+    contexts_create_drop_no_leak
+);
