@@ -437,8 +437,138 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
     );
 }
 
+/// An owned buffer that counts how many of its kind are alive, so buffers
+/// parked inside the context for abandoned reads can be shown to be freed
+/// (exactly once) after the kernel is done with them.
+struct Tracked {
+    data: Vec<u8>,
+    live: Arc<std::sync::atomic::AtomicI64>,
+    double_drop: Arc<AtomicBool>,
+}
+
+impl Tracked {
+    fn new(len: usize, live: &Arc<std::sync::atomic::AtomicI64>, dd: &Arc<AtomicBool>) -> Tracked {
+        live.fetch_add(1, Relaxed);
+        Tracked {
+            data: vec![0u8; len],
+            live: live.clone(),
+            double_drop: dd.clone(),
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if self.live.fetch_sub(1, Relaxed) <= 0 {
+            self.double_drop.store(true, Relaxed);
+        }
+    }
+}
+
+// SAFETY: the bytes live in the Vec's heap allocation, which does not move
+// when `Tracked` moves and lives until `Tracked` is dropped.
+unsafe impl uring_positioned_io::IoBufMut for Tracked {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.data.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn parked_owned_buffers_are_released(choice: BackendChoice) {
+    let set = common::FileSet::new(0xb0f, &[8 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let live = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let dd = Arc::new(AtomicBool::new(false));
+    for round in 0..2 {
+        let (live2, dd2, file) = (live.clone(), dd.clone(), file.clone());
+        let opened = vec![file.open()];
+        common::run(
+            "parked_owned_buffers_are_released",
+            Flavor::Multi,
+            60,
+            move || async move {
+                let (live, dd) = (live2, dd2);
+                let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(16));
+                let mut rng = Rng::new(round);
+                let mut abandoned = 0;
+                for i in 0..3000u64 {
+                    if i % 200 == 0 {
+                        file.drop_cache();
+                    }
+                    let off = rng.below(file.len);
+                    let len = rng.range(1, 65536) as usize;
+                    let mut fut =
+                        Box::pin(ctx.read_owned(0u32, off, Tracked::new(len, &live, &dd)));
+                    let first = match i % 3 {
+                        0 => common::poll_once(fut.as_mut()).await,
+                        1 => common::poll_once_noop(fut.as_mut()),
+                        _ => {
+                            // Give the driver a chance to enter the kernel
+                            // before the future is abandoned.
+                            match common::poll_once(fut.as_mut()).await {
+                                Poll::Pending => {
+                                    tokio::time::sleep(Duration::from_micros(300)).await;
+                                    common::poll_once(fut.as_mut()).await
+                                }
+                                ready => ready,
+                            }
+                        }
+                    };
+                    match first {
+                        Poll::Ready((r, b)) => {
+                            let n = r.expect("read_owned");
+                            assert_eq!(&b.data[..n], &file.expected(off, len)[..]);
+                        }
+                        Poll::Pending => abandoned += 1,
+                    }
+                }
+                eprintln!(
+                    "{choice:?} round {round}: {abandoned} reads abandoned in flight, {} buffers alive, {:?}",
+                    live.load(Relaxed),
+                    ctx.stats()
+                );
+                if round == 0 {
+                    // Let everything complete while the context lives.
+                    let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(20)).await;
+                    assert_eq!(left, 0, "in_flight stuck: {:?}", ctx.stats());
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    while live.load(Relaxed) != 0 && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    assert_eq!(
+                    live.load(Relaxed),
+                    0,
+                    "{choice:?}: owned buffers of abandoned reads still alive after every read completed"
+                );
+                }
+                // round 1: the context (and then the runtime) goes away with
+                // abandoned reads still in flight.
+                drop(ctx);
+            },
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while live.load(Relaxed) != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            live.load(Relaxed),
+            0,
+            "{choice:?} round {round}: owned buffers leaked after the context and runtime were dropped"
+        );
+        assert!(
+            !dd.load(Relaxed),
+            "{choice:?}: an owned buffer was dropped twice"
+        );
+    }
+    drop(set);
+}
+
 backend_tests!(
     cancellation_storm,
     cancellation_storm_current_thread,
-    contexts_create_drop_no_leak
+    contexts_create_drop_no_leak,
+    parked_owned_buffers_are_released
 );
