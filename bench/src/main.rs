@@ -235,6 +235,17 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut runs: Vec<Vec<Cell>> = Vec::new();
     let mut all_ok = true;
     let n = order.len();
+    println!(
+        "{n} cells x {} s (regimes {}; hot set {hot_files} of {} files); results go to {}",
+        args.duration,
+        args.regimes
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        ds.files,
+        out_dir.display()
+    );
     for (i, &(regime, rep, depth, engine)) in order.iter().enumerate() {
         let label = format!(
             "[{:>2}/{n}] {:<6} depth {:>4} {:<11}",
@@ -365,6 +376,7 @@ fn run(args: &Args) -> Result<bool, String> {
             hot_set_files: hot_files,
             hot_set_gib: gib(hot_files as u64 * ds.file_size),
             duration_s: args.duration,
+            repeat: args.repeat,
             workers: args.workers,
             verify: args.verify,
             engines: names,

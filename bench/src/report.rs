@@ -233,6 +233,7 @@ pub struct RunInfo {
     pub hot_set_files: u32,
     pub hot_set_gib: f64,
     pub duration_s: f64,
+    pub repeat: u32,
     pub workers: usize,
     pub verify: crate::verify::VerifyMode,
     pub engines: Vec<String>,
@@ -510,8 +511,15 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
     );
     let _ = writeln!(
         s,
-        "- {} s per cell, {} tokio workers, every block verified ({:?}) except fio's",
-        i.duration_s, i.workers, i.verify
+        "- {} s per cell, {} repetition(s) per cell (median reported), {} tokio workers, \
+         every block verified ({}) except fio's",
+        i.duration_s,
+        i.repeat,
+        i.workers,
+        match i.verify {
+            crate::verify::VerifyMode::Checksum => "header + checksum",
+            crate::verify::VerifyMode::Full => "full compare",
+        }
     );
     let _ = writeln!(s, "\n## Throughput (ratio to the baseline engine)\n");
     s.push_str(&side_by_side(r, Style::Markdown));
