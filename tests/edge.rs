@@ -316,13 +316,18 @@ fn o_direct_files(choice: BackendChoice) {
         .expect("open O_DIRECT");
     common::run("o_direct_files", Flavor::Multi, 30, move || async move {
         let ctx = common::default_ctx(choice, vec![direct]);
-        for (off, len) in [
+        let cases = [
             (0u64, 4096usize),
             (4096, 65536),
             (1 << 20, 8192),
             (1 << 20, 16384),
+            (8192, 12288),
+            (0, 1 << 20),
             (file.len, 4096),
-        ] {
+        ];
+        // Several rounds: whether an internal unaligned buffer happens to be
+        // aligned is up to the allocator.
+        for (off, len) in cases.iter().copied().cycle().take(cases.len() * 4) {
             let want = file.expected(off, len);
             let (r, b) = ctx.read_owned(0u32, off, AlignedBuf::new(len, 4096)).await;
             let n =
