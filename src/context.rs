@@ -4,6 +4,7 @@ use std::fmt;
 use std::fs::File;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +118,8 @@ pub(crate) struct Inner {
     pub(crate) backend: Backend,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
+    /// Set by `shutdown`: every new read fails, the inline path included.
+    pub(crate) closed: AtomicBool,
     info: BackendInfo,
 }
 
@@ -179,6 +182,10 @@ impl Default for Builder {
 
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
 const DEFAULT_POOL_BUF: usize = 16 * 1024;
+/// Each fallback read occupies a blocking-pool thread: more than a few dozen
+/// runnable threads only add context switches (and starve the runtime's own
+/// threads) without adding device parallelism worth having.
+const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
 
 impl Builder {
     /// Submission-queue entries per ring (1..=32768; default 256). More reads
@@ -319,9 +326,11 @@ impl Builder {
         };
 
         let (backend, info) = match self.backend {
-            BackendChoice::Fallback => {
-                fallback("forced by Builder::backend(BackendChoice::Fallback)".into())
-            }
+            BackendChoice::Fallback => fallback(
+                self.max_in_flight,
+                &handle,
+                "forced by Builder::backend(BackendChoice::Fallback)".into(),
+            ),
             choice => match setup_rings(&cfg, rings, &files) {
                 Ok(rings) => (
                     Backend::Uring(rings),
@@ -330,9 +339,11 @@ impl Builder {
                         reason: None,
                     },
                 ),
-                Err(e) if choice == BackendChoice::Auto && falls_back(&e) => {
-                    fallback(format!("io_uring could not be set up: {e}"))
-                }
+                Err(e) if choice == BackendChoice::Auto && falls_back(&e) => fallback(
+                    self.max_in_flight,
+                    &handle,
+                    format!("io_uring could not be set up: {e}"),
+                ),
                 Err(e) => {
                     return Err(io::Error::new(
                         e.kind(),
@@ -345,6 +356,7 @@ impl Builder {
             backend,
             files,
             inline_nowait: self.inline_nowait,
+            closed: AtomicBool::new(false),
             info,
         });
         if let Backend::Uring(rings) = &inner.backend {
@@ -356,9 +368,16 @@ impl Builder {
     }
 }
 
-fn fallback(reason: String) -> (Backend, BackendInfo) {
+fn fallback(
+    max_in_flight: Option<usize>,
+    runtime: &Handle,
+    reason: String,
+) -> (Backend, BackendInfo) {
     (
-        Backend::Fallback(Fallback::default()),
+        Backend::Fallback(Fallback::new(
+            max_in_flight.unwrap_or(DEFAULT_FALLBACK_IN_FLIGHT),
+            runtime.clone(),
+        )),
         BackendInfo {
             kind: BackendKind::Fallback,
             reason: Some(reason),
@@ -528,11 +547,11 @@ impl UringContext {
                     })
             }
             Backend::Fallback(fb) => {
-                let (submitted, completed) = fb.counters();
+                let (submitted, completed, in_flight) = fb.counters();
                 Stats {
                     submitted,
                     completed,
-                    in_flight: submitted - completed,
+                    in_flight,
                     ..Stats::default()
                 }
             }
@@ -553,6 +572,7 @@ impl UringContext {
     /// or an error (`ECANCELED`, or "shut down" for reads not yet submitted).
     /// Every handle sees the shutdown.
     pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
         match &self.inner.backend {
             Backend::Uring(rings) => {
                 rings.iter().for_each(|r| r.close());

@@ -11,60 +11,86 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::buf::IoBufMut;
+use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::files::FileEntry;
 use crate::ring::shut_down_error;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Fallback {
+    /// Reads on the blocking pool at once (`Builder::max_in_flight`).
+    pub(crate) permits: Arc<Semaphore>,
+    /// The runtime the context was built on: its blocking pool runs the reads
+    /// wherever the future is polled from.
+    runtime: Handle,
     closed: AtomicBool,
     submitted: AtomicU64,
     completed: Arc<AtomicU64>,
+    /// Reads started and not finished (its own counter: derived from the two
+    /// above by a reader racing both, it would overestimate).
+    in_flight: Arc<AtomicU64>,
     idle: Arc<Notify>,
 }
 
 /// Counts a blocking read as completed however its task ends.
 struct Done {
     completed: Arc<AtomicU64>,
+    in_flight: Arc<AtomicU64>,
     idle: Arc<Notify>,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.completed.fetch_add(1, Ordering::AcqRel);
         self.idle.notify_waiters();
     }
 }
 
 impl Fallback {
+    pub(crate) fn new(max_in_flight: usize, runtime: Handle) -> Fallback {
+        Fallback {
+            runtime,
+            permits: Arc::new(Semaphore::new(max_in_flight)),
+            closed: AtomicBool::new(false),
+            submitted: AtomicU64::new(0),
+            completed: Arc::new(AtomicU64::new(0)),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            idle: Arc::new(Notify::new()),
+        }
+    }
+
     fn start(&self) -> io::Result<Done> {
         if self.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
         self.submitted.fetch_add(1, Ordering::AcqRel);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Done {
             completed: self.completed.clone(),
+            in_flight: self.in_flight.clone(),
             idle: self.idle.clone(),
         })
     }
 
-    /// A read into a buffer owned by the blocking task.
+    /// A read into a page-aligned buffer owned by the blocking task (aligned
+    /// so that `O_DIRECT` files work as on the ring).
     pub(crate) fn read(
         &self,
         file: Arc<FileEntry>,
         offset: u64,
         len: usize,
-    ) -> io::Result<JoinHandle<io::Result<Vec<u8>>>> {
+        permit: OwnedSemaphorePermit,
+    ) -> io::Result<JoinHandle<io::Result<(AlignedBuf, usize)>>> {
         let done = self.start()?;
-        Ok(tokio::task::spawn_blocking(move || {
-            let _done = done;
-            let mut buf = vec![0u8; len];
+        Ok(self.runtime.spawn_blocking(move || {
+            let _done = (done, permit);
+            let mut buf = AlignedBuf::new(len, BOUNCE_ALIGN);
             let n = file.file.read_at(&mut buf, offset)?;
-            buf.truncate(n);
-            Ok(buf)
+            Ok((buf, n))
         }))
     }
 
@@ -75,10 +101,11 @@ impl Fallback {
         file: Arc<FileEntry>,
         offset: u64,
         lent: Arc<Mutex<Option<B>>>,
+        permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         let done = self.start()?;
-        Ok(tokio::task::spawn_blocking(move || {
-            let _done = done;
+        Ok(self.runtime.spawn_blocking(move || {
+            let _done = (done, permit);
             let mut guard = lent.lock().unwrap_or_else(|e| e.into_inner());
             let buf = guard
                 .as_mut()
@@ -91,15 +118,17 @@ impl Fallback {
         }))
     }
 
-    pub(crate) fn counters(&self) -> (u64, u64) {
-        (
-            self.submitted.load(Ordering::Acquire),
-            self.completed.load(Ordering::Acquire),
-        )
+    /// (submitted, completed, in flight). Loading `completed` before
+    /// `submitted` keeps completed <= submitted.
+    pub(crate) fn counters(&self) -> (u64, u64, u64) {
+        let completed = self.completed.load(Ordering::Acquire);
+        let submitted = self.submitted.load(Ordering::Acquire);
+        (submitted, completed, self.in_flight.load(Ordering::Acquire))
     }
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.permits.close();
     }
 
     /// Waits until every started read has finished.
@@ -108,8 +137,7 @@ impl Fallback {
             let notified = self.idle.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let (s, c) = self.counters();
-            if s == c {
+            if self.in_flight.load(Ordering::Acquire) == 0 {
                 return;
             }
             notified.await;

@@ -13,6 +13,7 @@
 //! until the CQE; in every other state nothing is in the kernel.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -22,10 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
 
-use crate::buf::IoBufMut;
+use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{Backend, Inner};
 use crate::fallback::Fallback;
 use crate::files::FileEntry;
@@ -41,6 +42,26 @@ fn ring_for_this_thread(rings: usize) -> usize {
         static HINT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     HINT.with(|h| *h % rings)
+}
+
+/// A worker thread yields to its scheduler before every this many inline
+/// (page-cache) reads. Such reads complete without ever returning `Pending`,
+/// so a task looping over them would run a whole coop budget (128 reads) per
+/// poll, and a runtime of many such tasks would check its timers only once
+/// per round of all of them. Yielding every few reads keeps each poll short,
+/// so the scheduler's periodic timer/IO check (every 61 polls) comes often.
+const INLINE_READS_PER_YIELD: u32 = 4;
+
+/// Whether this thread should yield before its next inline read.
+fn inline_turn_over() -> bool {
+    thread_local! {
+        static INLINE_RUN: Cell<u32> = const { Cell::new(0) };
+    }
+    INLINE_RUN.with(|n| {
+        let next = n.get() + 1;
+        n.set(next % INLINE_READS_PER_YIELD);
+        next == INLINE_READS_PER_YIELD
+    })
 }
 
 /// Where a read's bytes end up; the one difference between the two futures.
@@ -59,6 +80,7 @@ pub(crate) trait Target {
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>>;
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize>;
     /// What must stay alive with an abandoned in-flight op.
@@ -69,8 +91,9 @@ type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireE
 
 enum State<J> {
     Start,
+    /// Waiting for an in-flight slot of a ring (`Some`) or of the fallback.
     Acquire {
-        ring: usize,
+        ring: Option<usize>,
         file: Arc<FileEntry>,
         permit: Acquire,
     },
@@ -118,6 +141,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
         loop {
             match &mut self.state {
                 State::Start => {
+                    if self.ctx.closed.load(Ordering::Acquire) {
+                        return Poll::Ready(Err(shut_down_error()));
+                    }
                     let file = self.ctx.files.get(self.fid)?;
                     let len = self.target.len();
                     if len == 0 {
@@ -134,14 +160,18 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     }
                     let rings = match &self.ctx.backend {
                         Backend::Fallback(fb) => {
-                            let h = self.target.spawn_blocking(fb, file, self.offset)?;
-                            self.state = State::Blocking(h);
+                            self.acquire(&fb.permits, None, file)?;
                             continue;
                         }
                         Backend::Uring(rings) => rings,
                     };
                     let ring = ring_for_this_thread(rings.len());
                     if self.ctx.inline_nowait && file.nowait_ok() {
+                        if inline_turn_over() {
+                            // Let other tasks (and the timer) run first.
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
                         match pread_nowait(file.file.as_raw_fd(), self.target.dest(), self.offset)?
                         {
                             Nowait::Read(n) if n == len || n == 0 => {
@@ -153,19 +183,12 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             Nowait::Unsupported => file.nowait_ok.store(false, Ordering::Relaxed),
                         }
                     }
-                    match rings[ring].permits.clone().try_acquire_owned() {
-                        Ok(permit) => self.submit(ring, file, permit)?,
-                        Err(TryAcquireError::NoPermits) => {
-                            let permit = Box::pin(rings[ring].permits.clone().acquire_owned());
-                            self.state = State::Acquire { ring, file, permit };
-                        }
-                        Err(TryAcquireError::Closed) => return Poll::Ready(Err(shut_down_error())),
-                    }
+                    self.acquire(&rings[ring].permits, Some(ring), file)?;
                 }
                 State::Acquire { ring, file, permit } => {
                     let permit = ready!(permit.as_mut().poll(cx)).map_err(|_| shut_down_error())?;
                     let (ring, file) = (*ring, file.clone());
-                    self.submit(ring, file, permit)?;
+                    self.start(ring, file, permit)?;
                 }
                 State::InFlight { ring, key } => {
                     let (ring, key) = (*ring, *key);
@@ -186,6 +209,8 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     self.state = State::Done;
                     return Poll::Ready(match out {
                         Ok(out) => self.target.finish_blocking(out),
+                        // Cancelled: the runtime of the blocking pool shut down.
+                        Err(join) if join.is_cancelled() => Err(shut_down_error()),
                         Err(join) => Err(io::Error::other(format!(
                             "blocking read task failed: {join}"
                         ))),
@@ -196,15 +221,41 @@ impl<'a, T: Target> ReadCore<'a, T> {
         }
     }
 
-    fn submit(
+    /// Takes an in-flight slot and starts the read, or waits for a slot.
+    fn acquire(
         &mut self,
-        ring: usize,
+        permits: &Arc<Semaphore>,
+        ring: Option<usize>,
+        file: Arc<FileEntry>,
+    ) -> io::Result<()> {
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => self.start(ring, file, permit),
+            Err(TryAcquireError::NoPermits) => {
+                let permit = Box::pin(permits.clone().acquire_owned());
+                self.state = State::Acquire { ring, file, permit };
+                Ok(())
+            }
+            Err(TryAcquireError::Closed) => Err(shut_down_error()),
+        }
+    }
+
+    /// Hands the read to ring `ring`, or to the blocking pool (`None`).
+    fn start(
+        &mut self,
+        ring: Option<usize>,
         file: Arc<FileEntry>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
-        let Backend::Uring(rings) = &self.ctx.backend else {
-            unreachable!("submit without rings")
+        let rings = match (&self.ctx.backend, ring) {
+            (Backend::Uring(rings), Some(_)) => rings,
+            (Backend::Fallback(fb), None) => {
+                let h = self.target.spawn_blocking(fb, file, self.offset, permit)?;
+                self.state = State::Blocking(h);
+                return Ok(());
+            }
+            _ => unreachable!("a ring read on the fallback or the reverse"),
         };
+        let ring = ring.unwrap_or_default();
         let len = (self.target.len() - self.done).min(MAX_READ);
         let dst = self.target.ring_dst(self.done, len);
         let key = rings[ring].submit_read(file, permit, self.offset + self.done as u64, dst)?;
@@ -227,7 +278,7 @@ impl<J> fmt::Debug for State<J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             State::Start => f.write_str("Start"),
-            State::Acquire { ring, .. } => write!(f, "Acquire {{ ring: {ring} }}"),
+            State::Acquire { ring, .. } => write!(f, "Acquire {{ ring: {ring:?} }}"),
             State::InFlight { ring, key } => write!(f, "InFlight {{ ring: {ring}, key: {key} }}"),
             State::Blocking(_) => f.write_str("Blocking"),
             State::Done => f.write_str("Done"),
@@ -251,7 +302,7 @@ impl<T: Target> fmt::Debug for ReadCore<'_, T> {
 pub(crate) struct Borrowed<'a>(pub(crate) &'a mut [u8]);
 
 impl Target for Borrowed<'_> {
-    type Blocking = io::Result<Vec<u8>>;
+    type Blocking = io::Result<(AlignedBuf, usize)>;
     fn len(&self) -> usize {
         self.0.len()
     }
@@ -269,13 +320,14 @@ impl Target for Borrowed<'_> {
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
-        fb.read(file, offset, self.0.len())
+        fb.read(file, offset, self.0.len(), permit)
     }
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
-        let data = out?;
-        self.0[..data.len()].copy_from_slice(&data);
-        Ok(data.len())
+        let (data, n) = out?;
+        self.0[..n].copy_from_slice(&data[..n]);
+        Ok(n)
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         None
@@ -338,10 +390,11 @@ impl<B: IoBufMut> Target for Owned<B> {
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
-        fb.read_owned(file, offset, lent)
+        fb.read_owned(file, offset, lent, permit)
     }
     fn finish_blocking(&mut self, res: Self::Blocking) -> io::Result<usize> {
         res
