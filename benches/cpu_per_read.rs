@@ -201,6 +201,7 @@ fn crate_run(
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut secs, mut mib, mut depths) = (3.0, 1024u64, vec![32usize, 512]);
+    let mut only: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--secs" => secs = args.next().and_then(|s| s.parse().ok()).expect("--secs S"),
@@ -218,6 +219,7 @@ fn main() {
                     .map(|d| d.parse().expect("depth"))
                     .collect()
             }
+            "--only" => only = args.next(),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -254,6 +256,7 @@ fn main() {
     );
     for &depth in &depths {
         let raw = raw_ring(&file, blocks, depth, secs);
+        let run = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
         let row = |name: &str, c: &Cell| {
             println!(
                 "{:<20} {:>6} {:>12.0} {:>8.2}µs {:>9.2}x {:>12.1}",
@@ -266,17 +269,19 @@ fn main() {
             )
         };
         row("raw-ring (1 thread)", &raw);
-        row(
-            "crate ring/1w",
-            &crate_run(&cur, &path, blocks, depth, secs, 1, false),
-        );
-        row(
-            "crate ring/2w",
-            &crate_run(&multi, &path, blocks, depth, secs, 2, false),
-        );
-        row(
-            "crate nowait/2w",
-            &crate_run(&multi, &path, blocks, depth, secs, 2, true),
-        );
+        let configs = [
+            ("crate ring/1w", 1, false),
+            ("crate ring/2w", 2, false),
+            ("crate nowait/2w", 2, true),
+        ];
+        for (name, workers, inline) in configs {
+            if run(name) {
+                let rt = if workers == 1 { &cur } else { &multi };
+                row(
+                    name,
+                    &crate_run(rt, &path, blocks, depth, secs, workers, inline),
+                );
+            }
+        }
     }
 }
