@@ -166,7 +166,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         Backend::Uring(rings) => rings,
                     };
                     let ring = ring_for_this_thread(rings.len());
-                    if self.ctx.inline_nowait && file.nowait_ok() {
+                    if self.ctx.inline_nowait
+                        && file.nowait_ok()
+                        && rings[ring].inline_worth_trying()
+                    {
                         if inline_turn_over() {
                             // Let other tasks (and the timer) run first.
                             cx.waker().wake_by_ref();
@@ -175,11 +178,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         match pread_nowait(file.file.as_raw_fd(), self.target.dest(), self.offset)?
                         {
                             Nowait::Read(n) if n == len || n == 0 => {
-                                rings[ring].count_inline();
+                                rings[ring].inline_hit();
                                 return Poll::Ready(Ok(n));
                             }
                             Nowait::Read(n) => self.done = n,
-                            Nowait::WouldBlock => {}
+                            Nowait::WouldBlock => rings[ring].inline_miss(),
                             Nowait::Unsupported => file.nowait_ok.store(false, Ordering::Relaxed),
                         }
                     }

@@ -16,7 +16,7 @@ use std::io;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -35,6 +35,10 @@ use crate::op::{OnCqe, OpBuf, OpTable};
 const INTERNAL: u64 = u64::MAX;
 /// The kernel never transfers more than this in one read (`MAX_RW_COUNT`).
 pub(crate) const MAX_READ: usize = 0x7fff_f000;
+/// Inline page-cache misses in a row after which the fast path only probes.
+const MISS_STREAK: u32 = 16;
+/// While probing, one read in this many tries the page cache inline.
+const PROBE_EVERY: u32 = 16;
 /// Driver rounds per poll before it yields to other tasks.
 const ROUNDS: usize = 32;
 /// CQEs taken per lock of the op table.
@@ -124,6 +128,8 @@ pub(crate) struct Ring {
     done: AtomicBool,
     enters: AtomicU64,
     inline: AtomicU64,
+    /// Page-cache misses of the inline path in a row (see `inline_worth_trying`).
+    inline_misses: AtomicU32,
     coop_taskrun: bool,
 }
 
@@ -223,6 +229,7 @@ impl Ring {
             done: AtomicBool::new(false),
             enters: AtomicU64::new(0),
             inline: AtomicU64::new(0),
+            inline_misses: AtomicU32::new(0),
             coop_taskrun: cfg.coop_taskrun,
         })
     }
@@ -231,8 +238,24 @@ impl Ring {
         self.pool_registered
     }
 
-    pub(crate) fn count_inline(&self) {
+    /// Whether a read should try the page cache inline first. After
+    /// [`MISS_STREAK`] misses in a row (a cold working set), only every
+    /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
+    /// `preadv2` each; one hit turns the fast path fully back on.
+    pub(crate) fn inline_worth_trying(&self) -> bool {
+        self.inline_misses.load(Ordering::Relaxed) < MISS_STREAK
+            || self.inline_misses.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == 0
+    }
+
+    pub(crate) fn inline_hit(&self) {
         self.inline.fetch_add(1, Ordering::Relaxed);
+        if self.inline_misses.load(Ordering::Relaxed) != 0 {
+            self.inline_misses.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn inline_miss(&self) {
+        self.inline_misses.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn counters(&self) -> RingCounters {
