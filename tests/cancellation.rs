@@ -8,6 +8,8 @@
 //! dropped read was written after the drop, `stats().in_flight` returns to 0,
 //! the context still serves a full verification pass, register/unregister
 //! churn leaks no fds, and dropping the context gives back every fd.
+//! A smaller storm runs on a current_thread runtime; owned buffers of
+//! abandoned reads are tracked and must be dropped exactly once.
 
 mod common;
 

@@ -2,7 +2,9 @@
 //! `read_owned`) against `pread(2)` (std's `FileExt::read_at`) and against the
 //! known position-derived file content, on random files, offsets and lengths
 //! (EOF edges, past EOF, empty buffers), for both backends and both runtime
-//! flavours; plus large reads bigger than any internal bounce buffer.
+//! flavours; plus large reads bigger than any internal bounce buffer, reads
+//! over partly cached files (inline prefix + ring remainder), and reads
+//! larger than the kernel's per-call limit (0x7ffff000) on a sparse file.
 
 mod common;
 

@@ -5,7 +5,9 @@
 //!   than one pool buffer, many at once;
 //! - far more tasks than `max_in_flight` / ring entries: only waiting, no errors;
 //! - owned buffer types (`Vec<u8>`, `Box<[u8]>`, `AlignedBuf`), `O_DIRECT` files;
-//! - less common ring options (SQPOLL, COOP_TASKRUN, several rings) still read correctly.
+//! - less common ring options (SQPOLL, COOP_TASKRUN, several rings) still read
+//!   correctly; invalid option values are an `Err` from `build`, never a panic
+//!   or a context whose reads hang.
 
 mod common;
 

@@ -7,7 +7,9 @@
 //!   `InvalidInput`, and a file that reuses a slot never leaks its bytes into
 //!   a read that was issued against the previous file;
 //! - `new` / `build` outside a runtime return `Err`;
-//! - unknown fid, past-EOF, empty buffers, short reads, kernel errors.
+//! - unknown fid, past-EOF, empty buffers, short reads, kernel errors,
+//!   offsets near `i64::MAX` (same result as pread);
+//! - 1000 files registered at once; a context used from another runtime.
 
 mod common;
 
