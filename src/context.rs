@@ -90,7 +90,8 @@ pub struct Stats {
     pub submitted: u64,
     /// Of those, how many the kernel has completed.
     pub completed: u64,
-    /// `io_uring_enter` calls made to submit them.
+    /// `io_uring_enter` calls made to submit them (with SQPOLL: submit
+    /// rounds, some of which need no syscall).
     pub enters: u64,
     /// Reads served at once from the page cache (`RWF_NOWAIT`), no ring involved.
     pub inline_completed: u64,
