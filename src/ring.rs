@@ -468,17 +468,8 @@ impl Ring {
     /// Moves backlog into the SQ; says whether an enter is worth making.
     fn prepare_enter(&self) -> bool {
         let mut st = lock(&self.state);
-        // SAFETY: state lock held: the only SubmissionQueue of this ring.
-        let mut sq = unsafe { self.uring.submission_shared() };
-        while let Some(e) = st.backlog.front() {
-            // SAFETY: as in `push_locked`.
-            if unsafe { sq.push(e) }.is_err() {
-                break;
-            }
-            st.backlog.pop_front();
-        }
-        sq.sync();
-        !sq.is_empty() || sq.cq_overflow() || sq.taskrun()
+        // SAFETY: the state lock is held.
+        unsafe { flush_backlog(&self.uring, &mut st.backlog) }
     }
 
     /// One `io_uring_enter` submitting everything queued.
@@ -619,6 +610,29 @@ impl Ring {
     }
 }
 
+/// Moves as much of the backlog as fits into the SQ, publishes it, and says
+/// whether an enter is worth making (SQEs queued, CQ overflow to flush, or
+/// task work to run).
+///
+/// # Safety
+///
+/// No other `SubmissionQueue` of `uring` may exist meanwhile: the caller
+/// holds the ring's state lock, or has `&mut Ring`.
+unsafe fn flush_backlog(uring: &IoUring, backlog: &mut VecDeque<squeue::Entry>) -> bool {
+    // SAFETY: exclusivity is the caller's promise.
+    let mut sq = unsafe { uring.submission_shared() };
+    while let Some(e) = backlog.front() {
+        // SAFETY: every SQE's buffer is owned by its op until its CQE (as in
+        // `push_locked`).
+        if unsafe { sq.push(e) }.is_err() {
+            break;
+        }
+        backlog.pop_front();
+    }
+    sq.sync();
+    !sq.is_empty() || sq.cq_overflow() || sq.taskrun()
+}
+
 fn apply_one(
     st: &mut State,
     key: u64,
@@ -671,17 +685,8 @@ impl Drop for Ring {
         }
         let mut space = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
         while st.kernel_owned > 0 {
-            {
-                // SAFETY: &mut self: the only SubmissionQueue of this ring.
-                let mut sq = unsafe { self.uring.submission_shared() };
-                while let Some(e) = st.backlog.front() {
-                    // SAFETY: as in `push_locked`.
-                    if unsafe { sq.push(e) }.is_err() {
-                        break;
-                    }
-                    st.backlog.pop_front();
-                }
-            }
+            // SAFETY: `&mut self`: no other SubmissionQueue can exist.
+            unsafe { flush_backlog(&self.uring, &mut st.backlog) };
             match self.uring.submitter().submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if matches!(errno(&e), libc::EINTR | libc::EBUSY | libc::EAGAIN) => {}
