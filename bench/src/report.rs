@@ -189,7 +189,7 @@ impl Cell {
 }
 
 /// Fills `ratio`/`baseline`: per (regime, depth) the baseline is mmap when it
-/// ran, otherwise fio, otherwise the first engine (in run order) that ran.
+/// ran, otherwise the first engine (in run order) that ran.
 pub fn fill_ratios(cells: &mut [Cell], engine_order: &[String]) {
     let keys: Vec<(Regime, usize)> = cells.iter().map(|c| (c.regime, c.depth)).collect();
     for (regime, depth) in keys {
@@ -199,9 +199,7 @@ pub fn fill_ratios(cells: &mut [Cell], engine_order: &[String]) {
                 .find(|c| c.regime == regime && c.depth == depth && c.engine == name && c.ok())
                 .map(|c| (c.engine.clone(), c.reads_per_sec))
         };
-        let base = find("mmap", cells)
-            .or_else(|| find("fio", cells))
-            .or_else(|| engine_order.iter().find_map(|e| find(e, cells)));
+        let base = find("mmap", cells).or_else(|| engine_order.iter().find_map(|e| find(e, cells)));
         if let Some((name, rate)) = base {
             for c in cells
                 .iter_mut()
