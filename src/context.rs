@@ -259,7 +259,9 @@ impl Builder {
     }
 
     /// Creates the context. Must be called inside a tokio runtime; spawns one
-    /// driver task per ring on it.
+    /// driver task per ring on it. The context can be used from any runtime
+    /// or thread, but its drivers run on this one: a `current_thread` home
+    /// runtime must be running for reads to complete.
     pub fn build(self, files: Vec<File>) -> io::Result<UringContext> {
         let handle = Handle::try_current().map_err(|_| {
             io::Error::other(
@@ -290,6 +292,12 @@ impl Builder {
             return invalid(format!(
                 "buffer_pool({pool_count}, {pool_size}) is out of range"
             ));
+        }
+        if self.coop_taskrun && self.sqpoll.is_some() {
+            return invalid(
+                "coop_taskrun and sqpoll exclude each other: with SQPOLL the kernel thread runs completion work"
+                    .into(),
+            );
         }
         if self.coop_taskrun && self.backend != BackendChoice::Fallback {
             if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
@@ -517,6 +525,9 @@ impl UringContext {
     /// [`unregister_file`](Self::unregister_file) is reused only once no read
     /// of the old file is left.
     pub fn register_file(&self, file: File) -> io::Result<FileId> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(crate::ring::shut_down_error());
+        }
         self.inner.files.insert(file, self.inner.fixed())
     }
 
@@ -548,11 +559,11 @@ impl UringContext {
                     })
             }
             Backend::Fallback(fb) => {
-                let (submitted, completed, in_flight) = fb.counters();
+                let c = fb.counters();
                 Stats {
-                    submitted,
-                    completed,
-                    in_flight,
+                    submitted: c.submitted,
+                    completed: c.completed,
+                    in_flight: c.submitted - c.completed,
                     ..Stats::default()
                 }
             }

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::runtime::Handle;
@@ -27,25 +27,30 @@ pub(crate) struct Fallback {
     /// wherever the future is polled from.
     runtime: Handle,
     closed: AtomicBool,
-    submitted: AtomicU64,
-    completed: Arc<AtomicU64>,
-    /// Reads started and not finished (its own counter: derived from the two
-    /// above by a reader racing both, it would overestimate).
-    in_flight: Arc<AtomicU64>,
+    /// (submitted, completed) under one lock, so a snapshot is consistent;
+    /// the fallback's per-read cost (a thread hop) dwarfs the lock.
+    counts: Arc<Mutex<Counts>>,
     idle: Arc<Notify>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counts {
+    pub(crate) submitted: u64,
+    pub(crate) completed: u64,
 }
 
 /// Counts a blocking read as completed however its task ends.
 struct Done {
-    completed: Arc<AtomicU64>,
-    in_flight: Arc<AtomicU64>,
+    counts: Arc<Mutex<Counts>>,
     idle: Arc<Notify>,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.completed.fetch_add(1, Ordering::AcqRel);
+        self.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .completed += 1;
         self.idle.notify_waiters();
     }
 }
@@ -56,9 +61,7 @@ impl Fallback {
             runtime,
             permits: Arc::new(Semaphore::new(max_in_flight)),
             closed: AtomicBool::new(false),
-            submitted: AtomicU64::new(0),
-            completed: Arc::new(AtomicU64::new(0)),
-            in_flight: Arc::new(AtomicU64::new(0)),
+            counts: Arc::default(),
             idle: Arc::new(Notify::new()),
         }
     }
@@ -67,11 +70,12 @@ impl Fallback {
         if self.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
-        self.submitted.fetch_add(1, Ordering::AcqRel);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .submitted += 1;
         Ok(Done {
-            completed: self.completed.clone(),
-            in_flight: self.in_flight.clone(),
+            counts: self.counts.clone(),
             idle: self.idle.clone(),
         })
     }
@@ -118,12 +122,8 @@ impl Fallback {
         }))
     }
 
-    /// (submitted, completed, in flight). Loading `completed` before
-    /// `submitted` keeps completed <= submitted.
-    pub(crate) fn counters(&self) -> (u64, u64, u64) {
-        let completed = self.completed.load(Ordering::Acquire);
-        let submitted = self.submitted.load(Ordering::Acquire);
-        (submitted, completed, self.in_flight.load(Ordering::Acquire))
+    pub(crate) fn counters(&self) -> Counts {
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn close(&self) {
@@ -137,7 +137,8 @@ impl Fallback {
             let notified = self.idle.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if self.in_flight.load(Ordering::Acquire) == 0 {
+            let c = self.counters();
+            if c.submitted == c.completed {
                 return;
             }
             notified.await;

@@ -204,7 +204,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     return Poll::Ready(match res {
                         Ok(n) => Ok(self.done + n),
                         Err(_) if self.done > 0 => Ok(self.done),
-                        Err(e) => Err(e),
+                        Err(e) => Err(self.explain(e)),
                     });
                 }
                 State::Blocking(handle) => {
@@ -222,6 +222,18 @@ impl<'a, T: Target> ReadCore<'a, T> {
                 State::Done => panic!("read future polled after completion"),
             }
         }
+    }
+
+    /// A ring read of a file that was unregistered before its SQE reached
+    /// the kernel fails with EBADF; say so in terms of the caller's fid.
+    fn explain(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(libc::EBADF) && self.ctx.files.get(self.fid).is_err() {
+            return io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} was unregistered while this read was queued", self.fid),
+            );
+        }
+        e
     }
 
     /// Takes an in-flight slot and starts the read, or waits for a slot.
