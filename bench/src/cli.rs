@@ -173,6 +173,12 @@ pub struct Args {
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,
 
+    /// fio jobs sharing each cell's reads in flight (iodepth = depth / jobs);
+    /// default: one per CPU. One fio job saturates a CPU before the device on
+    /// small machines, so one job would understate the ceiling.
+    #[arg(long)]
+    pub fio_jobs: Option<usize>,
+
     /// Skip charts (SVG).
     #[arg(long)]
     pub no_charts: bool,

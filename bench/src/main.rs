@@ -311,6 +311,9 @@ fn run(args: &Args) -> Result<bool, String> {
             set_files,
             uring: uring.clone(),
             fio: args.fio.clone(),
+            fio_jobs: args
+                .fio_jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         };
         match engines::run(&spec) {
             Ok(m) => {

@@ -1,6 +1,9 @@
 //! `fio`: the hardware's own ceiling beside the engines. Runs fio with
 //! ioengine=io_uring, rw=randread, bs=4k on the same files (the same working
-//! set), one job at iodepth=`depth`, for the cell's duration, and parses its
+//! set), `jobs` jobs (default: one per CPU, at most `depth`) sharing the
+//! `depth` reads in flight (iodepth = depth / jobs each; one fio job saturates
+//! a CPU long before the device on small VMs), for the cell's duration, with
+//! group reporting, and parses its
 //! JSON output. fio does not verify our blocks; its CPU figure is fio's own
 //! usr+sys for the job.
 
@@ -40,6 +43,8 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
         .map(|p| escape(p))
         .collect();
     let ms = (spec.duration.as_secs_f64() * 1000.0).round().max(1.0) as u64;
+    let jobs = spec.fio_jobs.clamp(1, spec.depth);
+    let iodepth = spec.depth.div_ceil(jobs);
     let percentiles: Vec<String> = PERCENTILES.iter().map(|p| p.to_string()).collect();
     let mut cmd = Command::new(&spec.fio);
     cmd.arg("--name=uring-bench")
@@ -47,8 +52,8 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
         .arg("--rw=randread")
         .arg("--bs=4k")
         .arg("--ioengine=io_uring")
-        .arg(format!("--iodepth={}", spec.depth))
-        .arg(format!("--iodepth_batch_complete_max={}", spec.depth))
+        .arg(format!("--iodepth={iodepth}"))
+        .arg(format!("--iodepth_batch_complete_max={iodepth}"))
         .arg("--registerfiles=1")
         .arg("--fixedbufs=1")
         .arg(format!(
@@ -62,7 +67,8 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
         .arg("--randrepeat=0")
         .arg("--time_based")
         .arg(format!("--runtime={ms}ms"))
-        .arg("--numjobs=1")
+        .arg(format!("--numjobs={jobs}"))
+        .arg("--group_reporting")
         .arg(format!("--percentile_list={}", percentiles.join(":")))
         .arg("--output-format=json");
     let out = cmd
@@ -76,7 +82,7 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    parse(&stdout, spec.depth)
+    parse(&stdout, jobs, iodepth)
 }
 
 fn f(v: &serde_json::Value, path: &[&str]) -> Result<f64, String> {
@@ -92,7 +98,7 @@ fn f(v: &serde_json::Value, path: &[&str]) -> Result<f64, String> {
 
 /// Parses fio's JSON output into a [`Measured`] (latencies from fio's clat
 /// percentiles; there is no per-read histogram).
-pub fn parse(stdout: &str, depth: usize) -> Result<Measured, String> {
+pub fn parse(stdout: &str, jobs: usize, iodepth: usize) -> Result<Measured, String> {
     // fio may print notes before the JSON document.
     let start = stdout
         .find('{')
@@ -110,8 +116,11 @@ pub fn parse(stdout: &str, depth: usize) -> Result<Measured, String> {
         return Err(format!("engine fio: job reported error {err}"));
     }
     let secs = (runtime_ms / 1000.0).max(1e-9);
-    let usr = f(job, &["usr_cpu"])? / 100.0 * secs;
-    let sys = f(job, &["sys_cpu"])? / 100.0 * secs;
+    // usr_cpu/sys_cpu are percentages of job_runtime, which group reporting
+    // sums over the jobs
+    let cpu_secs = f(job, &["job_runtime"]).map_or(secs * jobs as f64, |ms| ms / 1000.0);
+    let usr = f(job, &["usr_cpu"])? / 100.0 * cpu_secs;
+    let sys = f(job, &["sys_cpu"])? / 100.0 * cpu_secs;
     let mut cdf = Vec::new();
     if let Some(p) = job
         .pointer("/read/clat_ns/percentile")
@@ -136,7 +145,7 @@ pub fn parse(stdout: &str, depth: usize) -> Result<Measured, String> {
         reads_per_enter: None,
         inline_completed: None,
         notes: vec![format!(
-            "fio io_uring iodepth={depth}; blocks not verified; latency = fio clat; CPU = fio usr+sys"
+            "fio io_uring {jobs} job(s) x iodepth={iodepth}; blocks not verified; latency = fio clat; CPU = fio usr+sys"
         )],
         cdf: Some(cdf),
         verified: false,
@@ -155,7 +164,7 @@ mod tests {
 {"jobs":[{"error":0,"usr_cpu":10.0,"sys_cpu":40.0,
  "read":{"total_ios":1000,"runtime":2000,
   "clat_ns":{"min":1000,"max":900000,"percentile":{"50.000000":20000,"99.900000":500000}}}}]}"#;
-        let m = super::parse(j, 32).unwrap();
+        let m = super::parse(j, 1, 32).unwrap();
         assert_eq!(m.reads, 1000);
         assert!((m.cpu.user + m.cpu.sys - 1.0).abs() < 1e-9);
         let cdf = m.cdf.unwrap();

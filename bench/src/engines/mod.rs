@@ -97,6 +97,8 @@ pub struct CellSpec<'a> {
     pub set_files: u32,
     pub uring: UringOpts,
     pub fio: PathBuf,
+    /// fio jobs sharing the depth.
+    pub fio_jobs: usize,
 }
 
 impl CellSpec<'_> {
