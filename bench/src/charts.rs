@@ -70,7 +70,12 @@ fn throughput(r: &Report, cells: &[&Cell], path: &Path, regime: &str) -> Result<
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(80)
-        .build_cartesian_2d((dmin / 1.3..dmax * 1.3).log_scale(), 0.0..ymax)
+        .build_cartesian_2d(
+            (dmin / 1.3..dmax * 1.3)
+                .log_scale()
+                .with_key_points(r.info.depths.iter().map(|&d| d as f64).collect::<Vec<_>>()),
+            0.0..ymax,
+        )
         .map_err(err)?;
     chart
         .configure_mesh()

@@ -173,6 +173,12 @@ pub struct Args {
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,
 
+    /// Populate the mmap engine's mappings (MAP_POPULATE) before hot cells,
+    /// outside the timed window; `off` makes hot mmap cells include
+    /// first-touch minor faults.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub mmap_populate: OnOff,
+
     /// fio jobs sharing each cell's reads in flight (iodepth = depth / jobs);
     /// default: one per CPU. One fio job saturates a CPU before the device on
     /// small machines, so one job would understate the ceiling.

@@ -311,6 +311,7 @@ fn run(args: &Args) -> Result<bool, String> {
             set_files,
             uring: uring.clone(),
             fio: args.fio.clone(),
+            mmap_populate: args.mmap_populate == cli::OnOff::On,
             fio_jobs: args
                 .fio_jobs
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

@@ -99,6 +99,8 @@ pub struct CellSpec<'a> {
     pub fio: PathBuf,
     /// fio jobs sharing the depth.
     pub fio_jobs: usize,
+    /// Populate mmap mappings before hot cells.
+    pub mmap_populate: bool,
 }
 
 impl CellSpec<'_> {
