@@ -128,7 +128,13 @@ impl Dataset {
             .map_err(|e| format!("cannot read {}: {e}", self.dir.join(MANIFEST).display()))?;
         let have: Manifest =
             serde_json::from_str(&text).map_err(|e| format!("unreadable manifest: {e}"))?;
-        if &have != want {
+        // A dataset with more files of the same size and seed contains ours
+        // (file i is the same in both), so it is reused as is.
+        let superset = Manifest {
+            files: have.files,
+            ..want.clone()
+        };
+        if have != superset || have.files < want.files {
             return Err(format!(
                 "manifest describes {} files x {} bytes (seed {:#x}), wanted {} x {} (seed {:#x})",
                 have.files, have.file_size, have.seed, want.files, want.file_size, want.seed
@@ -380,6 +386,10 @@ mod tests {
         assert!(d.generated);
         let again = Dataset::ensure(dir.path(), 3, 64 * 1024, 7, false, Progress::Quiet).unwrap();
         assert!(!again.generated);
+        // a subset of an existing dataset is reused too
+        let fewer = Dataset::ensure(dir.path(), 2, 64 * 1024, 7, false, Progress::Quiet).unwrap();
+        assert!(!fewer.generated);
+        assert_eq!(fewer.paths.len(), 2);
         let mut buf = vec![0u8; BLOCK];
         let files = d.open(3, false).unwrap();
         for (i, f) in files.iter().enumerate() {
