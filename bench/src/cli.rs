@@ -89,7 +89,7 @@ fn parse_depth(s: &str) -> Result<usize, String> {
 /// prints the table and writes JSON, Markdown and SVG charts to
 /// ./bench-results/<time>/.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "uring-bench", version, about, long_about = None)]
+#[command(name = "uring-bench", version)]
 pub struct Args {
     /// Engines to run (comma separated or repeated); `all` runs every engine.
     #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap"])]
