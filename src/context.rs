@@ -323,7 +323,7 @@ impl Builder {
             })
             .max(files.len() as u32)
             .max(1);
-        let files = FileTable::new(files, capacity)?;
+        let files = FileTable::new(files, capacity, rings)?;
         let cfg = RingConfig {
             entries: self.ring_entries,
             in_flight,

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
@@ -29,20 +29,10 @@ use tokio::task::JoinHandle;
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{Backend, Inner};
 use crate::fallback::Fallback;
-use crate::files::FileEntry;
+use crate::files::{thread_slot, FileEntry};
 use crate::ring::{shut_down_error, Dst, MAX_READ};
 use crate::sys::{pread_nowait, Nowait};
 use crate::FileId;
-
-/// The ring a thread submits to: threads are numbered on first use, so the
-/// worker threads of a runtime spread over the rings.
-fn ring_for_this_thread(rings: usize) -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static HINT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    HINT.with(|h| *h % rings)
-}
 
 /// A worker thread yields to its scheduler before every this many inline
 /// (page-cache) reads. Such reads complete without ever returning `Pending`,
@@ -141,10 +131,15 @@ impl<'a, T: Target> ReadCore<'a, T> {
         loop {
             match &mut self.state {
                 State::Start => {
-                    if self.ctx.closed.load(Ordering::Acquire) {
+                    let ctx = self.ctx;
+                    if ctx.closed.load(Ordering::Acquire) {
                         return Poll::Ready(Err(shut_down_error()));
                     }
-                    let file = self.ctx.files.get(self.fid)?;
+                    let slot = thread_slot();
+                    // Borrowed from this thread's shard: no reference count
+                    // is touched unless the read has to outlive this poll.
+                    let files = ctx.files.shard(slot);
+                    let file = files.lookup(self.fid)?;
                     let len = self.target.len();
                     if len == 0 {
                         return Poll::Ready(Ok(0));
@@ -158,18 +153,17 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             ),
                         )));
                     }
-                    let rings = match &self.ctx.backend {
+                    let rings = match &ctx.backend {
                         Backend::Fallback(fb) => {
+                            let file = file.clone();
+                            drop(files);
                             self.acquire(&fb.permits, None, file)?;
                             continue;
                         }
                         Backend::Uring(rings) => rings,
                     };
-                    let ring = ring_for_this_thread(rings.len());
-                    if self.ctx.inline_nowait
-                        && file.nowait_ok()
-                        && rings[ring].inline_worth_trying()
-                    {
+                    let ring = slot % rings.len();
+                    if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline_worth_trying() {
                         if inline_turn_over() {
                             // Let other tasks (and the timer) run first.
                             cx.waker().wake_by_ref();
@@ -186,6 +180,8 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             Nowait::Unsupported => file.nowait_ok.store(false, Ordering::Relaxed),
                         }
                     }
+                    let file = file.clone();
+                    drop(files);
                     self.acquire(&rings[ring].permits, Some(ring), file)?;
                 }
                 State::Acquire { ring, file, permit } => {
