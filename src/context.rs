@@ -119,6 +119,8 @@ pub(crate) struct Inner {
     pub(crate) backend: Backend,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
+    /// How long a thread may do inline reads before it yields.
+    pub(crate) inline_stretch: Duration,
     /// Set by `shutdown`: every new read fails, the inline path included.
     pub(crate) closed: AtomicBool,
     info: BackendInfo,
@@ -365,6 +367,15 @@ impl Builder {
             backend,
             files,
             inline_nowait: self.inline_nowait,
+            // A task woken on a current_thread runtime waits behind every
+            // ready task (one queue), so its stretches must be short; a
+            // multi-thread worker checks its injection queue, where timers
+            // and cross-thread wakes land, every 61 polls, so 50 µs
+            // stretches keep those within ~3 ms.
+            inline_stretch: match handle.runtime_flavor() {
+                RuntimeFlavor::CurrentThread => Duration::from_micros(8),
+                _ => Duration::from_micros(50),
+            },
             closed: AtomicBool::new(false),
             info,
         });
