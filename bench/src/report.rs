@@ -615,82 +615,70 @@ pub fn targets(r: &Report) -> Vec<TargetCheck> {
             .find(|c| c.engine == e && c.regime == regime && c.depth == depth && c.ok())
     };
     let mut out = Vec::new();
-    for depth in [32, 512] {
-        if let (Some(u), Some(m)) = (
-            cell("uring", Regime::Hot, depth),
-            cell("mmap", Regime::Hot, depth),
-        ) {
-            let x = u.reads_per_sec / m.reads_per_sec;
-            out.push(TargetCheck {
-                target: format!("hot, depth {depth}: uring >= 0.5x mmap"),
-                measured: format!(
-                    "{x:.2}x ({} vs {})",
-                    rate(u.reads_per_sec),
-                    rate(m.reads_per_sec)
-                ),
-                met: x >= 0.5,
-            });
-        }
-        if let (Some(u), Some(t)) = (
-            cell("uring", Regime::Hot, depth),
-            cell("tokio-fs", Regime::Hot, depth),
-        ) {
-            let x = u.reads_per_sec / t.reads_per_sec;
-            out.push(TargetCheck {
-                target: format!("hot, depth {depth}: uring >= 5x tokio-fs"),
-                measured: format!(
-                    "{x:.2}x ({} vs {})",
-                    rate(u.reads_per_sec),
-                    rate(t.reads_per_sec)
-                ),
-                met: x >= 5.0,
-            });
-        }
-        if let (Some(u), Some(m)) = (
-            cell("uring", Regime::Cold, depth),
-            cell("mmap", Regime::Cold, depth),
-        ) {
-            let x = u.reads_per_sec / m.reads_per_sec;
-            out.push(TargetCheck {
-                target: format!("cold, depth {depth}: uring >= mmap"),
-                measured: format!(
-                    "{x:.2}x ({} vs {})",
-                    rate(u.reads_per_sec),
-                    rate(m.reads_per_sec)
-                ),
-                met: x >= 1.0,
-            });
-            if let (Some(lu), Some(lm)) = (&u.latency_us, &m.latency_us) {
-                out.push(TargetCheck {
-                    target: format!("cold, depth {depth}: uring p99.9 < mmap p99.9"),
-                    measured: format!("{} vs {}", micros(lu.p999), micros(lm.p999)),
-                    met: lu.p999 < lm.p999,
-                });
-            }
-            if let (Some(cu), Some(cm)) = (u.cpu_us_per_read, m.cpu_us_per_read) {
-                out.push(TargetCheck {
-                    target: format!("cold, depth {depth}: uring CPU/read <= 0.5x mmap"),
-                    measured: format!("{:.2}x ({cu:.1}µs vs {cm:.1}µs)", cu / cm),
-                    met: cu <= 0.5 * cm,
-                });
-            }
-        }
-    }
-    if let (Some(u), Some(f)) = (
-        cell("uring", Regime::Direct, 512),
-        cell("fio", Regime::Direct, 512),
-    ) {
-        let x = u.reads_per_sec / f.reads_per_sec;
-        out.push(TargetCheck {
-            target: "direct, depth 512: uring >= 0.95x fio".into(),
+    // "uring reads/s >= min x `base` reads/s" in `regime` at `depth`.
+    let throughput = |regime: Regime, depth: usize, base: &str, min: f64, target: String| {
+        let (u, b) = (cell("uring", regime, depth)?, cell(base, regime, depth)?);
+        let x = u.reads_per_sec / b.reads_per_sec;
+        Some(TargetCheck {
+            target,
             measured: format!(
                 "{x:.2}x ({} vs {})",
                 rate(u.reads_per_sec),
-                rate(f.reads_per_sec)
+                rate(b.reads_per_sec)
             ),
-            met: x >= 0.95,
-        });
+            met: x >= min,
+        })
+    };
+    for depth in [32, 512] {
+        out.extend(throughput(
+            Regime::Hot,
+            depth,
+            "mmap",
+            0.5,
+            format!("hot, depth {depth}: uring >= 0.5x mmap"),
+        ));
+        out.extend(throughput(
+            Regime::Hot,
+            depth,
+            "tokio-fs",
+            5.0,
+            format!("hot, depth {depth}: uring >= 5x tokio-fs"),
+        ));
+        out.extend(throughput(
+            Regime::Cold,
+            depth,
+            "mmap",
+            1.0,
+            format!("cold, depth {depth}: uring >= mmap"),
+        ));
+        let (Some(u), Some(m)) = (
+            cell("uring", Regime::Cold, depth),
+            cell("mmap", Regime::Cold, depth),
+        ) else {
+            continue;
+        };
+        if let (Some(lu), Some(lm)) = (&u.latency_us, &m.latency_us) {
+            out.push(TargetCheck {
+                target: format!("cold, depth {depth}: uring p99.9 < mmap p99.9"),
+                measured: format!("{} vs {}", micros(lu.p999), micros(lm.p999)),
+                met: lu.p999 < lm.p999,
+            });
+        }
+        if let (Some(cu), Some(cm)) = (u.cpu_us_per_read, m.cpu_us_per_read) {
+            out.push(TargetCheck {
+                target: format!("cold, depth {depth}: uring CPU/read <= 0.5x mmap"),
+                measured: format!("{:.2}x ({cu:.1}µs vs {cm:.1}µs)", cu / cm),
+                met: cu <= 0.5 * cm,
+            });
+        }
     }
+    out.extend(throughput(
+        Regime::Direct,
+        512,
+        "fio",
+        0.95,
+        "direct, depth 512: uring >= 0.95x fio".into(),
+    ));
     out
 }
 
