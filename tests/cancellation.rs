@@ -95,7 +95,8 @@ async fn worker(
         };
         let what = format!("worker {w} iter {i}");
         let f32 = fid as u32;
-        match rng.below(100) {
+        let pick = rng.below(100);
+        match pick {
             // Plain awaited reads through the three entry points.
             0..=29 => {
                 let mut buf = vec![0u8; len];
@@ -147,30 +148,17 @@ async fn worker(
                     }
                 }
             }
-            // Poll once with the real waker, then drop.
-            55..=69 => {
+            // Poll once, with the real waker (55..=69) or a no-op one
+            // (70..=77), then drop.
+            55..=77 => {
                 let mut buf = vec![0u8; len];
                 let first = {
                     let fut = pin!(ctx.read(f32, off, &mut buf));
-                    common::poll_once(fut).await
-                };
-                match first {
-                    Poll::Ready(r) => {
-                        verify(file, fid, off, len, r, &buf, &what);
-                        counters.completed.fetch_add(1, Relaxed);
+                    if pick <= 69 {
+                        common::poll_once(fut).await
+                    } else {
+                        common::poll_once_noop(fut)
                     }
-                    Poll::Pending => {
-                        counters.dropped_pending.fetch_add(1, Relaxed);
-                        bury(&mut graveyard, buf, &what);
-                    }
-                }
-            }
-            // Poll once with a no-op waker, then drop.
-            70..=77 => {
-                let mut buf = vec![0u8; len];
-                let first = {
-                    let fut = pin!(ctx.read(f32, off, &mut buf));
-                    common::poll_once_noop(fut)
                 };
                 match first {
                     Poll::Ready(r) => {

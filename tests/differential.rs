@@ -186,24 +186,7 @@ async fn run_op(
                 .read(fid, off, &mut buf)
                 .await
                 .map_err(|e| format!("{what}: unexpected error {e}"))?;
-            if n != want.len() {
-                return Err(format!(
-                    "{what}: returned {n}, pread returned {}",
-                    want.len()
-                ));
-            }
-            if buf[..n] != want[..] {
-                return Err(format!(
-                    "{what}: {}",
-                    common::check_pattern(file.seed, off, &buf[..n]).unwrap_err()
-                ));
-            }
-            if let Some(i) = buf[n..].iter().position(|&b| b != FILL) {
-                return Err(format!(
-                    "{what}: byte {} past the returned length was modified",
-                    n + i
-                ));
-            }
+            check_returned(&what, file, off, n, &want, &buf)?;
         }
         Method::ReadExact => {
             let mut buf = vec![FILL; len];
@@ -235,24 +218,7 @@ async fn run_op(
             if buf.len() != len {
                 return Err(format!("{what}: returned buffer has len {}", buf.len()));
             }
-            if n != want.len() {
-                return Err(format!(
-                    "{what}: returned {n}, pread returned {}",
-                    want.len()
-                ));
-            }
-            if buf[..n] != want[..] {
-                return Err(format!(
-                    "{what}: {}",
-                    common::check_pattern(file.seed, off, &buf[..n]).unwrap_err()
-                ));
-            }
-            if let Some(i) = buf[n..].iter().position(|&b| b != FILL) {
-                return Err(format!(
-                    "{what}: byte {} past the returned length was modified",
-                    n + i
-                ));
-            }
+            check_returned(&what, file, off, n, &want, &buf)?;
         }
     }
     Ok(())
@@ -592,3 +558,34 @@ backend_tests!(
     large_reads,
     partially_cached_reads
 );
+
+/// A read that returned `n` must equal pread's `want` exactly, and must not
+/// have touched the buffer (pre-filled with `FILL`) past `n`.
+fn check_returned(
+    what: &str,
+    file: &common::TestFile,
+    off: u64,
+    n: usize,
+    want: &[u8],
+    buf: &[u8],
+) -> Result<(), String> {
+    if n != want.len() {
+        return Err(format!(
+            "{what}: returned {n}, pread returned {}",
+            want.len()
+        ));
+    }
+    if buf[..n] != want[..] {
+        return Err(format!(
+            "{what}: {}",
+            common::check_pattern(file.seed, off, &buf[..n]).unwrap_err()
+        ));
+    }
+    if let Some(i) = buf[n..].iter().position(|&b| b != FILL) {
+        return Err(format!(
+            "{what}: byte {} past the returned length was modified",
+            n + i
+        ));
+    }
+    Ok(())
+}
