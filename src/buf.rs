@@ -3,6 +3,7 @@
 
 use std::alloc::{self, Layout};
 use std::fmt;
+use std::io;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
@@ -76,13 +77,42 @@ impl AlignedBuf {
     /// # Panics
     ///
     /// If `align` is not a power of two, or on allocation failure (like `Vec`).
+    /// [`AlignedBuf::try_new`] returns an error instead.
     pub fn new(len: usize, align: usize) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(1), align)
-            .expect("AlignedBuf: align must be a power of two and len must not overflow");
+        match Self::try_new(len, align) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::OutOfMemory => {
+                alloc::handle_alloc_error(Self::layout(len, align).expect("valid layout"))
+            }
+            Err(e) => panic!("AlignedBuf::new({len}, {align}): {e}"),
+        }
+    }
+
+    /// Allocates `len` zeroed bytes aligned to `align`, or fails with
+    /// `InvalidInput` (`align` not a power of two, or `len` too large for
+    /// any allocation) or `OutOfMemory` (the allocator said no).
+    pub fn try_new(len: usize, align: usize) -> io::Result<AlignedBuf> {
+        let layout = Self::layout(len, align)?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len, align }
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("could not allocate a buffer of {len} bytes"),
+            )
+        })?;
+        Ok(AlignedBuf { ptr, len, align })
+    }
+
+    fn layout(len: usize, align: usize) -> io::Result<Layout> {
+        Layout::from_size_align(len.max(1), align).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a buffer of {len} bytes aligned to {align}: the alignment must be a power of two and the size at most isize::MAX rounded down to it"
+                ),
+            )
+        })
     }
 
     /// The buffer's alignment in bytes.
@@ -142,13 +172,26 @@ pub(crate) struct BufferPool {
 }
 
 impl BufferPool {
-    pub(crate) fn new(count: usize, size: usize) -> BufferPool {
-        let size = size.div_ceil(BOUNCE_ALIGN).max(1) * BOUNCE_ALIGN;
-        BufferPool {
-            region: AlignedBuf::new(size * count, BOUNCE_ALIGN),
+    /// `count` buffers of `size` bytes rounded up to 4 KiB. The builder has
+    /// already bounded both (see `Builder::buffer_pool`); the arithmetic is
+    /// checked all the same, and an allocation failure is an error.
+    pub(crate) fn new(count: usize, size: usize) -> io::Result<BufferPool> {
+        let too_big = || {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("buffer_pool({count}, {size}): the pool size overflows"),
+            )
+        };
+        let size = size
+            .max(1)
+            .checked_next_multiple_of(BOUNCE_ALIGN)
+            .ok_or_else(too_big)?;
+        let total = size.checked_mul(count).ok_or_else(too_big)?;
+        Ok(BufferPool {
+            region: AlignedBuf::try_new(total, BOUNCE_ALIGN)?,
             size,
             count,
-        }
+        })
     }
 
     pub(crate) fn buf_size(&self) -> usize {
@@ -202,12 +245,28 @@ mod tests {
 
     #[test]
     fn pool_buffers_are_disjoint_and_page_aligned() {
-        let p = BufferPool::new(3, 5000);
+        let p = BufferPool::new(3, 5000).unwrap();
         assert_eq!(p.buf_size(), 8192);
         for i in 0..3 {
             assert_eq!(p.ptr(i) as usize % BOUNCE_ALIGN, 0);
         }
         assert_eq!(p.ptr(1) as usize - p.ptr(0) as usize, 8192);
         assert_eq!(p.iovecs().len(), 3);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors() {
+        for (count, size) in [
+            (usize::MAX / 4096 + 2, 4096),
+            (2, usize::MAX - 10),
+            (1 << 62, 1 << 12),
+        ] {
+            let e = BufferPool::new(count, size).expect_err("must not wrap");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        }
+        let e = AlignedBuf::try_new(usize::MAX - 4095, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let e = AlignedBuf::try_new(16, 3).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }

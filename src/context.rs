@@ -3,7 +3,6 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +14,7 @@ use crate::fallback::Fallback;
 use crate::files::{FileTable, FixedFiles};
 use crate::read::{Borrowed, Owned, ReadCore, UringReadFuture, UringReadOwnedFuture};
 use crate::ring::{Driver, Ring, RingConfig};
+use crate::sys;
 
 /// Index of a file registered with a [`UringContext`]: its position in the
 /// `Vec` given to [`UringContext::new`], or what
@@ -97,6 +97,9 @@ pub struct Stats {
     pub inline_completed: u64,
     /// Reads the kernel holds right now (`submitted - completed`).
     pub in_flight: u64,
+    /// Times a ring's background driver task ran (io_uring backend): a
+    /// measure of wake-ups, to set against `submitted`.
+    pub driver_polls: u64,
 }
 
 impl Stats {
@@ -154,6 +157,10 @@ impl Drop for Inner {
 }
 
 /// Configures a [`UringContext`]. Start from [`UringContext::builder`].
+///
+/// Every setting is checked when [`build`](Builder::build) runs: a value out
+/// of range is an `InvalidInput` error that names the setting and its limit,
+/// never a panic, a silent change or a silent switch to the fallback.
 #[derive(Debug, Clone)]
 pub struct Builder {
     ring_entries: u32,
@@ -165,6 +172,7 @@ pub struct Builder {
     inline_nowait: bool,
     backend: BackendChoice,
     max_files: Option<u32>,
+    shutdown_timeout: Duration,
 }
 
 impl Default for Builder {
@@ -179,16 +187,37 @@ impl Default for Builder {
             inline_nowait: true,
             backend: BackendChoice::Auto,
             max_files: None,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
     }
 }
 
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
+/// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`); each
+/// ring's CQ holds all its in-flight reads, so this bounds them per ring.
+pub(crate) const MAX_IN_FLIGHT_PER_RING: usize = 65_536;
+/// The fallback's bound: each of its reads may occupy a thread.
+const MAX_FALLBACK_IN_FLIGHT: usize = 65_536;
+const MAX_RINGS: usize = 256;
+const MAX_RING_ENTRIES: u32 = 32_768;
 const DEFAULT_POOL_BUF: usize = 16 * 1024;
+/// Largest bounce buffer of the pool (a read larger than the pool's buffers
+/// gets a one-off buffer of at most `read::BORROWED_CHUNK`).
+const MAX_POOL_BUF: usize = 64 << 20;
+const MAX_POOL_COUNT: usize = 65_536;
+/// Largest pool per ring, in bytes.
+const MAX_POOL_BYTES: usize = 4 << 30;
+/// The kernel's largest fixed-file table (`IORING_MAX_FIXED_FILES`).
+const MAX_FIXED_FILES: u32 = 1 << 20;
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Each fallback read occupies a blocking-pool thread: more than a few dozen
 /// runnable threads only add context switches (and starve the runtime's own
 /// threads) without adding device parallelism worth having.
 const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
+
+fn invalid<T>(msg: String) -> io::Result<T> {
+    Err(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
 
 impl Builder {
     /// Submission-queue entries per ring (1..=32768; default 256). More reads
@@ -199,16 +228,20 @@ impl Builder {
         self
     }
 
-    /// Number of rings (default: the runtime's worker count). Each worker
-    /// thread submits to its own ring, so the kernel work of submitting is
-    /// spread over the threads.
+    /// Number of rings (1..=256; default: the runtime's worker count, but no
+    /// more than `max_in_flight`). Each worker thread submits to its own
+    /// ring, so the kernel work of submitting is spread over the threads.
     pub fn rings(mut self, rings: usize) -> Self {
         self.rings = Some(rings);
         self
     }
 
     /// Reads in the kernel at once, over all rings (default 512 per ring).
-    /// Further reads wait asynchronously for a slot.
+    /// Further reads wait asynchronously for a slot. The limit is split over
+    /// the rings exactly (the first `max_in_flight % rings` rings get one
+    /// more), so it must be at least the number of rings set with
+    /// [`rings`](Self::rings), and at most 65536 per ring (the kernel's
+    /// largest completion queue); on the fallback, at most 65536.
     pub fn max_in_flight(mut self, reads: usize) -> Self {
         self.max_in_flight = Some(reads);
         self
@@ -223,8 +256,9 @@ impl Builder {
 
     /// `IORING_SETUP_COOP_TASKRUN`: the kernel does not interrupt the thread
     /// to run completion work; the driver re-enters every 200 µs while reads
-    /// are out instead. Only accepted on a `current_thread` runtime with the
-    /// time driver enabled, where that keeps every completion reachable.
+    /// are out instead (on a timerfd: no time driver needed). Only accepted
+    /// on a `current_thread` runtime, where that keeps every completion
+    /// reachable, and not with SQPOLL.
     pub fn coop_taskrun(mut self, on: bool) -> Self {
         self.coop_taskrun = on;
         self
@@ -233,7 +267,9 @@ impl Builder {
     /// Bounce buffers per ring for [`UringContext::read`]: `count` buffers of
     /// `size` bytes (rounded up to 4 KiB), registered with the ring when
     /// RLIMIT_MEMLOCK allows. Default: one per in-flight read, 16 KiB each.
-    /// Larger reads get a one-off buffer.
+    /// Limits: `count` ≤ 65536, `size` 1..=64 MiB, `count × size` ≤ 4 GiB
+    /// per ring; `count` 0 means no pool (every borrowed read gets a
+    /// one-off buffer). Larger reads get a one-off buffer.
     pub fn buffer_pool(mut self, count: usize, size: usize) -> Self {
         self.pool = Some((count, size));
         self
@@ -254,95 +290,53 @@ impl Builder {
     }
 
     /// Capacity of the file table (default: twice the initial files, at
-    /// least 1024, at most RLIMIT_NOFILE).
+    /// least 1024, at most RLIMIT_NOFILE). Set explicitly, it must hold the
+    /// initial files and be at most the smaller of RLIMIT_NOFILE and the
+    /// kernel's 1048576.
     pub fn max_files(mut self, files: u32) -> Self {
         self.max_files = Some(files);
         self
     }
 
-    /// Creates the context. Must be called inside a tokio runtime; spawns one
-    /// driver task per ring on it. The context can be used from any runtime
-    /// or thread, but its drivers run on this one: a `current_thread` home
-    /// runtime must be running for reads to complete.
+    /// How long [`UringContext::shutdown`] (and the teardown of a ring whose
+    /// runtime went away) waits for the kernel to return reads it was asked
+    /// to cancel (default 10 s). Past it, shutdown returns, borrowed reads
+    /// still waiting fail with `TimedOut`, and the buffers the kernel may
+    /// still write into are kept (leaked at teardown) rather than freed.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Creates the context. Must be called inside a tokio runtime with IO
+    /// enabled (io_uring backend); spawns one driver task per ring on it.
+    /// The context can be used from any runtime or thread, but its drivers
+    /// run on this one (its *home* runtime): a `current_thread` home runtime
+    /// must be running for reads to complete, and when the home runtime
+    /// shuts down, so does the context.
+    ///
+    /// Errors: `InvalidInput` for a setting out of range (naming it), for a
+    /// file that is not a regular file or block device, and for settings
+    /// the kernel rejects; with [`BackendChoice::IoUring`], the reason
+    /// io_uring cannot be set up. [`BackendChoice::Auto`] falls back to the
+    /// `pread` backend only when io_uring itself is unavailable here
+    /// (ENOSYS, EPERM/EACCES, ENOMEM from RLIMIT_MEMLOCK, or a kernel too old
+    /// for the features used), never because of a setting.
     pub fn build(self, files: Vec<File>) -> io::Result<UringContext> {
         let handle = Handle::try_current().map_err(|_| {
             io::Error::other(
                 "UringContext must be created inside a tokio runtime (no runtime is running on this thread)",
             )
         })?;
-        let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
-        if !(1..=32768).contains(&self.ring_entries) {
-            return invalid(format!(
-                "ring_entries must be 1..=32768, got {}",
-                self.ring_entries
-            ));
-        }
-        let workers = handle.metrics().num_workers().max(1);
-        let rings = self.rings.unwrap_or(workers);
-        if !(1..=256).contains(&rings) {
-            return invalid(format!("rings must be 1..=256, got {rings}"));
-        }
-        let max_in_flight = self
-            .max_in_flight
-            .unwrap_or(DEFAULT_IN_FLIGHT_PER_RING * rings);
-        if max_in_flight == 0 {
-            return invalid("max_in_flight must be at least 1".into());
-        }
-        let in_flight = max_in_flight.div_ceil(rings);
-        let (pool_count, pool_size) = self.pool.unwrap_or((in_flight, DEFAULT_POOL_BUF));
-        if pool_size == 0 || pool_count > u16::MAX as usize * 16 {
-            return invalid(format!(
-                "buffer_pool({pool_count}, {pool_size}) is out of range"
-            ));
-        }
-        if self.coop_taskrun && self.sqpoll.is_some() {
-            return invalid(
-                "coop_taskrun and sqpoll exclude each other: with SQPOLL the kernel thread runs completion work"
-                    .into(),
-            );
-        }
-        if self.coop_taskrun && self.backend != BackendChoice::Fallback {
-            if handle.runtime_flavor() != RuntimeFlavor::CurrentThread {
-                return invalid(
-                    "coop_taskrun needs a current_thread runtime: on a multi-thread runtime the \
-                     submitting worker may sleep with completion work pending"
-                        .into(),
-                );
-            }
-            if catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_err() {
-                return invalid(
-                    "coop_taskrun needs the runtime's time driver (enable_time)".into(),
-                );
-            }
-        }
-        let capacity = self
-            .max_files
-            .unwrap_or_else(|| {
-                (files.len() as u32)
-                    .saturating_mul(2)
-                    .max(1024)
-                    .min(nofile_limit())
-            })
-            .max(files.len() as u32)
-            .max(1);
-        let files = FileTable::new(files, capacity, rings)?;
-        let cfg = RingConfig {
-            entries: self.ring_entries,
-            in_flight,
-            sqpoll_idle: self.sqpoll,
-            coop_taskrun: self.coop_taskrun,
-            pool_count,
-            pool_size,
-            file_capacity: capacity,
-        };
-
+        let plan = self.validate(&handle, files.len())?;
+        let files = FileTable::new(files, plan.capacity, plan.rings)?;
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => fallback(
-                self.max_in_flight,
+                plan.fallback_in_flight,
                 &handle,
                 "forced by Builder::backend(BackendChoice::Fallback)".into(),
             ),
-            choice => match setup_rings(&cfg, rings, &files) {
+            choice => match setup_rings(&plan, &files) {
                 Ok(rings) => (
                     Backend::Uring(rings),
                     BackendInfo {
@@ -350,17 +344,30 @@ impl Builder {
                         reason: None,
                     },
                 ),
-                Err(e) if choice == BackendChoice::Auto && falls_back(&e) => fallback(
-                    self.max_in_flight,
-                    &handle,
-                    format!("io_uring could not be set up: {e}"),
-                ),
-                Err(e) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("io_uring setup failed: {e}"),
-                    ))
-                }
+                Err(e) => match (choice, unavailable_here(&e)) {
+                    (BackendChoice::Auto, Some(why)) => fallback(
+                        plan.fallback_in_flight,
+                        &handle,
+                        format!("io_uring could not be set up: {why}"),
+                    ),
+                    (_, why) => {
+                        return Err(io::Error::new(
+                            if why.is_some() {
+                                e.kind()
+                            } else {
+                                io::ErrorKind::InvalidInput
+                            },
+                            format!(
+                                "io_uring setup failed: {e}{}",
+                                if why.is_some() {
+                                    ""
+                                } else {
+                                    " (the kernel rejected these settings; a minimal ring works here)"
+                                }
+                            ),
+                        ))
+                    }
+                },
             },
         };
         let inner = Arc::new(Inner {
@@ -386,18 +393,144 @@ impl Builder {
         }
         Ok(UringContext { inner })
     }
+
+    /// Checks every setting and resolves the defaults.
+    fn validate(&self, handle: &Handle, nfiles: usize) -> io::Result<Plan> {
+        if !(1..=MAX_RING_ENTRIES).contains(&self.ring_entries) {
+            return invalid(format!(
+                "ring_entries must be 1..={MAX_RING_ENTRIES}, got {}",
+                self.ring_entries
+            ));
+        }
+        if let Some(r) = self.rings {
+            if !(1..=MAX_RINGS).contains(&r) {
+                return invalid(format!("rings must be 1..={MAX_RINGS}, got {r}"));
+            }
+        }
+        if self.max_in_flight == Some(0) {
+            return invalid("max_in_flight must be at least 1".into());
+        }
+        let workers = handle.metrics().num_workers().clamp(1, MAX_RINGS);
+        let rings = match (self.rings, self.max_in_flight) {
+            (Some(r), Some(m)) if m < r => {
+                return invalid(format!(
+                    "max_in_flight ({m}) is less than rings ({r}): every ring needs at least one read in flight"
+                ))
+            }
+            (Some(r), _) => r,
+            // Documented clamp: no more rings than reads in flight.
+            (None, Some(m)) => workers.min(m),
+            (None, None) => workers,
+        };
+        let max_in_flight = self
+            .max_in_flight
+            .unwrap_or(DEFAULT_IN_FLIGHT_PER_RING * rings);
+        if self.backend != BackendChoice::Fallback && max_in_flight > MAX_IN_FLIGHT_PER_RING * rings
+        {
+            return invalid(format!(
+                "max_in_flight ({max_in_flight}) exceeds {MAX_IN_FLIGHT_PER_RING} per ring \
+                 ({rings} rings: at most {}), the kernel's largest completion queue",
+                MAX_IN_FLIGHT_PER_RING * rings
+            ));
+        }
+        let fallback_in_flight = self.max_in_flight.unwrap_or(DEFAULT_FALLBACK_IN_FLIGHT);
+        if fallback_in_flight > MAX_FALLBACK_IN_FLIGHT && self.backend == BackendChoice::Fallback {
+            return invalid(format!(
+                "max_in_flight ({fallback_in_flight}) exceeds the fallback's limit of {MAX_FALLBACK_IN_FLIGHT}"
+            ));
+        }
+        let base = max_in_flight / rings;
+        let (pool_count, pool_size) = self.pool.unwrap_or((base + 1, DEFAULT_POOL_BUF));
+        if pool_count > MAX_POOL_COUNT {
+            return invalid(format!(
+                "buffer_pool count must be at most {MAX_POOL_COUNT}, got {pool_count}"
+            ));
+        }
+        if !(1..=MAX_POOL_BUF).contains(&pool_size) {
+            return invalid(format!(
+                "buffer_pool size must be 1..={MAX_POOL_BUF} bytes, got {pool_size}"
+            ));
+        }
+        let rounded = pool_size.next_multiple_of(crate::buf::BOUNCE_ALIGN);
+        if rounded
+            .checked_mul(pool_count)
+            .is_none_or(|total| total > MAX_POOL_BYTES)
+        {
+            return invalid(format!(
+                "buffer_pool({pool_count}, {pool_size}) needs more than {MAX_POOL_BYTES} bytes per ring"
+            ));
+        }
+        if self.coop_taskrun && self.sqpoll.is_some() {
+            return invalid(
+                "coop_taskrun and sqpoll exclude each other: with SQPOLL the kernel thread runs completion work"
+                    .into(),
+            );
+        }
+        if self.coop_taskrun
+            && self.backend != BackendChoice::Fallback
+            && handle.runtime_flavor() != RuntimeFlavor::CurrentThread
+        {
+            return invalid(
+                "coop_taskrun needs a current_thread runtime: on a multi-thread runtime the \
+                 submitting worker may sleep with completion work pending"
+                    .into(),
+            );
+        }
+        let nofile = u32::try_from(sys::nofile_limit()).unwrap_or(u32::MAX);
+        let limit = nofile.min(MAX_FIXED_FILES);
+        let nfiles_u32 = u32::try_from(nfiles).unwrap_or(u32::MAX);
+        let capacity = match self.max_files {
+            Some(m) if m < nfiles_u32 => {
+                return invalid(format!(
+                    "max_files ({m}) is less than the {nfiles} files given"
+                ))
+            }
+            Some(m) if m > limit => {
+                return invalid(format!(
+                    "max_files ({m}) exceeds the limit of {limit} (RLIMIT_NOFILE {nofile}, kernel {MAX_FIXED_FILES})"
+                ))
+            }
+            Some(m) => m.max(1),
+            None if nfiles_u32 > limit => {
+                return invalid(format!(
+                    "{nfiles} files exceed the limit of {limit} (RLIMIT_NOFILE {nofile}, kernel {MAX_FIXED_FILES})"
+                ))
+            }
+            None => nfiles_u32.saturating_mul(2).clamp(1024, limit.max(1)).max(nfiles_u32).max(1),
+        };
+        let rem = max_in_flight % rings;
+        Ok(Plan {
+            rings,
+            capacity,
+            fallback_in_flight,
+            ring_cfgs: (0..rings)
+                .map(|i| RingConfig {
+                    entries: self.ring_entries,
+                    in_flight: base + usize::from(i < rem),
+                    sqpoll_idle: self.sqpoll,
+                    coop_taskrun: self.coop_taskrun,
+                    pool_count,
+                    pool_size,
+                    file_capacity: capacity,
+                    shutdown_timeout: self.shutdown_timeout,
+                })
+                .collect(),
+        })
+    }
 }
 
-fn fallback(
-    max_in_flight: Option<usize>,
-    runtime: &Handle,
-    reason: String,
-) -> (Backend, BackendInfo) {
+/// The resolved settings.
+#[derive(Debug)]
+struct Plan {
+    rings: usize,
+    capacity: u32,
+    fallback_in_flight: usize,
+    ring_cfgs: Vec<RingConfig>,
+}
+
+fn fallback(max_in_flight: usize, runtime: &Handle, reason: String) -> (Backend, BackendInfo) {
     (
-        Backend::Fallback(Fallback::new(
-            max_in_flight.unwrap_or(DEFAULT_FALLBACK_IN_FLIGHT),
-            runtime.clone(),
-        )),
+        Backend::Fallback(Fallback::new(max_in_flight, runtime.clone())),
         BackendInfo {
             kind: BackendKind::Fallback,
             reason: Some(reason),
@@ -405,41 +538,68 @@ fn fallback(
     )
 }
 
-/// Errors that mean "no io_uring here", as opposed to a bad configuration.
-fn falls_back(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENOSYS | libc::EPERM | libc::EACCES | libc::ENOMEM | libc::EINVAL)
-    ) || e.kind() == io::ErrorKind::Unsupported
-}
-
-fn nofile_limit() -> u32 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the provided, properly sized struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 1024;
+/// Whether a setup error means "no io_uring here" (the environment), as
+/// opposed to "not with these settings"; `Some(reason)` for the former.
+/// An EINVAL is ambiguous (an old kernel lacking a feature, or a setting
+/// the kernel rejects), so a minimal ring with the same features decides.
+fn unavailable_here(e: &io::Error) -> Option<String> {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS | libc::EPERM | libc::EACCES | libc::ENOMEM) => Some(e.to_string()),
+        Some(libc::EINVAL | libc::EOPNOTSUPP) => {
+            let minimal = RingConfig {
+                entries: 1,
+                in_flight: 1,
+                sqpoll_idle: None,
+                coop_taskrun: false,
+                pool_count: 1,
+                pool_size: 4096,
+                file_capacity: 1,
+                shutdown_timeout: Duration::ZERO,
+            };
+            match Ring::new(&minimal, &[]) {
+                Ok(_) => None,
+                Err(probe) => Some(format!("{e} (a minimal ring fails too: {probe})")),
+            }
+        }
+        _ => None,
     }
-    lim.rlim_cur.min(1 << 20) as u32
 }
 
-fn setup_rings(cfg: &RingConfig, n: usize, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
+fn setup_rings(plan: &Plan, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
     let fds = files.raw_fds();
-    // Creating the ring's eventfd registration panics (inside tokio) when the
-    // runtime has IO disabled: turn that into an error.
-    (0..n)
-        .map(
-            |_| match catch_unwind(AssertUnwindSafe(|| Ring::new(cfg, &fds))) {
-                Ok(r) => r.map(Arc::new),
-                Err(_) => Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "the tokio runtime has IO disabled; build it with enable_io() or enable_all()",
-                )),
-            },
-        )
+    io_driver_present()?;
+    plan.ring_cfgs
+        .iter()
+        .map(|cfg| Ring::new(cfg, &fds).map(Arc::new))
         .collect()
+}
+
+/// Registering the ring's eventfd with tokio's reactor panics inside tokio
+/// when the runtime was built without IO, and tokio offers no way to ask
+/// beforehand. Under `panic = "unwind"` the panic is caught here, before
+/// anything else is set up, and becomes an error.
+#[cfg(panic = "unwind")]
+fn io_driver_present() -> io::Result<()> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let probe = sys::eventfd()?;
+    // SAFETY: the AsyncFd owns `probe` for its whole (short) life.
+    let registered = catch_unwind(AssertUnwindSafe(|| unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(probe, tokio::io::Interest::READABLE)
+    }));
+    match registered {
+        Ok(_) => Ok(()),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the tokio runtime has IO disabled; build it with enable_io() or enable_all()",
+        )),
+    }
+}
+
+/// Under `panic = "abort"` a panic cannot be caught: a runtime without IO
+/// aborts in tokio, as any tokio IO resource would (documented on `build`).
+#[cfg(not(panic = "unwind"))]
+fn io_driver_present() -> io::Result<()> {
+    Ok(())
 }
 
 /// A handle to io_uring rings (or the fallback) serving positioned reads of
@@ -475,8 +635,22 @@ impl UringContext {
     /// Reads up to `buf.len()` bytes of file `fid` at `offset`.
     ///
     /// Returns the number of bytes read: `Ok(0)` at or past end of file or
-    /// for an empty `buf`. Errors: `InvalidInput` for an unknown `fid` or an
-    /// offset beyond `i64::MAX`; the kernel's error otherwise.
+    /// for an empty `buf`. No file extends past `i64::MAX`, so a read is
+    /// clamped to end there (an offset of `i64::MAX` reads `Ok(0)`, like
+    /// any offset past the end of the file). A read larger than
+    /// [`BORROWED_CHUNK`](crate::BORROWED_CHUNK) goes to the kernel in
+    /// pieces of that size, one after another, through a bounce buffer of
+    /// at most that size; the caller still sees one read. Bytes read before
+    /// a later piece fails are returned (`Ok`, short), as `read(2)` would.
+    ///
+    /// Errors: `InvalidInput` for an unknown `fid` or an offset beyond
+    /// `i64::MAX`; the kernel's error otherwise; an error naming the cause
+    /// when the context is shut down, its ring broke, or its home runtime
+    /// shut down while the read was in the kernel.
+    ///
+    /// Dropping the future at any point is sound. A future that is
+    /// [`mem::forget`](std::mem::forget)-ten instead is sound too, but its
+    /// in-flight slot and bounce buffer are never returned.
     pub fn read<'a>(
         &'a self,
         fid: impl Into<FileId>,
@@ -503,7 +677,10 @@ impl UringContext {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        format!("{fid} ends before offset {}", offset + buf.len() as u64),
+                        format!(
+                            "{fid} ends before offset {}",
+                            offset.saturating_add(buf.len() as u64)
+                        ),
                     ))
                 }
                 Ok(n) => {
@@ -521,6 +698,10 @@ impl UringContext {
     /// into `buf`, which is handed back with the result. `buf` may be a
     /// [`Vec<u8>`] (its `len()` bytes are filled), a `Box<[u8]>` or an
     /// [`AlignedBuf`](crate::AlignedBuf) (for `O_DIRECT`).
+    ///
+    /// Dropping the future while the read is in the kernel parks `buf` in
+    /// the context until the kernel is done with it; forgetting the future
+    /// ([`mem::forget`](std::mem::forget)) leaks `buf` and the read's slot.
     pub fn read_owned<B: IoBufMut>(
         &self,
         fid: impl Into<FileId>,
@@ -566,7 +747,8 @@ impl UringContext {
                         completed: s.completed + c.completed,
                         enters: s.enters + c.enters,
                         inline_completed: s.inline_completed + c.inline,
-                        in_flight: s.in_flight + c.in_flight,
+                        in_flight: s.in_flight + (c.submitted - c.completed),
+                        driver_polls: s.driver_polls + c.driver_polls,
                     })
             }
             Backend::Fallback(fb) => {
@@ -591,8 +773,13 @@ impl UringContext {
     }
 
     /// Stops accepting reads, cancels what is in flight and waits until the
-    /// kernel has returned every read. Pending reads resolve with their data
-    /// or an error (`ECANCELED`, or "shut down" for reads not yet submitted).
+    /// kernel has returned every read, or until
+    /// [`Builder::shutdown_timeout`] has passed. Pending reads resolve with
+    /// their data or an error (`ECANCELED`, or "shut down" for reads not
+    /// yet submitted); past the timeout, borrowed reads still in the kernel
+    /// fail with `TimedOut` (their bounce buffers stay with the context
+    /// until the kernel lets go), while owned reads keep waiting for the
+    /// kernel, since their buffer cannot be handed back before it is done.
     /// Every handle sees the shutdown.
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Release);

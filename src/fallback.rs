@@ -7,6 +7,7 @@
 //! dropped future merely detaches a task that finishes on its own.
 
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,21 +90,23 @@ impl Fallback {
         len: usize,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<io::Result<(AlignedBuf, usize)>>> {
+        // Bounded by the caller (`read::BORROWED_CHUNK`); fails cleanly all the same.
+        let mut buf = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
             let _done = (done, permit);
-            let mut buf = AlignedBuf::new(len, BOUNCE_ALIGN);
             let n = file.file.read_at(&mut buf, offset)?;
             Ok((buf, n))
         }))
     }
 
-    /// A read into the caller's owned buffer, lent to the blocking task
-    /// through `lent` and put back there when the read is over.
+    /// A read into bytes `range` of the caller's owned buffer, lent to the
+    /// blocking task through `lent` and put back there when the read is over.
     pub(crate) fn read_owned<B: IoBufMut>(
         &self,
         file: Arc<FileEntry>,
         offset: u64,
+        range: Range<usize>,
         lent: Arc<Mutex<Option<B>>>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
@@ -118,7 +121,7 @@ impl Fallback {
             // SAFETY: IoBufMut promises `len` writable bytes at this pointer
             // while `buf` lives; the lock keeps it in place for the call.
             let dst = unsafe { std::slice::from_raw_parts_mut(buf.stable_mut_ptr(), len) };
-            file.file.read_at(dst, offset)
+            file.file.read_at(&mut dst[range], offset)
         }))
     }
 

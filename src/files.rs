@@ -15,6 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
+use crate::sys::{self, FileKind};
 use crate::FileId;
 
 /// One registered file.
@@ -23,6 +24,8 @@ pub(crate) struct FileEntry {
     pub(crate) index: u32,
     /// Opened with `O_DIRECT`: no page-cache fast path.
     pub(crate) direct: bool,
+    /// A regular file or a block device (nothing else is accepted).
+    pub(crate) kind: FileKind,
     /// `preadv2(RWF_NOWAIT)` works on this file (cleared on EOPNOTSUPP).
     pub(crate) nowait_ok: AtomicBool,
     free: Weak<Mutex<Vec<u32>>>,
@@ -92,10 +95,20 @@ pub(crate) struct FileTable {
     capacity: u32,
 }
 
-fn is_direct(file: &File) -> bool {
-    // SAFETY: F_GETFL on a valid, owned descriptor has no memory effects.
-    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_DIRECT != 0
+/// Positioned reads need a seekable file with stable content at each
+/// offset: a regular file or a block device. A pipe, FIFO or socket would
+/// have the ring ignore the offset and consume stream data (and an empty
+/// one would hang the read); a directory fails every read.
+fn check_kind(file: &File, name: &dyn fmt::Display) -> io::Result<FileKind> {
+    match sys::file_kind(file)? {
+        FileKind::Other(what) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{name} is {what}: only regular files and block devices support positioned reads"
+            ),
+        )),
+        kind => Ok(kind),
+    }
 }
 
 /// A read lock on one shard; `lookup` borrows entries from it.
@@ -122,11 +135,14 @@ impl FileTable {
             ));
         }
         let free = Arc::new(Mutex::new(Vec::new()));
-        let slots: Slots = files
+        let slots = files
             .into_iter()
-            .enumerate()
-            .map(|(i, file)| Some(Self::entry(file, i as u32, &free)))
-            .collect();
+            .zip(0u32..)
+            .map(|(file, i)| {
+                let kind = check_kind(&file, &FileId::from(i))?;
+                Ok(Some(Self::entry(file, kind, i, &free)))
+            })
+            .collect::<io::Result<Slots>>()?;
         Ok(FileTable {
             shards: (0..shards.max(1))
                 .map(|_| Shard(RwLock::new(slots.clone())))
@@ -136,9 +152,15 @@ impl FileTable {
         })
     }
 
-    fn entry(file: File, index: u32, free: &Arc<Mutex<Vec<u32>>>) -> Arc<FileEntry> {
+    fn entry(
+        file: File,
+        kind: FileKind,
+        index: u32,
+        free: &Arc<Mutex<Vec<u32>>>,
+    ) -> Arc<FileEntry> {
         Arc::new(FileEntry {
-            direct: is_direct(&file),
+            kind,
+            direct: sys::is_direct(&file),
             file,
             index,
             nowait_ok: AtomicBool::new(true),
@@ -171,6 +193,8 @@ impl FileTable {
     /// Registers `file` under a free index, publishing it only once the rings
     /// know it.
     pub(crate) fn insert(&self, file: File, fixed: &dyn FixedFiles) -> io::Result<FileId> {
+        // Checked before an index is taken, so a rejected file costs nothing.
+        let kind = check_kind(&file, &"the file passed to register_file")?;
         let mut shards = self.write_all();
         let len = shards[0].len();
         let recycled = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -193,7 +217,7 @@ impl FileTable {
             }
             return Err(e);
         }
-        let entry = Self::entry(file, index, &self.free);
+        let entry = Self::entry(file, kind, index, &self.free);
         for slots in &mut shards {
             if index as usize == slots.len() {
                 slots.push(Some(entry.clone()));

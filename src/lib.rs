@@ -72,4 +72,4 @@ mod sys;
 
 pub use buf::{AlignedBuf, IoBufMut};
 pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
-pub use read::{UringReadFuture, UringReadOwnedFuture};
+pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};

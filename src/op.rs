@@ -79,17 +79,34 @@ pub(crate) struct Op<R> {
     pub(crate) lifecycle: Lifecycle,
     pub(crate) buf: OpBuf,
     pub(crate) keep: R,
+    /// The thread that submitted it exited while it was in the kernel (the
+    /// context's home runtime shut down): io_uring may have cut it short.
+    pub(crate) tainted: bool,
 }
 
-/// What a CQE did to its slot.
+/// What a CQE did to its slot. Nothing in here has been dropped: the caller
+/// drops it after unlocking, because a waker or a parked buffer is user code.
 #[derive(Debug)]
 pub(crate) enum OnCqe<R> {
     /// The future is waiting: wake it (if it was ever polled).
     Wake(Option<Waker>),
-    /// The future was dropped: the slot is removed, release its resources.
-    Release(Op<R>),
+    /// The future was dropped: the slot is removed, release its resources
+    /// (and whatever the future parked with it).
+    Release(Op<R>, Option<Box<dyn Any + Send>>),
     /// No such slot (a CQE for an internal SQE such as a cancel).
     Unknown,
+}
+
+/// What polling a slot found.
+#[derive(Debug)]
+pub(crate) enum Polled<R> {
+    /// Completed: the slot is removed and handed over with the result.
+    Ready(i32, Op<R>),
+    /// Still waiting, and the stored waker already wakes this task.
+    Pending,
+    /// Still waiting, with no waker or another task's: store a new one with
+    /// [`OpTable::set_waker`] (cloned outside the lock: a clone is user code).
+    NeedsWaker,
 }
 
 /// The table of operations of one ring.
@@ -117,20 +134,19 @@ impl<R> OpTable<R> {
             lifecycle: Lifecycle::Waiting(None),
             buf,
             keep,
+            tainted: false,
         })
     }
 
-    /// Applies a CQE.
+    /// Applies a CQE (or a result given to an op that never reached the
+    /// kernel, which is the same thing for the slot).
     pub(crate) fn on_cqe(&mut self, key: usize, res: i32) -> OnCqe<R> {
         let Some(op) = self.slab.get_mut(key) else {
             return OnCqe::Unknown;
         };
         match mem::replace(&mut op.lifecycle, Lifecycle::Completed(res)) {
             Lifecycle::Waiting(waker) => OnCqe::Wake(waker),
-            Lifecycle::Ignored(keep) => {
-                drop(keep);
-                OnCqe::Release(self.slab.remove(key))
-            }
+            Lifecycle::Ignored(keep) => OnCqe::Release(self.slab.remove(key), keep),
             Lifecycle::Completed(prev) => {
                 // One SQE yields one CQE; a second one means the key was
                 // reused while the kernel still owned it, which would be a bug.
@@ -141,21 +157,35 @@ impl<R> OpTable<R> {
         }
     }
 
-    /// Polls an op from its future: `Some` (and the slot removed) once the
-    /// CQE is in, otherwise the waker is stored and `None` returned.
-    pub(crate) fn poll(&mut self, key: usize, waker: &Waker) -> Option<(i32, Op<R>)> {
+    /// Polls an op from its future: `Ready` (and the slot removed) once the
+    /// CQE is in.
+    pub(crate) fn poll(&mut self, key: usize, waker: &Waker) -> Polled<R> {
         let op = self.slab.get_mut(key).expect("polled an unknown op");
-        match &mut op.lifecycle {
+        match &op.lifecycle {
             Lifecycle::Completed(res) => {
                 let res = *res;
-                Some((res, self.slab.remove(key)))
+                Polled::Ready(res, self.slab.remove(key))
             }
-            Lifecycle::Waiting(slot) => {
-                match slot {
-                    Some(w) if w.will_wake(waker) => {}
-                    _ => *slot = Some(waker.clone()),
-                }
-                None
+            Lifecycle::Waiting(Some(w)) if w.will_wake(waker) => Polled::Pending,
+            Lifecycle::Waiting(_) => Polled::NeedsWaker,
+            Lifecycle::Ignored(_) => unreachable!("polled an op whose future was dropped"),
+        }
+    }
+
+    /// Stores `waker` for a waiting op and returns the one it replaces (to
+    /// be dropped outside the lock); or, if the CQE came in meanwhile, hands
+    /// the completed op over as `Err` (and gives `waker` back).
+    pub(crate) fn set_waker(
+        &mut self,
+        key: usize,
+        waker: Waker,
+    ) -> Result<Option<Waker>, (i32, Op<R>, Waker)> {
+        let op = self.slab.get_mut(key).expect("polled an unknown op");
+        match &mut op.lifecycle {
+            Lifecycle::Waiting(slot) => Ok(slot.replace(waker)),
+            Lifecycle::Completed(res) => {
+                let res = *res;
+                Err((res, self.slab.remove(key), waker))
             }
             Lifecycle::Ignored(_) => unreachable!("polled an op whose future was dropped"),
         }
@@ -163,21 +193,39 @@ impl<R> OpTable<R> {
 
     /// The future is gone. A completed op is removed and returned (release
     /// its resources); an op the kernel still owns becomes `Ignored`, keeping
-    /// `keep_alive` (e.g. the caller's owned buffer) until its CQE.
+    /// `keep_alive` (e.g. the caller's owned buffer) until its CQE. The
+    /// waker it held is returned, to be dropped outside the lock.
     pub(crate) fn abandon(
         &mut self,
         key: usize,
         keep_alive: Option<Box<dyn Any + Send>>,
-    ) -> Option<Op<R>> {
-        let op = self.slab.get_mut(key)?;
+    ) -> Abandoned<R> {
+        let Some(op) = self.slab.get_mut(key) else {
+            return Abandoned::Gone(keep_alive);
+        };
         match mem::replace(&mut op.lifecycle, Lifecycle::Ignored(None)) {
-            Lifecycle::Completed(_) => Some(self.slab.remove(key)),
-            Lifecycle::Waiting(_) => {
+            Lifecycle::Completed(_) => Abandoned::Released(self.slab.remove(key), keep_alive),
+            Lifecycle::Waiting(waker) => {
                 op.lifecycle = Lifecycle::Ignored(keep_alive);
-                None
+                Abandoned::Parked(waker)
             }
             Lifecycle::Ignored(_) => unreachable!("op {key} abandoned twice"),
         }
+    }
+
+    /// Marks every op the kernel still owns as tainted (see [`Op::tainted`]).
+    pub(crate) fn taint_in_kernel(&mut self) {
+        self.slab
+            .iter_mut()
+            .filter(|(_, op)| !matches!(op.lifecycle, Lifecycle::Completed(_)))
+            .for_each(|(_, op)| op.tainted = true);
+    }
+
+    /// Whether op `key` reads into a bounce buffer (not caller memory).
+    pub(crate) fn is_bounce(&self, key: usize) -> bool {
+        self.slab
+            .get(key)
+            .is_some_and(|op| !matches!(op.buf, OpBuf::Caller))
     }
 
     /// Keys of the ops the kernel still owns (waiting or ignored).
@@ -199,6 +247,18 @@ impl<R> OpTable<R> {
             })
             .collect()
     }
+}
+
+/// What abandoning an op left to drop (outside the lock).
+#[derive(Debug)]
+#[allow(dead_code)] // the fields are held only to be dropped after unlocking
+pub(crate) enum Abandoned<R> {
+    /// It had completed: release it, and the parked value with it.
+    Released(Op<R>, Option<Box<dyn Any + Send>>),
+    /// The kernel still owns it: the parked value stays; drop the old waker.
+    Parked(Option<Waker>),
+    /// No such op (it was never inserted).
+    Gone(Option<Box<dyn Any + Send>>),
 }
 
 #[cfg(test)]
@@ -235,13 +295,17 @@ mod tests {
         let mut t = OpTable::default();
         let k = t.insert(OpBuf::Pool(3), Tracked(drops.clone()));
         let (count, w) = waker();
-        assert!(t.poll(k, &w).is_none());
+        assert!(matches!(t.poll(k, &w), Polled::NeedsWaker));
+        assert!(t.set_waker(k, w.clone()).unwrap().is_none());
+        assert!(matches!(t.poll(k, &w), Polled::Pending));
         match t.on_cqe(k, 4096) {
             OnCqe::Wake(Some(w)) => w.wake(),
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        let (res, op) = t.poll(k, &w).expect("completed");
+        let Polled::Ready(res, op) = t.poll(k, &w) else {
+            panic!("completed")
+        };
         assert_eq!(res, 4096);
         assert!(matches!(op.buf, OpBuf::Pool(3)));
         assert_eq!(t.len(), 0);
@@ -260,7 +324,7 @@ mod tests {
         let k = t.insert(OpBuf::Caller, ());
         assert!(matches!(t.on_cqe(k, -5), OnCqe::Wake(None)));
         let (_, w) = waker();
-        assert_eq!(t.poll(k, &w).map(|(r, _)| r), Some(-5));
+        assert!(matches!(t.poll(k, &w), Polled::Ready(-5, _)));
     }
 
     #[test]
@@ -270,11 +334,14 @@ mod tests {
         let mut t = OpTable::default();
         let k = t.insert(OpBuf::Caller, Tracked(drops.clone()));
         let (_, w) = waker();
-        assert!(t.poll(k, &w).is_none());
-        // The future is dropped mid-flight and hands over its owned buffer.
-        assert!(t
-            .abandon(k, Some(Box::new(Tracked(kept.clone()))))
-            .is_none());
+        assert!(matches!(t.poll(k, &w), Polled::NeedsWaker));
+        assert!(t.set_waker(k, w.clone()).unwrap().is_none());
+        // The future is dropped mid-flight and hands over its owned buffer;
+        // its waker comes back out, to be dropped outside the lock.
+        assert!(matches!(
+            t.abandon(k, Some(Box::new(Tracked(kept.clone())))),
+            Abandoned::Parked(Some(_))
+        ));
         assert_eq!(t.len(), 1, "the slot stays while the kernel owns it");
         assert_eq!(kept.load(Ordering::SeqCst), 0);
         assert_eq!(t.kernel_owned().collect::<Vec<_>>(), vec![k]);
@@ -282,7 +349,14 @@ mod tests {
         let k2 = t.insert(OpBuf::Pool(0), Tracked(drops.clone()));
         assert_ne!(k, k2);
         match t.on_cqe(k, 10) {
-            OnCqe::Release(op) => drop(op),
+            OnCqe::Release(op, kept_box) => {
+                assert_eq!(
+                    kept.load(Ordering::SeqCst),
+                    0,
+                    "the table itself drops nothing: the caller does, outside the lock"
+                );
+                drop((op, kept_box));
+            }
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(
@@ -299,7 +373,9 @@ mod tests {
         let mut t = OpTable::default();
         let k = t.insert(OpBuf::Pool(1), ());
         let _ = t.on_cqe(k, 1);
-        let op = t.abandon(k, None).expect("completed op is handed back");
+        let Abandoned::Released(op, None) = t.abandon(k, None) else {
+            panic!("completed op is handed back")
+        };
         assert!(matches!(op.buf, OpBuf::Pool(1)));
         assert_eq!(t.len(), 0);
     }
@@ -308,8 +384,23 @@ mod tests {
     fn drop_before_poll_then_cqe() {
         let mut t = OpTable::default();
         let k = t.insert(OpBuf::Pool(0), ());
-        assert!(t.abandon(k, None).is_none());
-        assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_)));
+        assert!(matches!(t.abandon(k, None), Abandoned::Parked(None)));
+        assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_, None)));
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn completion_between_poll_and_set_waker() {
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Pool(2), ());
+        let (_, w) = waker();
+        assert!(matches!(t.poll(k, &w), Polled::NeedsWaker));
+        // The CQE lands while the waker is being cloned outside the lock.
+        assert!(matches!(t.on_cqe(k, 7), OnCqe::Wake(None)));
+        let Err((7, op, _w)) = t.set_waker(k, w.clone()) else {
+            panic!("the completion must be handed over")
+        };
+        assert!(matches!(op.buf, OpBuf::Pool(2)));
         assert_eq!(t.len(), 0);
     }
 
@@ -320,10 +411,16 @@ mod tests {
         let k = t.insert(OpBuf::Caller, ());
         let (c1, w1) = waker();
         let (c2, w2) = waker();
-        assert!(t.poll(k, &w1).is_none());
+        assert!(matches!(t.poll(k, &w1), Polled::NeedsWaker));
+        assert!(t.set_waker(k, w1.clone()).unwrap().is_none());
         assert!(
-            t.poll(k, &w2).is_none(),
-            "the newest waker replaces the old one"
+            matches!(t.poll(k, &w2), Polled::NeedsWaker),
+            "another task's waker must be replaced"
+        );
+        let old = t.set_waker(k, w2.clone()).unwrap();
+        assert!(
+            old.is_some_and(|o| o.will_wake(&w1)),
+            "the old waker is handed back"
         );
         for w in t.take_wakers() {
             w.wake();

@@ -32,7 +32,7 @@ use crate::context::{Backend, Inner};
 use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
 use crate::ring::{shut_down_error, Dst, MAX_READ};
-use crate::sys::{pread_nowait, Nowait};
+use crate::sys::{self, pread_nowait, Nowait};
 use crate::FileId;
 
 /// Whether this thread should yield before its next inline read: it has
@@ -65,25 +65,39 @@ fn inline_turn_over(stretch: Duration) -> bool {
     })
 }
 
+/// Largest piece of a borrowed read handed to the kernel at once: a
+/// borrowed read goes through a bounce buffer the op owns, so a larger read
+/// is split into pieces of this size, issued one after another (the caller
+/// still sees one read). This bounds the memory a borrowed read allocates;
+/// owned reads need no bounce buffer and are not split.
+pub const BORROWED_CHUNK: usize = 1 << 20;
+
 /// Where a read's bytes end up; the one difference between the two futures.
 pub(crate) trait Target {
     /// What a fallback (blocking pool) read returns.
     type Blocking: Send + 'static;
     fn len(&self) -> usize;
+    /// Largest piece handed to the kernel at once.
+    fn max_piece(&self) -> usize;
     /// The destination, for a synchronous read straight into it.
     fn dest(&mut self) -> &mut [u8];
     /// The destination of a ring read of `len` bytes starting at `done`.
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst;
     /// Where a bounce buffer is copied on completion (`None`: no bounce).
     fn copy_to(&mut self, done: usize) -> Option<&mut [u8]>;
+    /// A fallback read of `len` bytes at `offset` into the destination's
+    /// bytes `done..`.
     fn spawn_blocking(
         &mut self,
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        done: usize,
+        len: usize,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>>;
-    fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize>;
+    /// Puts a fallback read's bytes at `done..` and says how many there were.
+    fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize>;
     /// What must stay alive with an abandoned in-flight op.
     fn park(&mut self) -> Option<Box<dyn Any + Send>>;
 }
@@ -106,12 +120,33 @@ enum State<J> {
     Done,
 }
 
+/// The number of bytes a read of `len` at `offset` may return, so that no
+/// syscall ever sees `offset + len` beyond `i64::MAX` (the kernel rejects
+/// that with EINVAL; no file extends that far, so nothing is lost): an
+/// offset at `i64::MAX` reads `Ok(0)` like any offset past the end of file.
+/// Offsets beyond `i64::MAX` cannot be expressed to the kernel at all.
+fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
+    let max = i64::MAX.unsigned_abs();
+    if offset > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("offset {offset} of a read of {fid} is beyond i64::MAX"),
+        ));
+    }
+    Ok(usize::try_from(max - offset).map_or(len, |room| len.min(room)))
+}
+
 pub(crate) struct ReadCore<'a, T: Target> {
     ctx: &'a Inner,
     fid: FileId,
     offset: u64,
-    /// Bytes already read by the fast path (a partial page-cache hit).
+    /// Bytes this read may return: the destination's length, clamped (see
+    /// `clamp_len`); computed on the first poll.
+    total: Option<usize>,
+    /// Bytes already read (by the page-cache fast path, or earlier pieces).
     done: usize,
+    /// Bytes asked of the piece in flight.
+    piece: usize,
     state: State<T::Blocking>,
     pub(crate) target: T,
 }
@@ -122,7 +157,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
             ctx,
             fid,
             offset,
+            total: None,
             done: 0,
+            piece: 0,
             state: State::Start,
             target,
         }
@@ -135,7 +172,12 @@ impl<'a, T: Target> ReadCore<'a, T> {
         let res = ready!(self.poll_inner(cx));
         coop.made_progress();
         self.state = State::Done;
-        Poll::Ready(res)
+        // Bytes already read are never lost to a later failure: the caller
+        // gets them, as read(2) would give them (see also `tainted`).
+        Poll::Ready(match res {
+            Err(_) if self.done > 0 => Ok(self.done),
+            res => res,
+        })
     }
 
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
@@ -151,18 +193,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     // is touched unless the read has to outlive this poll.
                     let files = ctx.files.shard(slot);
                     let file = files.lookup(self.fid)?;
-                    let len = self.target.len();
-                    if len == 0 {
-                        return Poll::Ready(Ok(0));
-                    }
-                    if self.offset > i64::MAX as u64 {
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!(
-                                "offset {} of a read of {} is beyond i64::MAX",
-                                self.offset, self.fid
-                            ),
-                        )));
+                    let total = match self.total {
+                        Some(t) => t,
+                        None => {
+                            *self
+                                .total
+                                .insert(clamp_len(self.fid, self.offset, self.target.len())?)
+                        }
+                    };
+                    if self.done >= total {
+                        return Poll::Ready(Ok(self.done));
                     }
                     let rings = match &ctx.backend {
                         Backend::Fallback(fb) => {
@@ -180,15 +220,38 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             cx.waker().wake_by_ref();
                             return Poll::Pending;
                         }
-                        match pread_nowait(file.file.as_raw_fd(), self.target.dest(), self.offset)?
-                        {
-                            Nowait::Read(n) if n == len || n == 0 => {
-                                rings[ring].inline_hit();
-                                return Poll::Ready(Ok(n));
+                        let fd = file.file.as_raw_fd();
+                        // A cached range can be served in several goes (a
+                        // partial hit, then the rest); a read that straddles
+                        // the end of file learns it here too, with no ring
+                        // round trip.
+                        loop {
+                            let start = self.done;
+                            let at = self.offset + start as u64;
+                            match pread_nowait(fd, &mut self.target.dest()[start..total], at) {
+                                Nowait::Read(0) => {
+                                    rings[ring].inline_hit();
+                                    return Poll::Ready(Ok(self.done));
+                                }
+                                Nowait::Read(n) => {
+                                    self.done += n;
+                                    if self.done == total {
+                                        rings[ring].inline_hit();
+                                        return Poll::Ready(Ok(self.done));
+                                    }
+                                }
+                                Nowait::WouldBlock => {
+                                    if self.done == 0 {
+                                        rings[ring].inline_miss();
+                                    }
+                                    break;
+                                }
+                                Nowait::Unsupported => {
+                                    file.nowait_ok.store(false, Ordering::Relaxed);
+                                    break;
+                                }
+                                Nowait::Ring => break,
                             }
-                            Nowait::Read(n) => self.done = n,
-                            Nowait::WouldBlock => rings[ring].inline_miss(),
-                            Nowait::Unsupported => file.nowait_ok.store(false, Ordering::Relaxed),
                         }
                     }
                     let file = file.clone();
@@ -196,8 +259,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     self.acquire(&rings[ring].permits, Some(ring), file)?;
                 }
                 State::Acquire { ring, file, permit } => {
-                    let permit = ready!(permit.as_mut().poll(cx)).map_err(|_| shut_down_error())?;
-                    let (ring, file) = (*ring, file.clone());
+                    let (ring, acquired) = (*ring, ready!(permit.as_mut().poll(cx)));
+                    let Ok(permit) = acquired else {
+                        return Poll::Ready(Err(self.closed_error(ring)));
+                    };
+                    let file = file.clone();
                     self.start(ring, file, permit)?;
                 }
                 State::InFlight { ring, key } => {
@@ -205,29 +271,106 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     let Backend::Uring(rings) = &self.ctx.backend else {
                         unreachable!("in flight on a ring without rings")
                     };
-                    let res =
+                    let done =
                         ready!(rings[ring].poll_complete(key, cx, self.target.copy_to(self.done)));
                     self.state = State::Done;
-                    return Poll::Ready(match res {
-                        Ok(n) => Ok(self.done + n),
-                        Err(_) if self.done > 0 => Ok(self.done),
-                        Err(e) => Err(self.explain(e)),
-                    });
+                    if done.tainted {
+                        return Poll::Ready(self.check_tainted(done.res));
+                    }
+                    match done.res {
+                        Ok(n) => {
+                            if let Some(res) = self.piece_done(n) {
+                                return Poll::Ready(res);
+                            }
+                        }
+                        Err(e) => return Poll::Ready(Err(self.explain(e))),
+                    }
                 }
                 State::Blocking(handle) => {
                     let out = ready!(Pin::new(handle).poll(cx));
                     self.state = State::Done;
-                    return Poll::Ready(match out {
-                        Ok(out) => self.target.finish_blocking(out),
+                    let n = match out {
+                        Ok(out) => self.target.finish_blocking(out, self.done)?,
                         // Cancelled: the runtime of the blocking pool shut down.
-                        Err(join) if join.is_cancelled() => Err(shut_down_error()),
-                        Err(join) => Err(io::Error::other(format!(
-                            "blocking read task failed: {join}"
-                        ))),
-                    });
+                        Err(join) if join.is_cancelled() => {
+                            return Poll::Ready(Err(shut_down_error()))
+                        }
+                        Err(join) => {
+                            return Poll::Ready(Err(io::Error::other(format!(
+                                "blocking read task failed: {join}"
+                            ))))
+                        }
+                    };
+                    if let Some(res) = self.piece_done(n) {
+                        return Poll::Ready(res);
+                    }
                 }
                 State::Done => panic!("read future polled after completion"),
             }
+        }
+    }
+
+    /// A piece returned `n` bytes: the read is over (`Some`), or the next
+    /// piece starts (`None`, state back to `Start`).
+    fn piece_done(&mut self, n: usize) -> Option<io::Result<usize>> {
+        self.done += n;
+        let total = self.total.unwrap_or(0);
+        if n == self.piece && n > 0 && self.done < total {
+            self.state = State::Start;
+            None
+        } else {
+            Some(Ok(self.done))
+        }
+    }
+
+    /// The op was in the kernel when the thread that submitted it exited
+    /// (the context's home runtime shut down), and io_uring cancels or cuts
+    /// short the requests of an exiting thread. A full read is fine; a short
+    /// one is fine only if it stopped at the end of the file; anything else
+    /// is an error that says so, never a short count mid-file.
+    fn check_tainted(&mut self, res: io::Result<usize>) -> io::Result<usize> {
+        let gone = |what: String| {
+            io::Error::new(
+                io::ErrorKind::Interrupted,
+                format!(
+                    "a read of {} at offset {} was {what} because the thread that submitted it exited \
+                     (the UringContext's home runtime shut down); the context is shut down",
+                    self.fid, self.offset
+                ),
+            )
+        };
+        let total = self.total.unwrap_or(0);
+        let n = match res {
+            Ok(n) => n,
+            Err(e) => {
+                self.done = 0;
+                return Err(gone(format!("cancelled ({e})")));
+            }
+        };
+        let read_to = self.done + n;
+        let end = self.offset + read_to as u64;
+        let complete = read_to == total
+            || self
+                .ctx
+                .files
+                .get(self.fid)
+                .and_then(|f| sys::file_size(&f.file, f.kind))
+                .is_ok_and(|size| end >= size);
+        if complete {
+            self.done = read_to;
+            Ok(read_to)
+        } else {
+            self.done = 0;
+            Err(gone(format!("cut short ({read_to} of {total} bytes)")))
+        }
+    }
+
+    /// The error of a closed ring or fallback (reads waiting for a permit
+    /// learn of it when the semaphore closes).
+    fn closed_error(&self, ring: Option<usize>) -> io::Error {
+        match (&self.ctx.backend, ring) {
+            (Backend::Uring(rings), Some(r)) => rings[r].closed_error(),
+            _ => shut_down_error(),
         }
     }
 
@@ -257,30 +400,35 @@ impl<'a, T: Target> ReadCore<'a, T> {
                 self.state = State::Acquire { ring, file, permit };
                 Ok(())
             }
-            Err(TryAcquireError::Closed) => Err(shut_down_error()),
+            Err(TryAcquireError::Closed) => Err(self.closed_error(ring)),
         }
     }
 
-    /// Hands the read to ring `ring`, or to the blocking pool (`None`).
+    /// Hands the next piece of the read to ring `ring`, or to the blocking
+    /// pool (`None`).
     fn start(
         &mut self,
         ring: Option<usize>,
         file: Arc<FileEntry>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
+        let remaining = self.total.unwrap_or(0) - self.done;
+        self.piece = remaining.min(self.target.max_piece()).min(MAX_READ);
+        let offset = self.offset + self.done as u64;
         let rings = match (&self.ctx.backend, ring) {
             (Backend::Uring(rings), Some(_)) => rings,
             (Backend::Fallback(fb), None) => {
-                let h = self.target.spawn_blocking(fb, file, self.offset, permit)?;
+                let h = self
+                    .target
+                    .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
                 self.state = State::Blocking(h);
                 return Ok(());
             }
             _ => unreachable!("a ring read on the fallback or the reverse"),
         };
         let ring = ring.unwrap_or_default();
-        let len = (self.target.len() - self.done).min(MAX_READ);
-        let dst = self.target.ring_dst(self.done, len);
-        let key = rings[ring].submit_read(file, permit, self.offset + self.done as u64, dst)?;
+        let dst = self.target.ring_dst(self.done, self.piece);
+        let key = rings[ring].submit_read(file, permit, offset, dst)?;
         self.state = State::InFlight { ring, key };
         Ok(())
     }
@@ -328,6 +476,9 @@ impl Target for Borrowed<'_> {
     fn len(&self) -> usize {
         self.0.len()
     }
+    fn max_piece(&self) -> usize {
+        BORROWED_CHUNK
+    }
     fn dest(&mut self) -> &mut [u8] {
         self.0
     }
@@ -342,13 +493,16 @@ impl Target for Borrowed<'_> {
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        _done: usize,
+        len: usize,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
-        fb.read(file, offset, self.0.len(), permit)
+        fb.read(file, offset, len, permit)
     }
-    fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
+    fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize> {
         let (data, n) = out?;
-        self.0[..n].copy_from_slice(&data[..n]);
+        let n = n.min(data.len()).min(self.0.len() - done);
+        self.0[done..done + n].copy_from_slice(&data[..n]);
         Ok(n)
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
@@ -392,6 +546,9 @@ impl<B: IoBufMut> Target for Owned<B> {
     fn len(&self) -> usize {
         self.buf.as_ref().map_or(0, |b| b.bytes_total())
     }
+    fn max_piece(&self) -> usize {
+        MAX_READ
+    }
     fn dest(&mut self) -> &mut [u8] {
         let b = self.buf();
         // SAFETY: IoBufMut promises bytes_total() writable bytes at the
@@ -400,7 +557,7 @@ impl<B: IoBufMut> Target for Owned<B> {
     }
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst {
         let b = self.buf();
-        debug_assert!(done + len <= b.bytes_total());
+        assert!(done + len <= b.bytes_total(), "read piece out of bounds");
         // SAFETY: done + len <= bytes_total, so the pointer stays in bounds.
         Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len)
     }
@@ -412,13 +569,19 @@ impl<B: IoBufMut> Target for Owned<B> {
         fb: &Fallback,
         file: Arc<FileEntry>,
         offset: u64,
+        done: usize,
+        len: usize,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
-        fb.read_owned(file, offset, lent, permit)
+        fb.read_owned(file, offset, done..done + len, lent, permit)
     }
-    fn finish_blocking(&mut self, res: Self::Blocking) -> io::Result<usize> {
+    fn finish_blocking(&mut self, res: Self::Blocking, _done: usize) -> io::Result<usize> {
+        // Bring the buffer home now: a next piece needs it.
+        if let Some(lent) = self.lent.take() {
+            self.buf = lent.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
         res
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {

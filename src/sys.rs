@@ -1,7 +1,20 @@
-//! Thin syscall wrappers.
+//! Thin wrappers around the raw syscalls the crate makes (other than
+//! io_uring's own, which go through the `io-uring` crate): each turns `-1`
+//! into `io::Error::last_os_error()` and owns what it creates.
 
-use std::io;
-use std::os::fd::RawFd;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::Duration;
+
+/// Turns a `-1` return into the thread's `errno`.
+fn cvt<T: Copy + PartialOrd + Default>(ret: T, minus_one: T) -> io::Result<T> {
+    if ret == minus_one {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
 
 /// Outcome of a non-blocking page-cache read attempt.
 #[derive(Debug)]
@@ -12,11 +25,14 @@ pub(crate) enum Nowait {
     WouldBlock,
     /// The file system does not support RWF_NOWAIT: never try again.
     Unsupported,
+    /// Any other error: let the ring (the authoritative path) answer.
+    Ring,
 }
 
 /// `preadv2(fd, buf, offset, RWF_NOWAIT)`: reads only what the page cache
-/// already holds, never waiting for the device.
-pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<Nowait> {
+/// already holds, never waiting for the device. The caller guarantees
+/// `offset + buf.len() <= i64::MAX` (see `read::clamp_len`).
+pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> Nowait {
     let iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -24,13 +40,150 @@ pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result
     // SAFETY: the iovec describes `buf`, valid for writes for the whole call;
     // the call is synchronous, so nothing touches `buf` after it returns.
     let n = unsafe { libc::preadv2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT) };
-    if n >= 0 {
-        return Ok(Nowait::Read(n as usize));
+    if let Ok(n) = usize::try_from(n) {
+        return Nowait::Read(n);
     }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) => Ok(Nowait::WouldBlock),
-        Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) | Some(libc::ENOSYS) => Ok(Nowait::Unsupported),
-        _ => Err(e),
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) => Nowait::WouldBlock,
+        // Only "this file (system) cannot do it" disables the fast path for
+        // the file; EINVAL and the rest go to the ring, which gives the
+        // authoritative answer for this one read.
+        Some(libc::EOPNOTSUPP | libc::ENOSYS) => Nowait::Unsupported,
+        _ => Nowait::Ring,
     }
+}
+
+/// What kind of file a descriptor refers to (only regular files and block
+/// devices support positioned reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    Regular,
+    Block,
+    Other(&'static str),
+}
+
+pub(crate) fn file_kind(file: &File) -> io::Result<FileKind> {
+    let mode = fstat(file)?.st_mode & libc::S_IFMT;
+    Ok(match mode {
+        libc::S_IFREG => FileKind::Regular,
+        libc::S_IFBLK => FileKind::Block,
+        libc::S_IFIFO => FileKind::Other("a pipe or FIFO"),
+        libc::S_IFSOCK => FileKind::Other("a socket"),
+        libc::S_IFCHR => FileKind::Other("a character device"),
+        libc::S_IFDIR => FileKind::Other("a directory"),
+        libc::S_IFLNK => FileKind::Other("a symbolic link"),
+        _ => FileKind::Other("of an unknown type"),
+    })
+}
+
+fn fstat(file: &File) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a whole `struct stat` into the provided buffer,
+    // which is properly sized and aligned; it is read only on success.
+    let ret = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
+    cvt(ret, -1)?;
+    // SAFETY: fstat succeeded, so the struct is initialised.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// The size in bytes of a regular file or block device.
+pub(crate) fn file_size(file: &File, kind: FileKind) -> io::Result<u64> {
+    if kind != FileKind::Block {
+        return Ok(u64::try_from(fstat(file)?.st_size).unwrap_or(0));
+    }
+    let mut size: u64 = 0;
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    // SAFETY: BLKGETSIZE64 writes one u64 into `size`, which outlives the call.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+    cvt(ret, -1)?;
+    Ok(size)
+}
+
+/// Whether the file was opened with `O_DIRECT`.
+pub(crate) fn is_direct(file: &File) -> bool {
+    // SAFETY: F_GETFL on a valid, owned descriptor has no memory effects.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_DIRECT != 0
+}
+
+/// RLIMIT_NOFILE's soft limit (1024 if it cannot be read).
+pub(crate) fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the provided, properly sized struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub(crate) fn eventfd() -> io::Result<File> {
+    // SAFETY: eventfd has no memory arguments.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    let fd = cvt(fd, -1)?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Reads (and so resets) an eventfd's or timerfd's counter; `Ok(false)` if
+/// it was zero (EAGAIN).
+pub(crate) fn drain_counter(fd: &File) -> io::Result<bool> {
+    let mut counter = [0u8; 8];
+    match (&*fd).read(&mut counter) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A non-blocking, close-on-exec CLOCK_MONOTONIC timerfd (disarmed).
+pub(crate) fn timerfd() -> io::Result<File> {
+    // SAFETY: timerfd_create has no memory arguments.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+        )
+    };
+    let fd = cvt(fd, -1)?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Arms a timerfd to expire once, `after` from now (at least 1 ns, so that
+/// a zero duration does not disarm it).
+pub(crate) fn arm_timer(fd: &File, after: Duration) -> io::Result<()> {
+    let after = after.max(Duration::from_nanos(1));
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(after.subsec_nanos()),
+        },
+    };
+    // SAFETY: `spec` is a valid itimerspec that outlives the call; the old
+    // value is not requested (null).
+    let ret = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    cvt(ret, -1)?;
+    Ok(())
+}
+
+/// Waits until `fd` is readable or `timeout` passes (EINTR counts as a
+/// wake-up: the caller re-checks its condition anyway).
+pub(crate) fn wait_readable(fd: &File, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd that outlives the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
 }

@@ -11,87 +11,16 @@
 
 mod common;
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
+use common::seccomp::{
+    install_errno_filter, is_child, mentions_eperm, run_child, CHILD_OK, NR_IO_URING_SETUP,
+};
 use common::{Flavor, Rng};
 use uring_positioned_io::{BackendChoice, BackendKind, UringContext};
 
-const CHILD_ENV: &str = "URING_PIO_SECCOMP_CHILD";
-const CHILD_OK: &str = "SECCOMP-CHILD-OK";
-
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH_NATIVE: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH_NATIVE: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
-/// io_uring_setup is 425 on both x86_64 and aarch64.
-const NR_IO_URING_SETUP: u32 = 425;
-
-// Classic BPF opcodes (linux/bpf_common.h): BPF_LD|BPF_W|BPF_ABS,
-// BPF_JMP|BPF_JEQ|BPF_K and BPF_RET|BPF_K.
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JMP_JEQ_K: u16 = 0x15;
-const BPF_RET_K: u16 = 0x06;
-// Offsets in struct seccomp_data.
-const OFF_NR: u32 = 0;
-const OFF_ARCH: u32 = 4;
-
-fn stmt(code: u16, k: u32) -> libc::sock_filter {
-    libc::sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-    libc::sock_filter { code, jt, jf, k }
-}
-
 /// Make io_uring_setup fail with EPERM for this thread and every thread it
-/// creates from now on; everything else is allowed.
+/// creates from now on (as container runtimes do); everything else works.
 fn install_io_uring_setup_eperm_filter() {
-    let mut filter = [
-        stmt(BPF_LD_W_ABS, OFF_ARCH),
-        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_NATIVE, 1, 0),
-        stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
-        stmt(BPF_LD_W_ABS, OFF_NR),
-        jump(BPF_JMP_JEQ_K, NR_IO_URING_SETUP, 0, 1),
-        stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
-    ];
-    let prog = libc::sock_fprog {
-        len: filter.len() as u16,
-        filter: filter.as_mut_ptr(),
-    };
-    // SAFETY: plain prctl calls; `prog` and `filter` outlive the call (the
-    // kernel copies the program).
-    unsafe {
-        assert_eq!(
-            libc::prctl(
-                libc::PR_SET_NO_NEW_PRIVS,
-                1 as libc::c_ulong,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong,
-                0 as libc::c_ulong
-            ),
-            0,
-            "PR_SET_NO_NEW_PRIVS: {}",
-            std::io::Error::last_os_error()
-        );
-        assert_eq!(
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER as libc::c_ulong,
-                &prog as *const libc::sock_fprog as libc::c_ulong,
-            ),
-            0,
-            "PR_SET_SECCOMP: {}",
-            std::io::Error::last_os_error()
-        );
-    }
+    install_errno_filter(NR_IO_URING_SETUP, libc::EPERM, false);
     // The filter works: a raw io_uring_setup now fails with EPERM.
     let mut params = [0u8; 120];
     // SAFETY: io_uring_setup(1, &params) with a zeroed, large enough params struct.
@@ -109,67 +38,6 @@ fn install_io_uring_setup_eperm_filter() {
         Some(libc::EPERM),
         "io_uring_setup under filter: {err}"
     );
-}
-
-fn is_child() -> bool {
-    std::env::var_os(CHILD_ENV).is_some()
-}
-
-/// Run `test` (a test of this binary) in a child process with `CHILD_ENV`
-/// set, kill it after `secs`, and fail unless it succeeded and printed the
-/// marker.
-fn run_child(test: &str, secs: u64) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn child test process");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for child") {
-            break Some(st);
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = out_t.join().unwrap();
-    let stderr = err_t.join().unwrap();
-    eprintln!("--- child `{test}` stdout ---\n{stdout}\n--- child stderr ---\n{stderr}");
-    let status =
-        status.unwrap_or_else(|| panic!("child `{test}` did not finish within {secs} s (hang?)"));
-    assert!(status.success(), "child `{test}` failed: {status}");
-    assert!(
-        stdout.contains(CHILD_OK) || stderr.contains(CHILD_OK),
-        "child `{test}` did not run the test body (name filter mismatch?)"
-    );
-}
-
-fn mentions_eperm(msg: &str) -> bool {
-    let m = msg.to_lowercase();
-    m.contains("eperm")
-        || m.contains("operation not permitted")
-        || m.contains("permission")
-        || m.contains("os error 1)")
 }
 
 /// Child body: Auto backend under the filter.

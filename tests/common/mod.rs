@@ -2,6 +2,8 @@
 //! a cheap deterministic RNG, runtime builders, watchdogs and context builders.
 #![allow(dead_code)]
 
+pub mod seccomp;
+
 use std::fs::File;
 use std::future::Future;
 use std::io::Write;
@@ -201,7 +203,11 @@ impl FileSet {
 }
 
 /// posix_fadvise(DONTNEED) on the whole file so later reads go to the device.
+/// Evicts the file's pages from the page cache. Dirty pages cannot be
+/// evicted, so the data is written back first (a freshly written test file
+/// would otherwise stay cached and every "cold" read would be a hit).
 pub fn drop_cache(f: &File) {
+    let _ = f.sync_data();
     // SAFETY: plain syscall on a valid, open fd.
     unsafe {
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
