@@ -31,11 +31,19 @@
 //!   to `max_pages` (256 pages = 1 MiB here) is one FUSE request with the same
 //!   offset and length (larger ones are split); there is no page cache.
 //! * `direct_io = false`: open replies carry `FOPEN_KEEP_CACHE`, so pages stay
-//!   cached across opens for the life of the mount. Requests are whole pages
-//!   and readahead grows them (default window 128 KiB, sent as asynchronous
-//!   "background" requests); a page that is already cached sends nothing.
-//!   Place faulted ranges page-aligned and keep unrelated ranges well away
-//!   from them (≥ 1 MiB) when a test depends on a range *not* being touched.
+//!   cached across opens for the life of the mount. Requests are whole pages;
+//!   a page already cached sends nothing. Observed (kernel 6.18): an isolated
+//!   ("random") pread asks for exactly its pages; sequential preads make the
+//!   kernel read ahead in 128 KiB-aligned 128 KiB requests, sent
+//!   asynchronously, so a request can hang or fail that no caller asked for
+//!   yet, and a caller reading pages *outside* a faulted range blocks when
+//!   they share a readahead request with it (after `release_hangs` the kernel
+//!   retries those pages one by one and they succeed). A failed request is
+//!   retried once as a single-page read, so errors are seen twice. A short
+//!   reply is taken as end of file: the kernel lowers the file's size to
+//!   where the data stopped (see `tests/fuse_harness.rs`). Place faulted
+//!   ranges 128 KiB-aligned and keep unrelated ranges ≥ 1 MiB away when a
+//!   test depends on a range *not* being touched.
 //!
 //! Replies are never produced by sleeping on a session thread: delayed replies
 //! go to a timer thread and hung replies to a parked list, so one slow or hung
@@ -46,10 +54,17 @@
 //! # Teardown
 //!
 //! `Drop` answers every hung read with EIO and every delayed one at once,
-//! unmounts (plain `umount2`, lazily with `MNT_DETACH` if busy), and waits up
-//! to 5 s for the session threads, after which it aborts the connection
-//! through fusectl if that is mounted and otherwise leaves them behind with a
-//! message: it never hangs a test.
+//! unmounts with `umount2` and joins the session threads (they end at once;
+//! the wait is capped at 5 s). If a file on the mount is still open the
+//! plain unmount fails with EBUSY: it then detaches the mount
+//! (`MNT_DETACH`), aborts the connection through fusectl if
+//! `/sys/fs/fuse/connections` is mounted, and otherwise leaves the session
+//! threads running (with a message on stderr) until the last open file is
+//! closed, which also ends them; reads on such a file keep being served until
+//! then. It never hangs a test. A process that dies without dropping a
+//! `FaultFs` (killed, or `std::process::exit`) leaves a dead mount behind
+//! ("Transport endpoint is not connected") under the temp dir; `umount -l`
+//! removes it.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -77,7 +92,7 @@ use super::fill_pattern;
 /// cached read stays lowered for the life of the mount).
 const TTL: Duration = Duration::from_secs(3600);
 
-/// How long `Drop` waits for the session threads before giving up on them.
+/// How long `Drop` waits for the session threads after a plain unmount.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A fault applied to every read request overlapping a byte range.
@@ -499,8 +514,14 @@ impl FaultFs {
             conn: None,
             dir: Some(dir),
         };
-        let session = fuser::Session::new(fs, &mountpoint, &config)
-            .map_err(|e| format!("FUSE mount on {} failed: {e}", mountpoint.display()))?;
+        let session = fuser::Session::new(fs, &mountpoint, &config).map_err(|e| {
+            format!(
+                "FUSE mount on {} failed: {} (mount(2) needs root/CAP_SYS_ADMIN; \
+                 otherwise fuser runs fusermount3, from Debian's fuse3)",
+                mountpoint.display(),
+                e.to_string().trim()
+            )
+        })?;
         me.session = Some(
             session
                 .spawn()
@@ -547,8 +568,11 @@ impl FaultFs {
         inner.hangs_released = false;
     }
 
-    /// Answer every hung read now with EIO; until the next `set_fault`, reads
-    /// that would hang are answered with EIO at once instead.
+    /// Answer every hung read now with EIO; until the next `set_fault` (or
+    /// `clear_faults`), reads that would hang are answered with EIO at once
+    /// instead. (Not with data: in cached mode the kernel retries a failed
+    /// readahead once with a single-page read, which would then succeed and
+    /// hide the error from the reader.)
     pub fn release_hangs(&self) {
         let parked = {
             let mut inner = self.shared.lock();
@@ -628,43 +652,46 @@ impl FaultFs {
         };
         let c = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).unwrap();
         // SAFETY: valid NUL-terminated path.
-        let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
-        if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY) {
+        let mut lazy = false;
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY)
+        {
             // SAFETY: as above.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            lazy = true;
         }
-        // 3. Wait for the session threads (they end when the kernel drops
-        // the connection: at once after a plain unmount, after the last
-        // open file is closed after a lazy one).
-        let deadline = Instant::now() + JOIN_TIMEOUT;
-        while !session.guard.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        if !session.guard.is_finished() {
-            let abort = self
-                .conn
-                .map(|c| PathBuf::from(format!("/sys/fs/fuse/connections/{c}/abort")));
-            if let Some(abort) = abort.filter(|p| p.exists()) {
-                let _ = std::fs::write(&abort, "1");
-                let deadline = Instant::now() + Duration::from_secs(2);
-                while !session.guard.is_finished() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+        // 3. The session threads end when the kernel drops the connection:
+        // at once after a plain unmount, but after a lazy one only when the
+        // last open file is closed. Abort the connection through fusectl
+        // where it is mounted; otherwise do not wait for what may never come.
+        let abort = self
+            .conn
+            .map(|c| PathBuf::from(format!("/sys/fs/fuse/connections/{c}/abort")))
+            .filter(|p| p.exists());
+        if lazy {
+            if let Some(abort) = &abort {
+                let _ = std::fs::write(abort, "1");
             }
+        }
+        let wait = if lazy && abort.is_none() {
+            Duration::from_millis(100)
+        } else {
+            JOIN_TIMEOUT
+        };
+        let deadline = Instant::now() + wait;
+        while !session.guard.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
         if session.guard.is_finished() {
             let _ = session.join();
         } else {
             eprintln!(
-                "FaultFs: session for {} still running {JOIN_TIMEOUT:?} after unmount \
-                 (a file on it still open?); leaving its threads behind",
+                "FaultFs: {} was busy (a file on it still open?): unmounted lazily; its \
+                 session threads end when the last file on it is closed",
                 self.mountpoint.display()
             );
+            // Its Mount must not try to unmount the (reused) path later.
             std::mem::forget(session);
-            // Keep the (detached) mount point directory too.
-            if let Some(d) = self.dir.take() {
-                let _ = d.keep();
-            }
         }
     }
 }
