@@ -580,7 +580,6 @@ impl FaultFs {
             std::mem::take(&mut inner.parked)
         };
         for p in parked {
-            let _ = (p.file, p.offset, p.size);
             p.reply.error(Errno::EIO);
         }
     }
