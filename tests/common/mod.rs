@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use uring_positioned_io::{BackendChoice, BackendKind, Builder, UringContext};
 
+pub mod fuse;
+
 // ---------------------------------------------------------------------------
 // Deterministic content and randomness
 // ---------------------------------------------------------------------------

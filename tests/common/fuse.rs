@@ -1,0 +1,702 @@
+//! A fault-injecting FUSE file system that integration tests mount and
+//! unmount themselves, to see how the crate behaves on storage that fails,
+//! lies or blocks.
+//!
+//! [`FaultFs::mount`] mounts a read-only file system on a fresh temp dir. It
+//! holds the given files (flat, in its root directory) whose content is the
+//! position-derived test pattern of `tests/common` (`fill_pattern(seed, ..)`),
+//! so a test can verify every byte it reads with `check_pattern` / `expected`.
+//! Faults ([`Fault`]) are set per file and byte range at any time and apply to
+//! every FUSE read request that overlaps the range.
+//!
+//! # What it needs
+//!
+//! * Linux, root (CAP_SYS_ADMIN) and `/dev/fuse`. The mount uses the `fuser`
+//!   crate's pure-Rust path: `open("/dev/fuse")` + `mount(2)`, so no libfuse
+//!   and no `fusermount3` are needed when running as root.
+//! * Not root: `fuser` falls back to the setuid `fusermount3` helper (Debian
+//!   package `fuse3`), which is then needed, and `/etc/fuse.conf` decides the
+//!   rest. CI runs as root, so `fuse3` is only a fallback; installing it does
+//!   no harm (`apt-get install -y fuse3`), and `libfuse3-dev`/`pkg-config` are
+//!   never needed (fuser is built with its default, libfuse-free features).
+//! * Where FUSE is unavailable (no `/dev/fuse`, no privilege in a container),
+//!   `mount` returns `Err(reason)`; tests print `skipped: <reason>` and pass.
+//!
+//! # Kernel requests vs. your reads
+//!
+//! Faults apply to the *FUSE read requests the kernel sends*, which are not
+//! always the reads the test issued:
+//!
+//! * `direct_io = true`: open replies carry `FOPEN_DIRECT_IO`. A `pread` of up
+//!   to `max_pages` (256 pages = 1 MiB here) is one FUSE request with the same
+//!   offset and length (larger ones are split); there is no page cache.
+//! * `direct_io = false`: open replies carry `FOPEN_KEEP_CACHE`, so pages stay
+//!   cached across opens for the life of the mount. Requests are whole pages;
+//!   a page already cached sends nothing. Observed (kernel 6.18): an isolated
+//!   ("random") pread asks for exactly its pages; sequential preads make the
+//!   kernel read ahead in 128 KiB-aligned 128 KiB requests, sent
+//!   asynchronously, so a request can hang or fail that no caller asked for
+//!   yet, and a caller reading pages *outside* a faulted range blocks when
+//!   they share a readahead request with it (after `release_hangs` the kernel
+//!   retries those pages one by one and they succeed). A failed request is
+//!   retried once as a single-page read, so errors are seen twice. A short
+//!   reply is taken as end of file: the kernel lowers the file's size to
+//!   where the data stopped (see `tests/fuse_harness.rs`). Place faulted
+//!   ranges 128 KiB-aligned and keep unrelated ranges ≥ 1 MiB away when a
+//!   test depends on a range *not* being touched.
+//!
+//! Replies are never produced by sleeping on a session thread: delayed replies
+//! go to a timer thread and hung replies to a parked list, so one slow or hung
+//! request never holds up others. `max_background` is raised to 1024 so that
+//! many readahead requests can be outstanding at once (the kernel default, 12,
+//! would queue new cached reads behind hung ones).
+//!
+//! # Teardown
+//!
+//! `Drop` answers every hung read with EIO and every delayed one at once,
+//! unmounts with `umount2` and joins the session threads (they end at once;
+//! the wait is capped at 5 s). If a file on the mount is still open the
+//! plain unmount fails with EBUSY: it then detaches the mount
+//! (`MNT_DETACH`), aborts the connection through fusectl if
+//! `/sys/fs/fuse/connections` is mounted, and otherwise leaves the session
+//! threads running (with a message on stderr) until the last open file is
+//! closed, which also ends them; reads on such a file keep being served until
+//! then. It never hangs a test. A process that dies without dropping a
+//! `FaultFs` (killed, or `std::process::exit`) leaves a dead mount behind
+//! ("Transport endpoint is not connected") under the temp dir; `umount -l`
+//! removes it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen,
+    Request,
+};
+
+use super::fill_pattern;
+
+/// How long the kernel may cache entries and attributes. Content never
+/// changes, so this is long: no getattr traffic interleaves with the reads a
+/// test makes (which also means a size the kernel lowered after a short
+/// cached read stays lowered for the life of the mount).
+const TTL: Duration = Duration::from_secs(3600);
+
+/// How long `Drop` waits for the session threads after a plain unmount.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A fault applied to every read request overlapping a byte range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Reply with this errno (e.g. `libc::EIO`).
+    Errno(i32),
+    /// Reply with at most this many bytes: the first `n` bytes of the
+    /// requested range, with correct content (storage that lies about size).
+    Short(u32),
+    /// Reply with correct data after this long (from a timer thread).
+    Delay(Duration),
+    /// Never reply, until `release_hangs` (then EIO) or the file system is
+    /// dropped (then EIO).
+    Hang,
+}
+
+/// One file of the file system: `len` bytes of the pattern of `seed`.
+#[derive(Clone, Debug)]
+pub struct FileSpec {
+    pub name: String,
+    pub len: u64,
+    pub seed: u64,
+}
+
+impl FileSpec {
+    pub fn new(name: &str, len: u64, seed: u64) -> FileSpec {
+        FileSpec {
+            name: name.to_string(),
+            len,
+            seed,
+        }
+    }
+}
+
+/// One read request as the file system received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRecord {
+    pub name: String,
+    pub offset: u64,
+    pub size: u32,
+    /// The fault that applied, if any.
+    pub fault: Option<Fault>,
+}
+
+struct FaultRule {
+    file: usize,
+    range: Range<u64>,
+    fault: Fault,
+}
+
+struct Parked {
+    reply: ReplyData,
+    file: usize,
+    offset: u64,
+    size: u32,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Most recently set first.
+    faults: Vec<FaultRule>,
+    /// After `release_hangs`: `Hang` answers EIO at once until `set_fault`.
+    hangs_released: bool,
+    /// Set by `Drop`: no new hangs or delays.
+    shutting_down: bool,
+    parked: Vec<Parked>,
+    log: Vec<ReadRecord>,
+}
+
+struct Shared {
+    files: Vec<FileSpec>,
+    by_name: HashMap<String, usize>,
+    inner: Mutex<Inner>,
+    reads: AtomicU64,
+    timer: Mutex<Option<mpsc::Sender<TimerMsg>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn file_index(&self, name: &str) -> usize {
+        *self
+            .by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("FaultFs: no file named {name:?}"))
+    }
+
+    /// Reply to a read of `file` with correct content, at most `max` bytes.
+    fn reply_data(&self, reply: ReplyData, file: usize, offset: u64, size: u32, max: u32) {
+        let spec = &self.files[file];
+        let n = spec
+            .len
+            .saturating_sub(offset)
+            .min(u64::from(size))
+            .min(u64::from(max)) as usize;
+        let mut buf = vec![0u8; n];
+        fill_pattern(spec.seed, offset, &mut buf);
+        reply.data(&buf);
+    }
+}
+
+enum TimerMsg {
+    At(Instant, Box<dyn FnOnce() + Send>),
+    Shutdown,
+}
+
+/// The timer thread: runs each job at its deadline; on `Shutdown` (or when
+/// every sender is gone) runs all remaining jobs at once and exits.
+fn timer_loop(rx: mpsc::Receiver<TimerMsg>) {
+    let mut jobs: Vec<(Instant, Box<dyn FnOnce() + Send>)> = Vec::new();
+    loop {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < jobs.len() {
+            if jobs[i].0 <= now {
+                let (_, job) = jobs.swap_remove(i);
+                job();
+            } else {
+                i += 1;
+            }
+        }
+        let msg = match jobs.iter().map(|j| j.0).min() {
+            Some(next) => match rx.recv_timeout(next.saturating_duration_since(now)) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            },
+            None => rx.recv().ok(),
+        };
+        match msg {
+            Some(TimerMsg::At(when, job)) => jobs.push((when, job)),
+            Some(TimerMsg::Shutdown) | None => {
+                for (_, job) in jobs.drain(..) {
+                    job();
+                }
+                return;
+            }
+        }
+    }
+}
+
+const ROOT: u64 = 1;
+
+fn ino_of(file: usize) -> u64 {
+    file as u64 + 2
+}
+
+struct Fs {
+    shared: Arc<Shared>,
+    direct_io: bool,
+    uid: u32,
+    gid: u32,
+}
+
+impl Fs {
+    fn file_of(&self, ino: INodeNo) -> Option<usize> {
+        let i = u64::from(ino).checked_sub(2)? as usize;
+        (i < self.shared.files.len()).then_some(i)
+    }
+
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let (kind, size, perm, nlink) = if ino == ROOT {
+            (FileType::Directory, 0, 0o555, 2)
+        } else {
+            let f = self.file_of(INodeNo(ino))?;
+            (FileType::RegularFile, self.shared.files[f].len, 0o444, 1)
+        };
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: 4096,
+        })
+    }
+}
+
+impl Filesystem for Fs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Many readahead (background) requests may be hung or delayed at
+        // once; do not let the kernel queue further ones behind them.
+        let _ = config.set_max_background(1024);
+        let _ = config.set_congestion_threshold(1000);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let found = (u64::from(parent) == ROOT)
+            .then(|| std::str::from_utf8(name.as_bytes()).ok())
+            .flatten()
+            .and_then(|n| self.shared.by_name.get(n).copied());
+        match found.and_then(|f| self.attr(ino_of(f))) {
+            Some(attr) => reply.entry(&TTL, &attr, fuser::Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(u64::from(ino)) {
+            Some(attr) => reply.attr(&TTL, &attr),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.file_of(ino).is_none() {
+            return reply.error(Errno::ENOENT);
+        }
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let fl = if self.direct_io {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        };
+        reply.opened(FileHandle(0), fl);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(file) = self.file_of(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        self.shared.reads.fetch_add(1, Ordering::SeqCst);
+        let end = offset.saturating_add(u64::from(size.max(1)));
+        let mut inner = self.shared.lock();
+        let fault = inner
+            .faults
+            .iter()
+            .find(|r| r.file == file && r.range.start < end && offset < r.range.end)
+            .map(|r| r.fault.clone());
+        inner.log.push(ReadRecord {
+            name: self.shared.files[file].name.clone(),
+            offset,
+            size,
+            fault: fault.clone(),
+        });
+        match fault {
+            None => {
+                drop(inner);
+                self.shared.reply_data(reply, file, offset, size, u32::MAX);
+            }
+            Some(Fault::Errno(e)) => {
+                drop(inner);
+                reply.error(Errno::from_i32(e));
+            }
+            Some(Fault::Short(n)) => {
+                drop(inner);
+                self.shared.reply_data(reply, file, offset, size, n);
+            }
+            Some(Fault::Hang) => {
+                if inner.hangs_released || inner.shutting_down {
+                    drop(inner);
+                    reply.error(Errno::EIO);
+                } else {
+                    inner.parked.push(Parked {
+                        reply,
+                        file,
+                        offset,
+                        size,
+                    });
+                }
+            }
+            Some(Fault::Delay(d)) => {
+                let shutting_down = inner.shutting_down;
+                drop(inner);
+                let timer = self
+                    .shared
+                    .timer
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let shared = self.shared.clone();
+                let job: Box<dyn FnOnce() + Send> =
+                    Box::new(move || shared.reply_data(reply, file, offset, size, u32::MAX));
+                match timer {
+                    Some(tx) if !shutting_down => {
+                        if let Err(mpsc::SendError(TimerMsg::At(_, job))) =
+                            tx.send(TimerMsg::At(Instant::now() + d, job))
+                        {
+                            job();
+                        }
+                    }
+                    _ => job(),
+                }
+            }
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if u64::from(ino) != ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let mut entries: Vec<(u64, FileType, &str)> = vec![
+            (ROOT, FileType::Directory, "."),
+            (ROOT, FileType::Directory, ".."),
+        ];
+        for (i, f) in self.shared.files.iter().enumerate() {
+            entries.push((ino_of(i), FileType::RegularFile, &f.name));
+        }
+        for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+/// A mounted fault-injecting file system; unmounted on drop.
+pub struct FaultFs {
+    shared: Arc<Shared>,
+    mountpoint: PathBuf,
+    session: Option<fuser::BackgroundSession>,
+    timer: Option<JoinHandle<()>>,
+    /// Connection id (minor of st_dev), for a fusectl abort as last resort.
+    conn: Option<u64>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl FaultFs {
+    /// Mount with the given files on a fresh temp dir. `direct_io`: open
+    /// replies carry `FOPEN_DIRECT_IO` (no page cache); otherwise the page
+    /// cache is on (`FOPEN_KEEP_CACHE`, so a cached file stays cached).
+    /// `Err(reason)` where FUSE is unavailable.
+    pub fn mount(files: &[FileSpec], direct_io: bool) -> Result<FaultFs, String> {
+        let mut by_name = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
+            assert!(
+                !f.name.is_empty() && !f.name.contains('/') && f.name != "." && f.name != "..",
+                "FaultFs: bad file name {:?}",
+                f.name
+            );
+            assert!(
+                by_name.insert(f.name.clone(), i).is_none(),
+                "FaultFs: duplicate file name {:?}",
+                f.name
+            );
+        }
+        if !Path::new("/dev/fuse").exists() {
+            return Err("/dev/fuse does not exist (no FUSE in this kernel/container)".into());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("faultfs-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a mount point: {e}"))?;
+        let mountpoint = dir
+            .path()
+            .canonicalize()
+            .map_err(|e| format!("canonicalize mount point: {e}"))?;
+
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            files: files.to_vec(),
+            by_name,
+            inner: Mutex::new(Inner::default()),
+            reads: AtomicU64::new(0),
+            timer: Mutex::new(Some(tx)),
+        });
+        let timer = std::thread::Builder::new()
+            .name("faultfs-timer".into())
+            .spawn(move || timer_loop(rx))
+            .map_err(|e| format!("spawn timer thread: {e}"))?;
+
+        // SAFETY: plain syscalls without arguments.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let fs = Fs {
+            shared: shared.clone(),
+            direct_io,
+            uid,
+            gid,
+        };
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            MountOption::RO,
+            MountOption::FSName("faultfs".into()),
+            MountOption::Subtype("faultfs".into()),
+            MountOption::NoAtime,
+        ];
+        // Handlers never block, so two loops are plenty; the second one only
+        // spares a request the wait while the first copies a large reply.
+        config.n_threads = Some(2);
+
+        let mut me = FaultFs {
+            shared,
+            mountpoint: mountpoint.clone(),
+            session: None,
+            timer: Some(timer),
+            conn: None,
+            dir: Some(dir),
+        };
+        let session = fuser::Session::new(fs, &mountpoint, &config).map_err(|e| {
+            format!(
+                "FUSE mount on {} failed: {} (mount(2) needs root/CAP_SYS_ADMIN; \
+                 otherwise fuser runs fusermount3, from Debian's fuse3)",
+                mountpoint.display(),
+                e.to_string().trim()
+            )
+        })?;
+        me.session = Some(
+            session
+                .spawn()
+                .map_err(|e| format!("spawn FUSE session: {e}"))?,
+        );
+        // The connection id is the minor device number of the mount.
+        if let Ok(md) = std::fs::metadata(&mountpoint) {
+            use std::os::unix::fs::MetadataExt;
+            me.conn = Some(libc::minor(md.dev()) as u64);
+        }
+        Ok(me)
+    }
+
+    /// The mount point.
+    pub fn root(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Path of the file `name` inside the mount.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.shared.file_index(name);
+        self.mountpoint.join(name)
+    }
+
+    /// The spec of the file `name`.
+    pub fn spec(&self, name: &str) -> FileSpec {
+        self.shared.files[self.shared.file_index(name)].clone()
+    }
+
+    /// Apply `fault` to every later read request of `name` overlapping
+    /// `range`. The most recently set fault wins where several overlap. Also
+    /// re-arms `Hang` after `release_hangs`.
+    pub fn set_fault(&self, name: &str, range: Range<u64>, fault: Fault) {
+        let file = self.shared.file_index(name);
+        let mut inner = self.shared.lock();
+        inner.hangs_released = false;
+        inner.faults.insert(0, FaultRule { file, range, fault });
+    }
+
+    /// Remove every fault (hung reads stay hung until `release_hangs`).
+    pub fn clear_faults(&self) {
+        let mut inner = self.shared.lock();
+        inner.faults.clear();
+        inner.hangs_released = false;
+    }
+
+    /// Answer every hung read now with EIO; until the next `set_fault` (or
+    /// `clear_faults`), reads that would hang are answered with EIO at once
+    /// instead. (Not with data: in cached mode the kernel retries a failed
+    /// readahead once with a single-page read, which would then succeed and
+    /// hide the error from the reader.)
+    pub fn release_hangs(&self) {
+        let parked = {
+            let mut inner = self.shared.lock();
+            inner.hangs_released = true;
+            std::mem::take(&mut inner.parked)
+        };
+        for p in parked {
+            p.reply.error(Errno::EIO);
+        }
+    }
+
+    /// Read requests received so far (answered, delayed or hung).
+    pub fn reads_served(&self) -> u64 {
+        self.shared.reads.load(Ordering::SeqCst)
+    }
+
+    /// Read requests hung right now.
+    pub fn reads_hung_now(&self) -> usize {
+        self.shared.lock().parked.len()
+    }
+
+    /// The (offset, size) of every request hung right now, for `name`.
+    pub fn hung_requests(&self, name: &str) -> Vec<(u64, u32)> {
+        let file = self.shared.file_index(name);
+        self.shared
+            .lock()
+            .parked
+            .iter()
+            .filter(|p| p.file == file)
+            .map(|p| (p.offset, p.size))
+            .collect()
+    }
+
+    /// Poll until at least `n` reads are hung or `within` passes; returns
+    /// the last count.
+    pub fn wait_hung(&self, n: usize, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let k = self.reads_hung_now();
+            if k >= n || Instant::now() >= deadline {
+                return k;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Every read request received so far, in arrival order.
+    pub fn read_log(&self) -> Vec<ReadRecord> {
+        self.shared.lock().log.clone()
+    }
+
+    /// Forget the read log.
+    pub fn clear_read_log(&self) {
+        self.shared.lock().log.clear();
+    }
+
+    fn teardown(&mut self) {
+        // 1. No new hangs or delays; answer the hung and delayed ones.
+        self.shared.lock().shutting_down = true;
+        self.release_hangs();
+        if let Some(tx) = self
+            .shared
+            .timer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = tx.send(TimerMsg::Shutdown);
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+        // 2. Unmount, lazily if something still has a file open.
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let c = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated path.
+        let mut lazy = false;
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY)
+        {
+            // SAFETY: as above.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            lazy = true;
+        }
+        // 3. The session threads end when the kernel drops the connection:
+        // at once after a plain unmount, but after a lazy one only when the
+        // last open file is closed. Abort the connection through fusectl
+        // where it is mounted; otherwise do not wait for what may never come.
+        let abort = self
+            .conn
+            .map(|c| PathBuf::from(format!("/sys/fs/fuse/connections/{c}/abort")))
+            .filter(|p| p.exists());
+        if lazy {
+            if let Some(abort) = &abort {
+                let _ = std::fs::write(abort, "1");
+            }
+        }
+        let wait = if lazy && abort.is_none() {
+            Duration::from_millis(100)
+        } else {
+            JOIN_TIMEOUT
+        };
+        let deadline = Instant::now() + wait;
+        while !session.guard.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if session.guard.is_finished() {
+            let _ = session.join();
+        } else {
+            eprintln!(
+                "FaultFs: {} was busy (a file on it still open?): unmounted lazily; its \
+                 session threads end when the last file on it is closed",
+                self.mountpoint.display()
+            );
+            // Its Mount must not try to unmount the (reused) path later.
+            std::mem::forget(session);
+        }
+    }
+}
+
+impl Drop for FaultFs {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
