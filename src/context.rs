@@ -150,7 +150,7 @@ impl Drop for Inner {
         // abandoned reads may still be in the kernel: the drivers reap them
         // and exit; each ring is freed only after that (see `Ring::drop`).
         match &self.backend {
-            Backend::Uring(rings) => rings.iter().for_each(|r| r.close()),
+            Backend::Uring(rings) => rings.iter().for_each(|r| r.orphan()),
             Backend::Fallback(fb) => fb.close(),
         }
     }

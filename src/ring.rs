@@ -144,6 +144,9 @@ struct State {
     driver_gone: bool,
     /// `shutdown()` stopped waiting for the kernel (see `Ring::give_up`).
     gave_up: bool,
+    /// Every handle of the context is gone: no future can wait on this
+    /// ring any more.
+    orphaned: bool,
     /// SQEs the kernel has consumed (reads only).
     submitted: u64,
     /// CQEs of reads.
@@ -308,6 +311,7 @@ impl Ring {
                 cancel_queued: false,
                 driver_gone: false,
                 gave_up: false,
+                orphaned: false,
                 submitted: 0,
                 completed: 0,
             }),
@@ -682,6 +686,14 @@ impl Ring {
         self.notify_driver();
     }
 
+    /// The last handle of the context is gone: close, and let the driver
+    /// finish once every op is back or the shutdown timeout has passed
+    /// (then the ring is torn down and what the kernel still holds leaked).
+    pub(crate) fn orphan(&self) {
+        lock(&self.state).orphaned = true;
+        self.close();
+    }
+
     /// Waits until the driver has finished (every op back from the kernel),
     /// or has given up waiting for the kernel.
     pub(crate) async fn wait_drained(&self) {
@@ -854,7 +866,7 @@ impl Ring {
                 }
             }
             let reaped = self.reap();
-            let (closed, live, backlog, unconsumed, gave_up) = {
+            let (closed, live, backlog, unconsumed, gave_up, orphaned) = {
                 let mut st = lock(&self.state);
                 self.account_consumed(&mut st);
                 (
@@ -863,10 +875,13 @@ impl Ring {
                     st.backlog.len(),
                     st.in_sq.len(),
                     st.gave_up,
+                    st.orphaned,
                 )
             };
             let broken = matches!(closed, Some(Closed::Broken(_)));
-            if closed.is_some() && live == 0 {
+            // Done when every op is back, or when nobody can wait for the
+            // rest: the context is gone and its shutdown timeout passed.
+            if closed.is_some() && (live == 0 || (gave_up && orphaned)) {
                 self.done.store(true, Ordering::Release);
                 self.drained.notify_waiters();
                 return Drive::Done;
@@ -1016,10 +1031,16 @@ impl Drop for Ring {
         // gone), but the kernel may still own buffers: fail what it never
         // got, cancel what it has, and wait — bounded — until every op is
         // back. Only then is the pool freed; past the deadline it is leaked.
-        let deadline = Instant::now() + self.shutdown_timeout;
         let mut out = Deferred::default();
-        let broken = {
+        let (broken, deadline) = {
             let mut st = lock(&self.state);
+            // A driver that gave up has already waited its timeout.
+            let deadline = Instant::now()
+                + if st.gave_up {
+                    Duration::ZERO
+                } else {
+                    self.shutdown_timeout
+                };
             self.fail_unsubmitted(&mut st, false, &mut out);
             let broken = matches!(st.closed, Some(Closed::Broken(_)));
             if st.live > 0 && !broken {
@@ -1028,7 +1049,7 @@ impl Drop for Ring {
                     .user_data(INTERNAL);
                 self.push_locked(&mut st, cancel);
             }
-            broken
+            (broken, deadline)
         };
         out.run();
         if broken {
@@ -1091,7 +1112,7 @@ impl Drop for Ring {
             // still write into rather than free it under the kernel's feet.
             std::mem::forget(std::mem::take(&mut st.ops));
             eprintln!(
-                "uring-positioned-io: {} reads still in the kernel {:?} after ring teardown began; their buffers are leaked",
+                "uring-positioned-io: {} reads still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
                 st.live, self.shutdown_timeout
             );
         }

@@ -101,6 +101,8 @@ fn child_f02_enter_fails_for_good() {
     let set = common::FileSet::new(0x602, &[8 << 20]);
     let file = set.files[0].clone();
     let opened = set.open_all();
+    // Which pages are cached must stay what the test makes it.
+    opened.iter().for_each(common::no_readahead);
     common::run("child_f02", Flavor::Multi, 60, move || async move {
         let ctx = UringContext::builder()
             .backend(BackendChoice::IoUring)
@@ -113,8 +115,10 @@ fn child_f02_enter_fails_for_good() {
         // Cache only the first page of a range, so a read of the range is a
         // partial fast-path hit whose remainder needs the ring.
         file.drop_cache();
+        let one_page = file.open();
+        common::no_readahead(&one_page);
         let mut page = vec![0u8; 4096];
-        ctx.read(0u32, 1 << 20, &mut page).await.unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&one_page, &mut page, 1 << 20).unwrap();
 
         // From now on io_uring_enter fails with EPERM, in every thread.
         install_errno_filter(NR_IO_URING_ENTER, libc::EPERM, true);
@@ -727,4 +731,121 @@ fn f12_cached_read_across_eof_stays_inline() {
         );
         drop(set);
     });
+}
+
+// ---------------------------------------------------------------------------
+// 6. teardown is bounded even when the kernel never returns the reads
+// ---------------------------------------------------------------------------
+
+#[test]
+fn f06_teardown_with_reads_that_never_finish() {
+    use common::fuse::{Fault, FaultFs, FileSpec};
+    const LEN: u64 = 8 << 20;
+    // Page cache on: each read is punted to an io-wq worker, which then waits
+    // on a FUSE request that neither cancellation nor a signal can end
+    // (the server does not support interrupts): only the server can.
+    let fs = match FaultFs::mount(&[FileSpec::new("hung", LEN, 0x606)], false) {
+        Ok(fs) => fs,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+    fs.set_fault("hung", 0..LEN, Fault::Hang);
+    let path = fs.path("hung");
+    common::watchdog("f06", 90, move || {
+        let rt = common::runtime(Flavor::Multi);
+        let t = Instant::now();
+        let (ctx, owned) = rt.block_on(async {
+            let ctx = UringContext::builder()
+                .backend(BackendChoice::IoUring)
+                .ring_entries(2)
+                .inline_nowait(false)
+                .shutdown_timeout(Duration::from_secs(2))
+                .build(vec![File::open(&path).unwrap()])
+                .expect("context");
+            let mut borrowed = Vec::new();
+            let mut owned = Vec::new();
+            for i in 0..12u64 {
+                let ctx = ctx.clone();
+                let off = i * 256 * 1024;
+                if i % 2 == 0 {
+                    borrowed.push(tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        ctx.read(0u32, off, &mut buf).await
+                    }));
+                } else {
+                    owned.push(tokio::spawn(async move {
+                        ctx.read_owned(0u32, off, vec![0u8; 4096]).await.0
+                    }));
+                }
+            }
+            // Let every read reach the kernel (and hang there).
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while ctx.stats().submitted < 12 {
+                assert!(
+                    Instant::now() < deadline,
+                    "reads never submitted: {:?}",
+                    ctx.stats()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // shutdown() returns after its timeout; borrowed reads fail with
+            // TimedOut; owned reads keep waiting (their buffer is the
+            // kernel's until it lets go).
+            tokio::time::timeout(Duration::from_secs(20), ctx.shutdown())
+                .await
+                .expect("shutdown() did not return within its bounded wait");
+            for b in borrowed {
+                let e = tokio::time::timeout(Duration::from_secs(10), b)
+                    .await
+                    .expect("a borrowed read still waits after shutdown gave up")
+                    .unwrap()
+                    .expect_err("a hung read succeeded");
+                // Given up by shutdown(), or cancelled before an io-wq
+                // worker picked it up.
+                assert!(
+                    e.kind() == io::ErrorKind::TimedOut
+                        || e.raw_os_error() == Some(libc::ECANCELED),
+                    "{e}"
+                );
+            }
+            for o in &owned {
+                if o.is_finished() {
+                    // Only a read cancelled before an io-wq worker took it.
+                    continue;
+                }
+                // Still in the kernel: it cannot have its buffer back.
+                assert!(ctx.stats().in_flight > 0);
+            }
+            (ctx, owned)
+        });
+        eprintln!("shutdown returned after {:?}", t.elapsed());
+        for o in owned {
+            o.abort();
+        }
+        // Dropping the last handle lets the drivers finish and the rings be
+        // torn down, bounded, with the buffers the kernel still holds leaked
+        // rather than freed under its feet.
+        drop(ctx);
+        let t = Instant::now();
+        while rt.metrics().num_alive_tasks() > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "the rings' drivers never finished after the last handle was dropped"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "drivers finished {:?} after the last handle was dropped",
+            t.elapsed()
+        );
+        // The runtime's workers themselves cannot exit yet: the kernel makes
+        // a thread that submitted a read it is still running wait for that
+        // read when the thread exits. So shut down in the background; the
+        // workers exit once the storage answers (when `fs` is dropped).
+        rt.shutdown_background();
+    });
+    // Answer the hung reads now: the kernel writes into the leaked buffers.
+    drop(fs);
 }

@@ -205,6 +205,16 @@ impl FileSet {
 }
 
 /// posix_fadvise(DONTNEED) on the whole file so later reads go to the device.
+/// Turns readahead off for this open file (`POSIX_FADV_RANDOM`), so that
+/// which pages are cached stays exactly what the test read (a
+/// `RWF_NOWAIT` probe or a small read would otherwise pull in neighbours).
+pub fn no_readahead(f: &File) {
+    // SAFETY: plain syscall on a valid, open fd.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+    }
+}
+
 /// Evicts the file's pages from the page cache. Dirty pages cannot be
 /// evicted, so the data is written back first (a freshly written test file
 /// would otherwise stay cached and every "cold" read would be a hit).
