@@ -237,6 +237,28 @@ impl<R> OpTable<R> {
             .map(|(k, _)| k)
     }
 
+    /// Empties the table for a teardown that gives up on the kernel: what
+    /// the kernel may still write into — every buffer, and whatever a
+    /// dropped future parked — is leaked; the rest of each op (`R`: the
+    /// file entry and permit, which the kernel does not need, as it holds
+    /// its own reference to the file) is returned to be released.
+    pub(crate) fn leak_buffers(&mut self) -> Vec<R> {
+        self.slab
+            .drain()
+            .map(|op| {
+                let Op {
+                    lifecycle,
+                    buf,
+                    keep,
+                    ..
+                } = op;
+                mem::forget(lifecycle);
+                mem::forget(buf);
+                keep
+            })
+            .collect()
+    }
+
     /// Wakes every waiting future (shutdown, driver gone).
     pub(crate) fn take_wakers(&mut self) -> Vec<Waker> {
         self.slab
@@ -387,6 +409,31 @@ mod tests {
         assert!(matches!(t.abandon(k, None), Abandoned::Parked(None)));
         assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_, None)));
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn leaking_keeps_buffers_and_parked_values_releases_the_rest() {
+        let kept = Arc::new(AtomicUsize::new(0));
+        let released = Arc::new(AtomicUsize::new(0));
+        let mut t = OpTable::default();
+        let k = t.insert(OpBuf::Caller, Tracked(released.clone()));
+        let _ = t.abandon(k, Some(Box::new(Tracked(kept.clone()))));
+        t.insert(
+            OpBuf::Heap(AlignedBuf::new(8, 8)),
+            Tracked(released.clone()),
+        );
+        drop(t.leak_buffers());
+        assert_eq!(t.len(), 0);
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            2,
+            "files and permits released"
+        );
+        assert_eq!(
+            kept.load(Ordering::SeqCst),
+            0,
+            "parked buffer leaked, not dropped"
+        );
     }
 
     #[test]

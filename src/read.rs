@@ -147,6 +147,11 @@ pub(crate) struct ReadCore<'a, T: Target> {
     done: usize,
     /// Bytes asked of the piece in flight.
     piece: usize,
+    /// The file this read is bound to, once it has had to keep it beyond
+    /// one poll (a `Pending` before submission, or a read in pieces): the
+    /// entry registered under `fid` when the read was first polled, never a
+    /// file registered later under the same id.
+    bound: Option<Arc<FileEntry>>,
     state: State<T::Blocking>,
     pub(crate) target: T,
 }
@@ -160,6 +165,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
             total: None,
             done: 0,
             piece: 0,
+            bound: None,
             state: State::Start,
             target,
         }
@@ -168,7 +174,15 @@ impl<'a, T: Target> ReadCore<'a, T> {
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         // Every poll spends tokio's cooperative budget, so a task whose reads
         // complete at once (page-cache hits) still yields to its neighbours.
-        let coop = ready!(tokio::task::coop::poll_proceed(cx));
+        let Poll::Ready(coop) = tokio::task::coop::poll_proceed(cx) else {
+            // Out of budget before the first look at the file table: bind
+            // the read to its file now, so that what it reads does not depend
+            // on when the runtime lets it run.
+            if matches!(self.state, State::Start) && self.bound.is_none() {
+                self.bound = self.ctx.files.get(self.fid).ok();
+            }
+            return Poll::Pending;
+        };
         let res = ready!(self.poll_inner(cx));
         coop.made_progress();
         self.state = State::Done;
@@ -191,8 +205,13 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     let slot = thread_slot();
                     // Borrowed from this thread's shard: no reference count
                     // is touched unless the read has to outlive this poll.
-                    let files = ctx.files.shard(slot);
-                    let file = files.lookup(self.fid)?;
+                    // A read that already returned `Pending` (or read a
+                    // piece) is bound to the file it first found.
+                    let mut files = None;
+                    let file = match &self.bound {
+                        Some(file) => file,
+                        None => files.insert(ctx.files.shard(slot)).lookup(self.fid)?,
+                    };
                     let total = match self.total {
                         Some(t) => t,
                         None => {
@@ -217,6 +236,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline_worth_trying() {
                         if inline_turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
+                            if self.bound.is_none() {
+                                self.bound = Some(file.clone());
+                            }
                             cx.waker().wake_by_ref();
                             return Poll::Pending;
                         }
@@ -349,11 +371,12 @@ impl<'a, T: Target> ReadCore<'a, T> {
         };
         let read_to = self.done + n;
         let end = self.offset + read_to as u64;
+        let file = self
+            .bound
+            .clone()
+            .map_or_else(|| self.ctx.files.get(self.fid), Ok);
         let complete = read_to == total
-            || self
-                .ctx
-                .files
-                .get(self.fid)
+            || file
                 .and_then(|f| sys::file_size(&f.file, f.kind))
                 .is_ok_and(|size| end >= size);
         if complete {
@@ -412,6 +435,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
         file: Arc<FileEntry>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
+        if self.bound.is_none() && self.total.is_some_and(|t| t > self.target.max_piece()) {
+            // More pieces will follow: they read the same file.
+            self.bound = Some(file.clone());
+        }
         let remaining = self.total.unwrap_or(0) - self.done;
         self.piece = remaining.min(self.target.max_piece()).min(MAX_READ);
         let offset = self.offset + self.done as u64;

@@ -1109,8 +1109,11 @@ impl Drop for Ring {
             unsafe { ManuallyDrop::drop(&mut self.pool) };
         } else {
             // The ring cannot be drained: leak every buffer the kernel might
-            // still write into rather than free it under the kernel's feet.
-            std::mem::forget(std::mem::take(&mut st.ops));
+            // still write into rather than free it under the kernel's feet
+            // (the pool stays in its ManuallyDrop). Files and permits are
+            // released: the kernel holds its own reference to each file.
+            let released = st.ops.leak_buffers();
+            drop(released);
             eprintln!(
                 "uring-positioned-io: {} reads still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
                 st.live, self.shutdown_timeout

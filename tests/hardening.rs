@@ -849,3 +849,41 @@ fn f06_teardown_with_reads_that_never_finish() {
     // Answer the hung reads now: the kernel writes into the leaked buffers.
     drop(fs);
 }
+
+// ---------------------------------------------------------------------------
+// A read is bound to the file registered under its id when it is first
+// polled, even if that poll returns Pending before the read starts (here:
+// tokio's coop budget is spent), so re-registering the id meanwhile never
+// makes it read another file.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn f13_read_bound_at_first_poll() {
+    for choice in BOTH {
+        let set = common::FileSet::new(0x613, &[64 * 1024, 64 * 1024]);
+        let (old, new) = (set.files[0].clone(), set.files[1].clone());
+        let opened = vec![old.open()];
+        common::run("f13", Flavor::Current, 30, move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            let mut buf = vec![0u8; 4096];
+            let mut fut = Box::pin(ctx.read(0u32, 1000, &mut buf));
+            let first = std::future::poll_fn(|cx| {
+                // Spend the task's whole budget, then poll the read once.
+                while let Poll::Ready(spent) = tokio::task::coop::poll_proceed(cx) {
+                    spent.made_progress();
+                }
+                Poll::Ready(fut.as_mut().poll(cx).is_pending())
+            })
+            .await;
+            assert!(first, "the first poll should be Pending (budget spent)");
+            ctx.unregister_file(0u32).unwrap();
+            let fid = ctx.register_file(new.open()).unwrap();
+            match fut.await {
+                Ok(n) => assert_eq!(&buf[..n], &old.expected(1000, 4096)[..], "{choice:?}"),
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}"),
+            }
+            eprintln!("{choice:?}: the new file got {fid}");
+            drop(set);
+        });
+    }
+}

@@ -59,11 +59,12 @@ fn shutdown_with_reads_in_flight(choice: BackendChoice) {
                 let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(16));
                 let ok = Arc::new(AtomicU64::new(0));
                 let failed = Arc::new(AtomicU64::new(0));
+                let short = Arc::new(AtomicU64::new(0));
                 let mut tasks = Vec::new();
                 for t in 0..256u64 {
                     let ctx = ctx.clone();
                     let files = files.clone();
-                    let (ok, failed) = (ok.clone(), failed.clone());
+                    let (ok, failed, short) = (ok.clone(), failed.clone(), short.clone());
                     tasks.push(tokio::spawn(async move {
                         let mut rng = Rng::new(t);
                         // Loop until the context refuses (after shutdown).
@@ -82,11 +83,18 @@ fn shutdown_with_reads_in_flight(choice: BackendChoice) {
                             };
                             match r {
                                 Ok((n, buf)) => {
-                                    assert_eq!(
-                                        &buf[..n],
-                                        &files[fid].expected(off, len)[..],
-                                        "task {t}"
+                                    // A read partly served from the page
+                                    // cache whose rest is refused by the
+                                    // shutdown returns its bytes (short).
+                                    let want = files[fid].expected(off, len);
+                                    assert!(n <= want.len(), "task {t}: {n} > {}", want.len());
+                                    assert!(
+                                        buf[..n] == want[..n],
+                                        "task {t}: wrong bytes at {off}+{n}"
                                     );
+                                    if n < want.len() {
+                                        short.fetch_add(1, Relaxed);
+                                    }
                                     ok.fetch_add(1, Relaxed);
                                 }
                                 Err(e) => {
@@ -112,8 +120,9 @@ fn shutdown_with_reads_in_flight(choice: BackendChoice) {
                     errors.push(e.expect("reader kept succeeding after shutdown"));
                 }
                 eprintln!(
-                "{choice:?}/{flavor:?}: before shutdown {before:?}; {} ok, {} failed; first error: {:?}",
+                "{choice:?}/{flavor:?}: before shutdown {before:?}; {} ok ({} short), {} failed; first error: {:?}",
                 ok.load(Relaxed),
+                short.load(Relaxed),
                 failed.load(Relaxed),
                 errors.first()
             );
@@ -704,7 +713,11 @@ fn error_semantics(choice: BackendChoice) {
             }
         }
 
-        // Offsets near the top of the valid range behave like pread(2).
+        // Offsets near the top of the valid range behave like pread(2),
+        // except where offset + len passes i64::MAX: pread then fails with
+        // EINVAL, while the library clamps the read to end at i64::MAX (no
+        // file extends that far) and returns Ok(0) as for any offset past
+        // the end of file — the same on every path (see `UringContext::read`).
         for off in [
             i64::MAX as u64 - 10,
             i64::MAX as u64,
@@ -726,6 +739,10 @@ fn error_semantics(choice: BackendChoice) {
                     assert_eq!(a, b, "read @ {off:#x}: pread returned {a}, library {b}")
                 }
                 (Err(_), Err(_)) => {}
+                (Err(Some(libc::EINVAL)), Ok(0))
+                    if off
+                        .checked_add(buf.len() as u64)
+                        .is_none_or(|end| end > i64::MAX as u64) => {}
                 (a, b) => panic!("read @ {off:#x}: pread gave {a:?} but the library {b:?}"),
             }
         }
@@ -769,22 +786,13 @@ fn error_semantics(choice: BackendChoice) {
         );
         ctx.unregister_file(fid).unwrap();
 
-        let dfid = ctx
-            .register_file(std::fs::File::open(&dir).unwrap())
-            .unwrap();
+        // A directory cannot do positioned reads: refused when registered.
         let e = ctx
-            .read(dfid, 0, &mut buf)
-            .await
-            .expect_err("read of a directory succeeded");
-        let code = e
-            .raw_os_error()
-            .unwrap_or_else(|| panic!("directory read: not an OS error: {e:?}"));
-        assert!(
-            code == libc::EISDIR || code == libc::EINVAL,
-            "directory read: {e:?}"
-        );
-        eprintln!("{choice:?}: directory read -> {e}");
-        ctx.unregister_file(dfid).unwrap();
+            .register_file(std::fs::File::open(&dir).unwrap())
+            .expect_err("a directory was registered");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("directory"), "{e}");
+        eprintln!("{choice:?}: registering a directory -> {e}");
 
         // Still serving.
         assert_eq!(ctx.read(0u32, 0, &mut buf).await.unwrap(), 4096);
