@@ -1,17 +1,19 @@
 //! uring-bench: random 4 KiB positioned reads — io_uring (this crate) vs mmap,
 //! pread threads, tokio::fs, tokio-uring, a raw ring and fio; hot, cold and
-//! direct; every block verified. See docs/BENCHMARKS.md.
+//! direct; every block verified. `uring-bench cpu-per-read` measures CPU per
+//! read on cached data against a raw ring loop. See docs/BENCHMARKS.md.
 
 mod buf;
 mod charts;
 mod cli;
+mod cpu_per_read;
 mod dataset;
 mod engines;
 mod report;
 mod verify;
 
 use clap::Parser;
-use cli::{Args, Regime};
+use cli::{Args, Mode, Regime};
 use dataset::{gib, Dataset, Progress};
 use engines::{CellSpec, EngineKind, UringOpts};
 use report::{Cell, Report, RunInfo, Style};
@@ -20,7 +22,11 @@ use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    let result = match &args.mode {
+        Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
+        None => run(&args),
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -230,6 +236,7 @@ fn run(args: &Args) -> Result<bool, String> {
         entries: args.uring_entries,
         max_in_flight: args.uring_max_in_flight,
         inline: args.uring_inline,
+        current_thread: false,
     };
     // every repetition of every (regime, depth, engine)
     let mut runs: Vec<Vec<Cell>> = Vec::new();

@@ -81,6 +81,9 @@ pub struct UringOpts {
     pub entries: u32,
     pub max_in_flight: Option<usize>,
     pub inline: Option<OnOff>,
+    /// A current_thread runtime instead of a multi-thread one with `workers`
+    /// workers.
+    pub current_thread: bool,
 }
 
 /// Everything one cell needs.
@@ -522,10 +525,21 @@ where
     clock.finish(workers, &stop)
 }
 
-pub fn tokio_runtime(workers: usize, blocking: usize) -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .max_blocking_threads(blocking.max(1))
+/// A tokio runtime: multi-thread with `workers` workers, or current_thread
+/// when `workers` is `None`; at most `blocking` blocking-pool threads.
+pub fn tokio_runtime(
+    workers: Option<usize>,
+    blocking: usize,
+) -> Result<tokio::runtime::Runtime, String> {
+    let mut b = match workers {
+        Some(w) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(w);
+            b
+        }
+        None => tokio::runtime::Builder::new_current_thread(),
+    };
+    b.max_blocking_threads(blocking.max(1))
         .enable_all()
         .build()
         .map_err(|e| format!("cannot build tokio runtime: {e}"))

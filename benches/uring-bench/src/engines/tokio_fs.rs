@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 pub fn run(spec: &CellSpec) -> Result<Measured, String> {
     let files = Arc::new(spec.open_files()?);
-    let rt = tokio_runtime(spec.workers, spec.depth)?;
+    let rt = tokio_runtime(Some(spec.workers), spec.depth)?;
     let m = run_tokio_tasks(spec, &rt, |w, stop| {
         let files = files.clone();
         async move {
