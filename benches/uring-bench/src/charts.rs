@@ -81,7 +81,7 @@ fn throughput(r: &Report, cells: &[&Cell], path: &Path, regime: &str) -> Result<
         .configure_mesh()
         .x_desc("reads in flight (log scale)")
         .y_desc("reads/s")
-        .x_label_formatter(&|x| format!("{:.0}", x))
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| crate::report::rate(*y))
         .draw()
         .map_err(err)?;

@@ -120,7 +120,7 @@ fn hot_set_files(args: &Args, ds: &Dataset) -> u32 {
             ds.total_bytes().min(avail / 2)
         }
     };
-    (want / ds.file_size).clamp(1, ds.files as u64) as u32
+    (want / ds.file_size).clamp(1, u64::from(ds.files)) as u32
 }
 
 /// Applies the regime before a cell; returns the measured residency.
@@ -319,9 +319,9 @@ fn run(args: &Args) -> Result<bool, String> {
             uring: uring.clone(),
             fio: args.fio.clone(),
             mmap_populate: args.mmap_populate == cli::OnOff::On,
-            fio_jobs: args
-                .fio_jobs
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            fio_jobs: args.fio_jobs.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            }),
         };
         match engines::run(&spec) {
             Ok(m) => {
@@ -330,7 +330,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     c.cached_after = ds.residency(set_files).ok();
                 }
                 if regime != Regime::Hot {
-                    let blocks = set_files as f64 * ds.blocks_per_file() as f64;
+                    let blocks = f64::from(set_files) * ds.blocks_per_file() as f64;
                     let reads = c.reads as f64;
                     if reads > 0.0 {
                         let distinct = blocks * (1.0 - (-reads / blocks).exp());
@@ -376,7 +376,7 @@ fn run(args: &Args) -> Result<bool, String> {
             git_commit: git_commit(),
             kernel: kernel(),
             cpu_model: cpu_model(),
-            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpus: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
             mem_total_gib: meminfo("MemTotal:").map_or(0.0, gib),
             dataset_dir: ds.dir.display().to_string(),
             files: ds.files,
@@ -385,7 +385,7 @@ fn run(args: &Args) -> Result<bool, String> {
             dataset_generated: ds.generated,
             dataset_seconds: ds_secs,
             hot_set_files: hot_files,
-            hot_set_gib: gib(hot_files as u64 * ds.file_size),
+            hot_set_gib: gib(u64::from(hot_files) * ds.file_size),
             duration_s: args.duration,
             repeat: args.repeat,
             workers: args.workers,

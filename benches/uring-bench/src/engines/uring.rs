@@ -6,7 +6,7 @@ use super::{read_loop, run_tokio_tasks, tokio_runtime, CellSpec, Measured};
 use crate::cli::OnOff;
 use uring_positioned_io::UringContext;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = spec.open_files()?;
     let o = &spec.uring;
     let rt = tokio_runtime((!o.current_thread).then_some(spec.workers), 64)?;
