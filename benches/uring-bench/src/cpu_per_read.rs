@@ -17,7 +17,8 @@
 
 use crate::cli::{CpuPerReadArgs, OnOff, Regime, DEFAULT_SEED};
 use crate::dataset::{Dataset, Progress};
-use crate::engines::{self, CellSpec, EngineKind, Measured, UringOpts};
+use crate::engines::{self, CellSpec, EngineKind, UringOpts};
+use crate::report::Cell;
 use crate::verify::VerifyMode;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,23 +33,16 @@ const CONFIGS: [(&str, usize, OnOff); 3] = [
     ("crate nowait/2w", WORKERS, OnOff::On),
 ];
 
-fn rate(m: &Measured) -> f64 {
-    m.reads as f64 / m.elapsed.as_secs_f64()
-}
-
-fn cpu_us(m: &Measured) -> f64 {
-    (m.cpu.user + m.cpu.sys) * 1e6 / m.reads.max(1) as f64
-}
-
-/// Warms the file if needed, then runs one cell of `engine`.
+/// Re-warms the file if some of it was dropped from the page cache, then
+/// runs one cell of `engine`.
 fn cell(
     ds: &Dataset,
     engine: EngineKind,
     depth: usize,
     secs: f64,
     uring: UringOpts,
-) -> Result<Measured, String> {
-    crate::prepare(Regime::Hot, ds, 1, false)?;
+) -> Result<Cell, String> {
+    let cached = crate::prepare(Regime::Hot, ds, 1, true)?;
     let m = engines::run(&CellSpec {
         engine,
         regime: Regime::Hot,
@@ -63,18 +57,20 @@ fn cell(
         fio_jobs: 1,
         mmap_populate: false,
     })?;
-    if let Some(why) = m.notes.iter().find(|n| n.starts_with("backend reason")) {
+    let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);
+    if let Some(why) = c.notes.iter().find(|n| n.starts_with("backend reason")) {
         eprintln!(
             "warning: {} ran on the pread fallback: {why}",
             engine.name()
         );
     }
-    Ok(m)
+    Ok(c)
 }
 
 pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
     let mib = a.file_mib;
     let ds = Dataset::ensure(&a.data_dir, 1, mib << 20, DEFAULT_SEED, true, Progress::Bar)?;
+    crate::prepare(Regime::Hot, &ds, 1, false)?;
     println!(
         "hot page cache, {mib} MiB file, random 4 KiB reads, verified, {} s per cell",
         a.secs
@@ -92,15 +88,16 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
             current_thread: false,
         };
         let raw = cell(&ds, EngineKind::UringRaw, depth, a.secs, raw_opts.clone())?;
-        let row = |name: &str, m: &Measured| {
+        let cpu_us = |c: &Cell| c.cpu_us_per_read.unwrap_or(f64::NAN);
+        let row = |name: &str, c: &Cell| {
             println!(
                 "{:<20} {:>6} {:>12.0} {:>8.2}µs {:>9.2}x {:>12.1}",
                 name,
                 depth,
-                rate(m),
-                cpu_us(m),
-                cpu_us(m) / cpu_us(&raw),
-                m.reads_per_enter.unwrap_or(0.0)
+                c.reads_per_sec,
+                cpu_us(c),
+                cpu_us(c) / cpu_us(&raw),
+                c.reads_per_enter.unwrap_or(0.0)
             );
         };
         row("raw-ring (1 thread)", &raw);

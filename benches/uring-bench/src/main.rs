@@ -275,30 +275,21 @@ fn run(args: &Args) -> Result<bool, String> {
                 runs[slot].push(c);
             }
         };
-        if let Some(why) = engines::not_applicable(engine, regime) {
+        // (status, what the terminal says, why)
+        let skip = match (
+            engines::not_applicable(engine, regime),
+            engine,
+            &fio_missing,
+        ) {
+            (Some(why), _, _) => Some(("n/a", "n/a", why.to_string())),
+            (None, EngineKind::Fio, Some(why)) => Some(("not-run", "not run", why.clone())),
+            _ => None,
+        };
+        if let Some((status, said, why)) = skip {
             if rep == 0 {
-                println!("{label} n/a: {why}");
+                println!("{label} {said}: {why}");
             }
-            push(Cell::skipped(
-                engine.name(),
-                regime,
-                depth,
-                "n/a",
-                why.into(),
-            ));
-            continue;
-        }
-        if let (EngineKind::Fio, Some(why)) = (engine, &fio_missing) {
-            if rep == 0 {
-                println!("{label} not run: {why}");
-            }
-            push(Cell::skipped(
-                engine.name(),
-                regime,
-                depth,
-                "not-run",
-                why.clone(),
-            ));
+            push(Cell::skipped(engine.name(), regime, depth, status, why));
             continue;
         }
         let set_files = if regime == Regime::Hot {
