@@ -7,7 +7,7 @@ use super::{CellSpec, Clock, Measured, Stop, Target, Worker};
 use crate::buf::AlignedBlock;
 use crate::verify::BLOCK;
 use io_uring::{opcode, types, IoUring};
-use std::os::unix::io::AsRawFd;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,12 +17,12 @@ struct Slot {
     started: Instant,
 }
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let err = |what: &str, e: std::io::Error| format!("engine uring-raw: {what}: {e}");
     let files = spec.open_files()?;
     let entries = (spec.depth.next_power_of_two() as u32).clamp(8, 32768);
     let mut ring = IoUring::new(entries).map_err(|e| err("io_uring_setup", e))?;
-    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let fds: Vec<i32> = files.iter().map(AsRawFd::as_raw_fd).collect();
     ring.submitter()
         .register_files(&fds)
         .map_err(|e| err("register_files", e))?;

@@ -37,7 +37,7 @@ fn escape(p: &std::path::Path) -> String {
     p.display().to_string().replace(':', "\\:")
 }
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let names: Vec<String> = spec.dataset.paths[..spec.set_files as usize]
         .iter()
         .map(|p| escape(p))
@@ -45,7 +45,7 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
     let ms = (spec.duration.as_secs_f64() * 1000.0).round().max(1.0) as u64;
     let jobs = spec.fio_jobs.clamp(1, spec.depth);
     let iodepth = spec.depth.div_ceil(jobs);
-    let percentiles: Vec<String> = PERCENTILES.iter().map(|p| p.to_string()).collect();
+    let percentiles: Vec<String> = PERCENTILES.iter().map(ToString::to_string).collect();
     let mut cmd = Command::new(&spec.fio);
     cmd.arg("--name=uring-bench")
         .arg(format!("--filename={}", names.join(":")))

@@ -1,17 +1,19 @@
 //! uring-bench: random 4 KiB positioned reads — io_uring (this crate) vs mmap,
 //! pread threads, tokio::fs, tokio-uring, a raw ring and fio; hot, cold and
-//! direct; every block verified. See docs/BENCHMARKS.md.
+//! direct; every block verified. `uring-bench cpu-per-read` measures CPU per
+//! read on cached data against a raw ring loop. See docs/BENCHMARKS.md.
 
 mod buf;
 mod charts;
 mod cli;
+mod cpu_per_read;
 mod dataset;
 mod engines;
 mod report;
 mod verify;
 
 use clap::Parser;
-use cli::{Args, Regime};
+use cli::{Args, Mode, Regime};
 use dataset::{gib, Dataset, Progress};
 use engines::{CellSpec, EngineKind, UringOpts};
 use report::{Cell, Report, RunInfo, Style};
@@ -20,7 +22,11 @@ use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    let result = match &args.mode {
+        Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
+        None => run(&args),
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -114,7 +120,7 @@ fn hot_set_files(args: &Args, ds: &Dataset) -> u32 {
             ds.total_bytes().min(avail / 2)
         }
     };
-    (want / ds.file_size).clamp(1, ds.files as u64) as u32
+    (want / ds.file_size).clamp(1, u64::from(ds.files)) as u32
 }
 
 /// Applies the regime before a cell; returns the measured residency.
@@ -230,6 +236,7 @@ fn run(args: &Args) -> Result<bool, String> {
         entries: args.uring_entries,
         max_in_flight: args.uring_max_in_flight,
         inline: args.uring_inline,
+        current_thread: false,
     };
     // every repetition of every (regime, depth, engine)
     let mut runs: Vec<Vec<Cell>> = Vec::new();
@@ -268,30 +275,21 @@ fn run(args: &Args) -> Result<bool, String> {
                 runs[slot].push(c);
             }
         };
-        if let Some(why) = engines::not_applicable(engine, regime) {
+        // (status, what the terminal says, why)
+        let skip = match (
+            engines::not_applicable(engine, regime),
+            engine,
+            &fio_missing,
+        ) {
+            (Some(why), _, _) => Some(("n/a", "n/a", why.to_string())),
+            (None, EngineKind::Fio, Some(why)) => Some(("not-run", "not run", why.clone())),
+            _ => None,
+        };
+        if let Some((status, said, why)) = skip {
             if rep == 0 {
-                println!("{label} n/a: {why}");
+                println!("{label} {said}: {why}");
             }
-            push(Cell::skipped(
-                engine.name(),
-                regime,
-                depth,
-                "n/a",
-                why.into(),
-            ));
-            continue;
-        }
-        if let (EngineKind::Fio, Some(why)) = (engine, &fio_missing) {
-            if rep == 0 {
-                println!("{label} not run: {why}");
-            }
-            push(Cell::skipped(
-                engine.name(),
-                regime,
-                depth,
-                "not-run",
-                why.clone(),
-            ));
+            push(Cell::skipped(engine.name(), regime, depth, status, why));
             continue;
         }
         let set_files = if regime == Regime::Hot {
@@ -312,9 +310,9 @@ fn run(args: &Args) -> Result<bool, String> {
             uring: uring.clone(),
             fio: args.fio.clone(),
             mmap_populate: args.mmap_populate == cli::OnOff::On,
-            fio_jobs: args
-                .fio_jobs
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            fio_jobs: args.fio_jobs.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            }),
         };
         match engines::run(&spec) {
             Ok(m) => {
@@ -323,7 +321,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     c.cached_after = ds.residency(set_files).ok();
                 }
                 if regime != Regime::Hot {
-                    let blocks = set_files as f64 * ds.blocks_per_file() as f64;
+                    let blocks = f64::from(set_files) * ds.blocks_per_file() as f64;
                     let reads = c.reads as f64;
                     if reads > 0.0 {
                         let distinct = blocks * (1.0 - (-reads / blocks).exp());
@@ -369,7 +367,7 @@ fn run(args: &Args) -> Result<bool, String> {
             git_commit: git_commit(),
             kernel: kernel(),
             cpu_model: cpu_model(),
-            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpus: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
             mem_total_gib: meminfo("MemTotal:").map_or(0.0, gib),
             dataset_dir: ds.dir.display().to_string(),
             files: ds.files,
@@ -378,7 +376,7 @@ fn run(args: &Args) -> Result<bool, String> {
             dataset_generated: ds.generated,
             dataset_seconds: ds_secs,
             hot_set_files: hot_files,
-            hot_set_gib: gib(hot_files as u64 * ds.file_size),
+            hot_set_gib: gib(u64::from(hot_files) * ds.file_size),
             duration_s: args.duration,
             repeat: args.repeat,
             workers: args.workers,

@@ -1,14 +1,15 @@
 //! `uring`: this crate (uring-positioned-io) on a multi-thread tokio runtime
-//! with `workers` workers and `depth` tasks awaiting `ctx.read`.
+//! with `workers` workers (or a current_thread runtime) and `depth` tasks
+//! awaiting `ctx.read`.
 
 use super::{read_loop, run_tokio_tasks, tokio_runtime, CellSpec, Measured};
 use crate::cli::OnOff;
 use uring_positioned_io::UringContext;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = spec.open_files()?;
-    let rt = tokio_runtime(spec.workers, 64)?;
     let o = &spec.uring;
+    let rt = tokio_runtime((!o.current_thread).then_some(spec.workers), 64)?;
     let ctx = {
         let _guard = rt.enter();
         let mut b = UringContext::builder()

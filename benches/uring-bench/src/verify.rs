@@ -44,7 +44,7 @@ fn mix(mut z: u64) -> u64 {
 
 #[inline]
 fn block_key(seed: u64, file: u32, block: u64) -> u64 {
-    mix(seed ^ mix(((file as u64) << 40) ^ block ^ WEIGHT)) | 1
+    mix(seed ^ mix((u64::from(file) << 40) ^ block ^ WEIGHT)) | 1
 }
 
 /// Position-weighted sum of the little-endian words in `bytes` (a multiple
@@ -77,7 +77,7 @@ pub fn fill_block(seed: u64, file: u32, block: u64, out: &mut [u8]) {
     assert_eq!(out.len(), BLOCK);
     let mut words = [0u64; WORDS];
     words[0] = MAGIC;
-    words[1] = file as u64;
+    words[1] = u64::from(file);
     words[2] = block;
     words[3] = seed;
     // words[WORDS - 1] is the checksum, written below
@@ -142,7 +142,7 @@ pub fn verify_block(
         return Err(err(format!("short read: {} of {BLOCK} bytes", data.len())));
     }
     let header = [word(data, 0), word(data, 1), word(data, 2), word(data, 3)];
-    if header != [MAGIC, file as u64, block, seed] {
+    if header != [MAGIC, u64::from(file), block, seed] {
         return Err(err(if header[0] != MAGIC {
             format!("bad magic {:#018x} (not a dataset block)", header[0])
         } else {

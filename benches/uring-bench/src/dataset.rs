@@ -48,6 +48,12 @@ fn file_path(dir: &Path, i: u32) -> PathBuf {
     dir.join(format!("data-{i:04}.bin"))
 }
 
+/// Threads that generate or warm the dataset: one per CPU, at most 8 (2 if
+/// the CPU count is unknown).
+fn io_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(8))
+}
+
 pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
@@ -56,9 +62,10 @@ pub fn gib(bytes: u64) -> f64 {
 pub fn free_space(dir: &Path) -> io::Result<u64> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: statvfs writes into the zeroed struct we own; path is NUL-terminated.
+    // SAFETY: statvfs is plain integers, for which all zeroes is valid.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+    // SAFETY: the path is NUL-terminated; statvfs writes only into the struct we own.
+    if unsafe { libc::statvfs(c.as_ptr(), &raw mut s) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(s.f_bavail as u64 * s.f_frsize as u64)
@@ -70,7 +77,7 @@ impl Dataset {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        self.files as u64 * self.file_size
+        u64::from(self.files) * self.file_size
     }
 
     /// Reuses the dataset in `dir` if its manifest and files match, otherwise
@@ -205,9 +212,7 @@ impl Dataset {
             Progress::Quiet => indicatif::ProgressBar::hidden(),
         };
         let next = AtomicU64::new(0);
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .min(8);
+        let threads = io_threads();
         let result: Result<(), String> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|_| {
@@ -215,7 +220,7 @@ impl Dataset {
                         let mut chunk = vec![0u8; CHUNK];
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= self.files as u64 {
+                            if i >= u64::from(self.files) {
                                 return Ok(());
                             }
                             let i = i as u32;
@@ -344,9 +349,7 @@ impl Dataset {
     pub fn warm(&self, n: u32) -> io::Result<()> {
         let files = self.open(n, false)?;
         let next = AtomicU64::new(0);
-        let threads = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .min(8);
+        let threads = io_threads();
         std::thread::scope(|s| {
             let hs: Vec<_> = (0..threads)
                 .map(|_| {

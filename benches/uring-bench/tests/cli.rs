@@ -234,3 +234,53 @@ fn bad_flags_are_clear_errors() {
     assert!(stderr(&o).contains("invalid duration"), "{}", stderr(&o));
     assert!(!dir.path().join("results").exists());
 }
+
+#[test]
+fn cpu_per_read_mode() {
+    let dir = tmp();
+    let o = Command::new(BIN)
+        .args([
+            "cpu-per-read",
+            "--secs",
+            "0.2",
+            "--file-mib",
+            "1",
+            "--depths",
+            "4,8",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("run uring-bench cpu-per-read");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "raw-ring (1 thread)",
+        "crate ring/1w",
+        "crate ring/2w",
+        "crate nowait/2w",
+    ] {
+        for depth in [4, 8] {
+            let line = out
+                .lines()
+                .find(|l| {
+                    l.starts_with(row) && l.split_whitespace().any(|w| w == depth.to_string())
+                })
+                .unwrap_or_else(|| panic!("no {row} row at depth {depth}: {out}"));
+            assert!(line.contains("µs"), "{line}");
+        }
+    }
+    // the dataset is reused by the next run
+    assert!(dir.path().join("manifest.json").exists());
+
+    let o = Command::new(BIN)
+        .args(["cpu-per-read", "--help"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    for flag in ["--secs", "--file-mib", "--depths", "--only", "raw-ring"] {
+        assert!(stdout(&o).contains(flag), "{flag}: {}", stdout(&o));
+    }
+    let o = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(stdout(&o).contains("cpu-per-read"), "{}", stdout(&o));
+}

@@ -5,7 +5,7 @@ use super::{read_loop, CellSpec, Clock, Measured, Stop, Worker};
 use std::rc::Rc;
 use std::sync::Arc;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let std_files = spec.open_files()?;
     let wl = spec.workload();
     let entries = (spec.depth.next_power_of_two() as u32).clamp(256, 4096);

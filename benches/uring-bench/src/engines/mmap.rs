@@ -13,7 +13,7 @@ use crate::cli::Regime;
 use crate::verify::BLOCK;
 use std::time::Instant;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = spec.open_files()?;
     let populate = spec.regime == Regime::Hot && spec.mmap_populate;
     let t0 = Instant::now();

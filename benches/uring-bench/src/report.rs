@@ -134,11 +134,11 @@ impl Cell {
                 let q = |q: f64| us(h.value_at_quantile(q) as f64);
                 let mut cdf = vec![(us(h.min() as f64), 0.0)];
                 for i in 1..20 {
-                    let qq = i as f64 / 20.0;
+                    let qq = f64::from(i) / 20.0;
                     cdf.push((q(qq), qq));
                 }
                 for k in 14..=50 {
-                    let qq = 1.0 - 10f64.powf(-(k as f64) / 10.0);
+                    let qq = 1.0 - 10f64.powf(-f64::from(k) / 10.0);
                     cdf.push((q(qq), qq));
                 }
                 cdf.push((us(h.max() as f64), 1.0));
@@ -279,7 +279,7 @@ pub enum Style {
 
 /// Renders rows as an aligned text table or a Markdown table. The first row is the header.
 pub fn table(rows: &[Vec<String>], style: Style) -> String {
-    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width = |i: usize| {
         rows.iter()
             .map(|r| r.get(i).map_or(0, |s| s.chars().count()))
@@ -360,7 +360,7 @@ pub fn side_by_side(r: &Report, style: Style) -> String {
                 row.push(match c {
                     Some(c) if c.ok() => {
                         if let Some(b) = &c.baseline {
-                            base = b.clone();
+                            base.clone_from(b);
                         }
                         match c.ratio {
                             Some(x) => format!("{} ({x:.2}x)", rate(c.reads_per_sec)),
@@ -399,7 +399,7 @@ pub fn details(r: &Report, style: Style) -> String {
         "runs",
     ]
     .iter()
-    .map(|s| s.to_string())
+    .map(ToString::to_string)
     .collect::<Vec<_>>()];
     for c in &r.cells {
         let mut row = vec![

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The engines, by report name.
@@ -81,6 +81,9 @@ pub struct UringOpts {
     pub entries: u32,
     pub max_in_flight: Option<usize>,
     pub inline: Option<OnOff>,
+    /// A current_thread runtime instead of a multi-thread one with `workers`
+    /// workers.
+    pub current_thread: bool,
 }
 
 /// Everything one cell needs.
@@ -188,8 +191,8 @@ impl Worker {
     pub fn next(&mut self) -> Target {
         let a = self.rand();
         let b = self.rand();
-        let file = ((a as u128 * self.wl.files as u128) >> 64) as u32;
-        let block = ((b as u128 * self.wl.blocks as u128) >> 64) as u64;
+        let file = ((u128::from(a) * u128::from(self.wl.files)) >> 64) as u32;
+        let block = ((u128::from(b) * u128::from(self.wl.blocks)) >> 64) as u64;
         Target { file, block }
     }
 
@@ -242,13 +245,16 @@ impl Stop {
     }
 
     pub fn fail(&self, msg: String) {
-        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut e = self.error.lock().unwrap_or_else(PoisonError::into_inner);
         e.get_or_insert(msg);
         self.stop();
     }
 
     pub fn error(&self) -> Option<String> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -260,9 +266,10 @@ pub struct Cpu {
 }
 
 pub fn cpu_now() -> Cpu {
-    // SAFETY: getrusage writes into the zeroed struct we own.
+    // SAFETY: rusage is plain integers, for which all zeroes is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    // SAFETY: getrusage writes only into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
     let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     Cpu {
         user: s(ru.ru_utime),
@@ -353,23 +360,23 @@ struct Gate {
 
 impl Gate {
     fn arrive_and_wait(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.0 += 1;
         self.cv.notify_all();
         while !s.1 {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
     fn wait_for(&self, n: usize) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         while s.0 < n {
-            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
     fn open(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
         self.cv.notify_all();
     }
 }
@@ -377,7 +384,7 @@ impl Gate {
 /// Runs `spec.depth` OS threads, each looping read -> verify -> record with
 /// its own buffer, for the cell's duration. `read` fills the buffer with
 /// block `t` and returns the byte count.
-pub fn run_threads<R>(spec: &CellSpec, read: R) -> Result<Measured, String>
+pub fn run_threads<R>(spec: &CellSpec<'_>, read: R) -> Result<Measured, String>
 where
     R: Fn(Target, &mut AlignedBlock) -> io::Result<usize> + Sync,
 {
@@ -457,7 +464,7 @@ where
 }
 
 /// Runs one cell of an engine (the regime has already been applied).
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let name = spec.engine.name();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match spec.engine {
         EngineKind::Uring => uring::run(spec),
@@ -475,7 +482,7 @@ pub fn run(spec: &CellSpec) -> Result<Measured, String> {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .or_else(|| p.downcast_ref::<&str>().map(ToString::to_string))
                 .unwrap_or_else(|| "unknown panic".into());
             Err(format!("engine {name} panicked: {msg}"))
         }
@@ -495,7 +502,7 @@ pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str
 /// Runs `tokio` multi-thread runtime tasks of the async loop: `spawn_task`
 /// is called once per task with its worker and must return the task's future.
 pub fn run_tokio_tasks<S, Fut>(
-    spec: &CellSpec,
+    spec: &CellSpec<'_>,
     rt: &tokio::runtime::Runtime,
     mut spawn_task: S,
 ) -> Result<Measured, String>
@@ -522,10 +529,21 @@ where
     clock.finish(workers, &stop)
 }
 
-pub fn tokio_runtime(workers: usize, blocking: usize) -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .max_blocking_threads(blocking.max(1))
+/// A tokio runtime: multi-thread with `workers` workers, or current_thread
+/// when `workers` is `None`; at most `blocking` blocking-pool threads.
+pub fn tokio_runtime(
+    workers: Option<usize>,
+    blocking: usize,
+) -> Result<tokio::runtime::Runtime, String> {
+    let mut b = match workers {
+        Some(w) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(w);
+            b
+        }
+        None => tokio::runtime::Builder::new_current_thread(),
+    };
+    b.max_blocking_threads(blocking.max(1))
         .enable_all()
         .build()
         .map_err(|e| format!("cannot build tokio runtime: {e}"))

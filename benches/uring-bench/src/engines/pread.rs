@@ -3,7 +3,7 @@
 use super::{run_threads, CellSpec, Measured};
 use std::os::unix::fs::FileExt;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = spec.open_files()?;
     run_threads(spec, |t, buf| {
         files[t.file as usize].read_at(&mut buf[..], t.offset())

@@ -6,9 +6,9 @@ use super::{read_loop, run_tokio_tasks, tokio_runtime, CellSpec, Measured};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-pub fn run(spec: &CellSpec) -> Result<Measured, String> {
+pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = Arc::new(spec.open_files()?);
-    let rt = tokio_runtime(spec.workers, spec.depth)?;
+    let rt = tokio_runtime(Some(spec.workers), spec.depth)?;
     let m = run_tokio_tasks(spec, &rt, |w, stop| {
         let files = files.clone();
         async move {

@@ -2,6 +2,7 @@
 //! and latency CDFs per regime and depth.
 
 use crate::report::{Cell, Report};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -21,6 +22,39 @@ fn color(i: usize) -> RGBColor {
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     format!("chart: {e}")
+}
+
+/// Draws `pts` as a line of colour `col`, named `label` in the legend.
+fn labelled_line<'a, CT>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    pts: Vec<(f64, f64)>,
+    label: &str,
+    col: RGBColor,
+) -> Result<(), String>
+where
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    chart
+        .draw_series(LineSeries::new(pts, col.stroke_width(2)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+    Ok(())
+}
+
+/// Draws the legend (upper left) and writes the file.
+fn legend_and_present<'a, CT: CoordTranslate>(
+    mut chart: ChartContext<'a, SVGBackend<'a>, CT>,
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
 }
 
 /// Writes every chart into `dir`; returns the file names written.
@@ -81,7 +115,7 @@ fn throughput(r: &Report, cells: &[&Cell], path: &Path, regime: &str) -> Result<
         .configure_mesh()
         .x_desc("reads in flight (log scale)")
         .y_desc("reads/s")
-        .x_label_formatter(&|x| format!("{:.0}", x))
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| crate::report::rate(*y))
         .draw()
         .map_err(err)?;
@@ -96,23 +130,12 @@ fn throughput(r: &Report, cells: &[&Cell], path: &Path, regime: &str) -> Result<
         }
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let col = color(i);
-        chart
-            .draw_series(LineSeries::new(pts.clone(), col.stroke_width(2)))
-            .map_err(err)?
-            .label(e.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+        labelled_line(&mut chart, pts.clone(), e, col)?;
         chart
             .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, col.filled())))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)
+    legend_and_present(chart, &root)
 }
 
 /// y = number of nines of the quantile: 1 = p90, 2 = p99, 3 = p99.9 ...
@@ -179,18 +202,7 @@ fn latency_cdf(r: &Report, cells: &[&Cell], path: &Path, what: &str) -> Result<(
             .filter(|p| p.0 > 0.0)
             .map(|&(x, q)| (x, nines(q)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(line, col.stroke_width(2)))
-            .map_err(err)?
-            .label(c.engine.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+        labelled_line(&mut chart, line, &c.engine, col)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)
+    legend_and_present(chart, &root)
 }

@@ -2,8 +2,11 @@
 
 use crate::engines::EngineKind;
 use crate::verify::VerifyMode;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
+
+/// Seed of the dataset contents unless `--seed` says otherwise.
+pub const DEFAULT_SEED: u64 = 0x5eed;
 
 /// How the page cache is set up before each cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
@@ -88,9 +91,16 @@ fn parse_depth(s: &str) -> Result<usize, String> {
 /// runs `uring` and `mmap` at 8, 32 and 512 reads in flight, hot and cold,
 /// prints the table and writes JSON, Markdown and SVG charts to
 /// ./bench-results/<time>/.
+///
+/// `uring-bench cpu-per-read` measures CPU per read on cached data instead:
+/// this crate against a raw io-uring loop (see `uring-bench cpu-per-read --help`).
 #[derive(Debug, Clone, Parser)]
-#[command(name = "uring-bench", version)]
+#[command(name = "uring-bench", version, args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Another mode instead of the random-read comparison.
+    #[command(subcommand)]
+    pub mode: Option<Mode>,
+
     /// Engines to run (comma separated or repeated); `all` runs every engine.
     #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap"])]
     pub engines: Vec<EngineKind>,
@@ -129,7 +139,7 @@ pub struct Args {
     pub data_dir: PathBuf,
 
     /// Seed of the dataset contents.
-    #[arg(long, default_value_t = 0x5eed)]
+    #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
 
     /// Fail instead of generating when no matching dataset exists.
@@ -194,6 +204,52 @@ pub struct Args {
     pub quiet: bool,
 }
 
+/// Modes other than the default random-read comparison.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Mode {
+    /// CPU per read and throughput on cached data: this crate against a raw
+    /// io-uring loop, in the same run.
+    ///
+    /// One file of M MiB (default 1024) in the page cache (warmed before every
+    /// cell), random aligned 4 KiB reads, every block verified (header and
+    /// checksum, as in the main run). CPU per read is (user + sys) / reads from
+    /// getrusage over the timed window. Rows: `raw-ring (1 thread)`, one ring,
+    /// fixed file, `depth` reads in flight, a batch per io_uring_enter (the
+    /// floor for ring overhead; the `uring-raw` engine); `crate ring/1w`, this
+    /// crate with the ring path only (inline_nowait off) on a current_thread
+    /// runtime, one ring; `crate ring/2w`, ring path only, multi_thread with 2
+    /// workers and 2 rings; `crate nowait/2w`, the default (page-cache hits
+    /// served inline with RWF_NOWAIT), 2 workers, 2 rings.
+    CpuPerRead(CpuPerReadArgs),
+}
+
+/// Flags of `uring-bench cpu-per-read`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CpuPerReadArgs {
+    /// Measured time per cell, in seconds (`3`, `3s`, `500ms`).
+    #[arg(long, default_value = "3", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Size of the file, in MiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    pub file_mib: u64,
+
+    /// Reads in flight.
+    #[arg(long, value_delimiter = ',', default_values = ["32", "512"], value_parser = parse_depth)]
+    pub depths: Vec<usize>,
+
+    /// Run only the crate rows whose name contains this text (the raw ring,
+    /// the baseline, always runs).
+    #[arg(long)]
+    pub only: Option<String>,
+
+    /// Directory of the one-file dataset (created and reused). `--data-dir
+    /// bench-data` reuses the main run's dataset when `--file-mib` equals its
+    /// file size.
+    #[arg(long, default_value = "bench-data/cpu-per-read")]
+    pub data_dir: PathBuf,
+}
+
 impl Args {
     /// Engines in a stable order, `all` expanded, duplicates removed.
     pub fn engine_list(&self) -> Vec<EngineKind> {
@@ -245,7 +301,14 @@ mod tests {
         assert_eq!(a.engine_list(), vec![EngineKind::Uring, EngineKind::Mmap]);
         assert_eq!(a.depths, vec![8, 32, 512]);
         assert_eq!(a.regimes, vec![Regime::Hot, Regime::Cold]);
+        assert!(a.mode.is_none());
         let a = Args::parse_from(["uring-bench", "-e", "all,uring"]);
         assert_eq!(a.engine_list().len(), EngineKind::ALL.len());
+        let a = Args::parse_from(["uring-bench", "cpu-per-read", "--depths", "8"]);
+        let Some(Mode::CpuPerRead(c)) = a.mode else {
+            panic!("cpu-per-read parses as its mode")
+        };
+        assert_eq!((c.secs, c.file_mib, c.depths), (3.0, 1024, vec![8]));
+        assert!(Args::try_parse_from(["uring-bench", "-e", "mmap", "cpu-per-read"]).is_err());
     }
 }
