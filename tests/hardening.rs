@@ -146,12 +146,24 @@ fn child_f02_enter_fails_for_good() {
         }
         // New reads say why, too (not "shut down").
         let mut buf = vec![0u8; 4096];
+        // (7 MiB: no read above went there; even a failed RWF_NOWAIT probe
+        // starts the I/O for the pages it asked for.)
         let e = ctx
-            .read(0u32, 5 << 20, &mut buf)
+            .read(0u32, 7 << 20, &mut buf)
             .await
             .expect_err("read on a broken ring");
         assert!(e.to_string().contains("io_uring_enter"), "{e}");
-        // A partly cached read keeps its cached bytes.
+        // A partly cached read keeps its cached bytes. After the misses
+        // above the fast path only probes now and then: a hit on the cached
+        // page first turns it fully back on.
+        let mut page = vec![0u8; 4096];
+        for _ in 0..64 {
+            let inline = ctx.stats().inline_completed;
+            let _ = ctx.read(0u32, 1 << 20, &mut page).await;
+            if ctx.stats().inline_completed > inline {
+                break;
+            }
+        }
         let mut buf = vec![0u8; 65_536];
         let n = ctx
             .read(0u32, 1 << 20, &mut buf)
