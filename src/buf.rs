@@ -20,6 +20,40 @@ use std::ptr::NonNull;
 /// writes of `bytes_total()` bytes, and that the pointed-to memory neither
 /// moves nor is freed while the value is alive, *even when the value itself
 /// is moved* (heap storage, not inline storage).
+///
+/// # Example
+///
+/// A page-cache block type that reads straight into its heap storage:
+///
+/// ```
+/// use uring_positioned_io::{IoBufMut, UringContext};
+///
+/// struct Block {
+///     id: u64,
+///     bytes: Box<[u8]>,
+/// }
+///
+/// // SAFETY: the bytes live in the boxed slice's heap block, which does not
+/// // move when `Block` moves and lives exactly as long as it does.
+/// unsafe impl IoBufMut for Block {
+///     fn stable_mut_ptr(&mut self) -> *mut u8 {
+///         self.bytes.as_mut_ptr()
+///     }
+///     fn bytes_total(&self) -> usize {
+///         self.bytes.len()
+///     }
+/// }
+///
+/// # fn main() -> std::io::Result<()> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+/// let block = Block { id: 7, bytes: vec![0u8; 4096].into_boxed_slice() };
+/// let (n, block) = ctx.read_owned(0, 0, block).await;
+/// assert_eq!((n?, block.id), (0, 7)); // empty file: nothing read
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 pub unsafe trait IoBufMut: Unpin + Send + 'static {
     /// Start of the writable region.
     fn stable_mut_ptr(&mut self) -> *mut u8;
@@ -60,6 +94,16 @@ unsafe impl IoBufMut for AlignedBuf {
 
 /// A zero-initialised heap buffer with a chosen alignment, as `O_DIRECT`
 /// reads require (usually 512 or 4096 bytes).
+///
+/// ```
+/// use uring_positioned_io::AlignedBuf;
+///
+/// let mut buf = AlignedBuf::try_new(8192, 4096)?;
+/// assert_eq!(buf.as_ptr() as usize % 4096, 0);
+/// buf[..4].copy_from_slice(b"head");
+/// assert!(AlignedBuf::try_new(16, 3).is_err()); // not a power of two
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -78,6 +122,7 @@ impl AlignedBuf {
     ///
     /// If `align` is not a power of two, or on allocation failure (like `Vec`).
     /// [`AlignedBuf::try_new`] returns an error instead.
+    #[must_use]
     pub fn new(len: usize, align: usize) -> AlignedBuf {
         match Self::try_new(len, align) {
             Ok(b) => b,
@@ -88,9 +133,12 @@ impl AlignedBuf {
         }
     }
 
-    /// Allocates `len` zeroed bytes aligned to `align`, or fails with
-    /// `InvalidInput` (`align` not a power of two, or `len` too large for
-    /// any allocation) or `OutOfMemory` (the allocator said no).
+    /// Allocates `len` zeroed bytes aligned to `align`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `align` is not a power of two or `len` is too large
+    /// for any allocation; `OutOfMemory` if the allocator says no.
     pub fn try_new(len: usize, align: usize) -> io::Result<AlignedBuf> {
         let layout = Self::layout(len, align)?;
         // SAFETY: the layout has a non-zero size.
@@ -116,6 +164,7 @@ impl AlignedBuf {
     }
 
     /// The buffer's alignment in bytes.
+    #[must_use]
     pub fn align(&self) -> usize {
         self.align
     }
@@ -143,11 +192,12 @@ impl Drop for AlignedBuf {
             alloc::dealloc(
                 self.ptr.as_ptr(),
                 Layout::from_size_align_unchecked(self.len.max(1), self.align),
-            )
+            );
         }
     }
 }
 
+#[allow(clippy::missing_fields_in_debug, reason = "the pointer says nothing")]
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AlignedBuf")
@@ -220,6 +270,10 @@ impl BufferPool {
     }
 }
 
+#[allow(
+    clippy::missing_fields_in_debug,
+    reason = "the region is summed up by count and size"
+)]
 impl fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BufferPool")

@@ -24,6 +24,7 @@ pub struct FileId(u32);
 
 impl FileId {
     /// The raw index.
+    #[must_use]
     pub fn index(self) -> u32 {
         self.0
     }
@@ -104,6 +105,11 @@ pub struct Stats {
 
 impl Stats {
     /// Average reads submitted per `io_uring_enter` (0 when none).
+    #[must_use]
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "a ratio: counts beyond 2^52 lose digits no one reads"
+    )]
     pub fn reads_per_enter(&self) -> f64 {
         if self.enters == 0 {
             0.0
@@ -161,6 +167,33 @@ impl Drop for Inner {
 /// Every setting is checked when [`build`](Builder::build) runs: a value out
 /// of range is an `InvalidInput` error that names the setting and its limit,
 /// never a panic, a silent change or a silent switch to the fallback.
+///
+/// ```
+/// use std::time::Duration;
+/// use uring_positioned_io::{BackendChoice, UringContext};
+///
+/// # fn main() -> std::io::Result<()> {
+/// # let rt = tokio::runtime::Runtime::new()?;
+/// # rt.block_on(async {
+/// let file = tempfile::tempfile()?;
+/// let ctx = UringContext::builder()
+///     .rings(2)
+///     .max_in_flight(256)            // over both rings
+///     .ring_entries(128)
+///     .buffer_pool(128, 8192)        // per ring
+///     .shutdown_timeout(Duration::from_secs(2))
+///     .backend(BackendChoice::Auto)  // io_uring, or pread where it is missing
+///     .build(vec![file])?;
+/// println!("{}", ctx.backend());
+///
+/// // A setting out of range is an error that names it.
+/// let err = UringContext::builder().max_in_flight(0).build(vec![]).unwrap_err();
+/// assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+/// assert!(err.to_string().contains("max_in_flight"));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Builder {
     ring_entries: u32,
@@ -223,6 +256,7 @@ impl Builder {
     /// Submission-queue entries per ring (1..=32768; default 256). More reads
     /// than this may be queued: the rest wait in a backlog and go out with
     /// the next enter.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn ring_entries(mut self, entries: u32) -> Self {
         self.ring_entries = entries;
         self
@@ -231,6 +265,7 @@ impl Builder {
     /// Number of rings (1..=256; default: the runtime's worker count, but no
     /// more than `max_in_flight`). Each worker thread submits to its own
     /// ring, so the kernel work of submitting is spread over the threads.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn rings(mut self, rings: usize) -> Self {
         self.rings = Some(rings);
         self
@@ -242,6 +277,7 @@ impl Builder {
     /// more), so it must be at least the number of rings set with
     /// [`rings`](Self::rings), and at most 65536 per ring (the kernel's
     /// largest completion queue); on the fallback, at most 65536.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_in_flight(mut self, reads: usize) -> Self {
         self.max_in_flight = Some(reads);
         self
@@ -249,6 +285,7 @@ impl Builder {
 
     /// Use a kernel submission-polling thread that sleeps after `idle`
     /// (`None`: off, the default). Costs a kernel thread spinning while busy.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn sqpoll(mut self, idle: Option<Duration>) -> Self {
         self.sqpoll = idle;
         self
@@ -259,6 +296,7 @@ impl Builder {
     /// are out instead (on a timerfd: no time driver needed). Only accepted
     /// on a `current_thread` runtime, where that keeps every completion
     /// reachable, and not with SQPOLL.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn coop_taskrun(mut self, on: bool) -> Self {
         self.coop_taskrun = on;
         self
@@ -270,6 +308,7 @@ impl Builder {
     /// Limits: `count` ≤ 65536, `size` 1..=64 MiB, `count × size` ≤ 4 GiB
     /// per ring; `count` 0 means no pool (every borrowed read gets a
     /// one-off buffer). Larger reads get a one-off buffer.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn buffer_pool(mut self, count: usize, size: usize) -> Self {
         self.pool = Some((count, size));
         self
@@ -278,12 +317,14 @@ impl Builder {
     /// Try `preadv2(RWF_NOWAIT)` inline first: a read the page cache can
     /// serve completes in the calling task, on its own thread, with no ring
     /// round trip; anything else goes to the ring. Default: on.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn inline_nowait(mut self, on: bool) -> Self {
         self.inline_nowait = on;
         self
     }
 
     /// Which backend to use (default [`BackendChoice::Auto`]).
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn backend(mut self, backend: BackendChoice) -> Self {
         self.backend = backend;
         self
@@ -293,6 +334,7 @@ impl Builder {
     /// least 1024, at most RLIMIT_NOFILE). Set explicitly, it must hold the
     /// initial files and be at most the smaller of RLIMIT_NOFILE and the
     /// kernel's 1048576.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_files(mut self, files: u32) -> Self {
         self.max_files = Some(files);
         self
@@ -303,6 +345,7 @@ impl Builder {
     /// to cancel (default 10 s). Past it, shutdown returns, borrowed reads
     /// still waiting fail with `TimedOut`, and the buffers the kernel may
     /// still write into are kept (leaked at teardown) rather than freed.
+    #[must_use = "a Builder does nothing until `build` is called"]
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
@@ -315,13 +358,16 @@ impl Builder {
     /// must be running for reads to complete, and when the home runtime
     /// shuts down, so does the context.
     ///
-    /// Errors: `InvalidInput` for a setting out of range (naming it), for a
-    /// file that is not a regular file or block device, and for settings
-    /// the kernel rejects; with [`BackendChoice::IoUring`], the reason
-    /// io_uring cannot be set up. [`BackendChoice::Auto`] falls back to the
-    /// `pread` backend only when io_uring itself is unavailable here
-    /// (ENOSYS, EPERM/EACCES, ENOMEM from RLIMIT_MEMLOCK, or a kernel too old
-    /// for the features used), never because of a setting.
+    /// # Errors
+    ///
+    /// `InvalidInput` for a setting out of range (naming it), for a file that
+    /// is not a regular file or block device, and for settings the kernel
+    /// rejects; an error when no tokio runtime is running or it has IO
+    /// disabled; with [`BackendChoice::IoUring`], the reason io_uring cannot
+    /// be set up. [`BackendChoice::Auto`] falls back to the `pread` backend
+    /// only when io_uring itself is unavailable here (ENOSYS, EPERM/EACCES,
+    /// ENOMEM from RLIMIT_MEMLOCK, or a kernel too old for the features
+    /// used), never because of a setting.
     pub fn build(self, files: Vec<File>) -> io::Result<UringContext> {
         let handle = Handle::try_current().map_err(|_| {
             io::Error::other(
@@ -387,7 +433,7 @@ impl Builder {
             info,
         });
         if let Backend::Uring(rings) = &inner.backend {
-            for ring in rings.iter() {
+            for ring in rings {
                 handle.spawn(Driver::new(ring.clone()));
             }
         }
@@ -395,6 +441,10 @@ impl Builder {
     }
 
     /// Checks every setting and resolves the defaults.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one check per setting, in the order the docs list them"
+    )]
     fn validate(&self, handle: &Handle, nfiles: usize) -> io::Result<Plan> {
         if !(1..=MAX_RING_ENTRIES).contains(&self.ring_entries) {
             return invalid(format!(
@@ -623,11 +673,16 @@ impl fmt::Debug for UringContext {
 impl UringContext {
     /// A context with default settings over `files` (their [`FileId`]s are
     /// their indices). Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::build`].
     pub fn new(files: Vec<File>) -> io::Result<UringContext> {
         Builder::default().build(files)
     }
 
     /// A builder for non-default settings.
+    #[must_use]
     pub fn builder() -> Builder {
         Builder::default()
     }
@@ -663,7 +718,30 @@ impl UringContext {
     }
 
     /// Fills `buf` from file `fid` at `offset`, looping over short reads.
-    /// Fails with `UnexpectedEof` if the file ends first.
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` if the file ends first; otherwise as
+    /// [`read`](Self::read) (`Interrupted` is retried).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[7u8; 10_000])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let mut block = vec![0u8; 4096];
+    /// ctx.read_exact(0, 4096, &mut block).await?;
+    /// assert!(block.iter().all(|&b| b == 7));
+    /// // Past the end of the file:
+    /// let err = ctx.read_exact(0, 8192, &mut block).await.unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub async fn read_exact(
         &self,
         fid: impl Into<FileId>,
@@ -702,6 +780,25 @@ impl UringContext {
     /// Dropping the future while the read is in the kernel parks `buf` in
     /// the context until the kernel is done with it; forgetting the future
     /// ([`mem::forget`](std::mem::forget)) leaks `buf` and the read's slot.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{AlignedBuf, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[1u8; 8192])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// // A Vec is filled up to its len(), and handed back with the result.
+    /// let (n, buf) = ctx.read_owned(0, 0, vec![0u8; 4096]).await;
+    /// assert_eq!((n?, buf[0]), (4096, 1));
+    /// // An aligned buffer, as O_DIRECT files need, works the same way.
+    /// let (n, buf) = ctx.read_owned(0, 4096, AlignedBuf::new(4096, 4096)).await;
+    /// assert_eq!((n?, buf.align()), (4096, 4096));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn read_owned<B: IoBufMut>(
         &self,
         fid: impl Into<FileId>,
@@ -716,6 +813,30 @@ impl UringContext {
     /// Adds a file at run time and returns its id. An id freed by
     /// [`unregister_file`](Self::unregister_file) is reused only once no read
     /// of the old file is left.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `file` is not a regular file or block device; an
+    /// error if the file table is full ([`Builder::max_files`]), the
+    /// context is shut down, or the kernel refuses the registration.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![])?;
+    /// let fid = ctx.register_file(tempfile::tempfile()?)?;
+    /// let mut buf = [0u8; 16];
+    /// assert_eq!(ctx.read(fid, 0, &mut buf).await?, 0); // an empty file
+    /// ctx.unregister_file(fid)?;
+    /// assert!(ctx.read(fid, 0, &mut buf).await.is_err()); // InvalidInput
+    /// // Only files that support positioned reads are accepted.
+    /// let dir = std::fs::File::open(std::env::temp_dir())?;
+    /// assert!(ctx.register_file(dir).is_err());
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn register_file(&self, file: File) -> io::Result<FileId> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(crate::ring::shut_down_error());
@@ -726,16 +847,44 @@ impl UringContext {
     /// Removes a file. Reads already in flight on it complete (or fail with
     /// `EBADF` if they had not reached the kernel); later reads of `fid` fail
     /// with `InvalidInput`. The file is closed when the last read is done.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `fid` is not registered; the kernel's error if it
+    /// refuses to clear the file from a ring's table.
     pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
         self.inner.files.remove(fid.into(), self.inner.fixed())
     }
 
     /// Which backend runs, and why.
+    #[must_use]
     pub fn backend(&self) -> &BackendInfo {
         &self.inner.info
     }
 
     /// A snapshot of the counters.
+    #[must_use]
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// # use uring_positioned_io::{BackendKind, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[0u8; 4096])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let mut buf = [0u8; 512];
+    /// ctx.read(0, 0, &mut buf).await?;
+    /// let s = ctx.stats();
+    /// // Served from the page cache inline, or through the ring (or pread).
+    /// assert!(s.inline_completed + s.completed >= 1);
+    /// if ctx.backend().kind == BackendKind::Fallback {
+    ///     eprintln!("no io_uring here: {}", ctx.backend());
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn stats(&self) -> Stats {
         match &self.inner.backend {
             Backend::Uring(rings) => {
@@ -765,6 +914,7 @@ impl UringContext {
 
     /// Whether the bounce buffers are registered with the kernel (io_uring
     /// backend; false when RLIMIT_MEMLOCK did not allow it).
+    #[must_use]
     pub fn buffers_registered(&self) -> bool {
         match &self.inner.backend {
             Backend::Uring(rings) => rings.iter().all(|r| r.buffers_registered()),
@@ -781,12 +931,26 @@ impl UringContext {
     /// until the kernel lets go), while owned reads keep waiting for the
     /// kernel, since their buffer cannot be handed back before it is done.
     /// Every handle sees the shutdown.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// let other = ctx.clone();
+    /// ctx.shutdown().await;
+    /// let mut buf = [0u8; 8];
+    /// assert!(other.read(0, 0, &mut buf).await.is_err()); // every handle sees it
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Release);
         match &self.inner.backend {
             Backend::Uring(rings) => {
                 rings.iter().for_each(|r| r.close());
-                for r in rings.iter() {
+                for r in rings {
                     r.wait_drained().await;
                 }
             }

@@ -48,10 +48,7 @@ struct Done {
 
 impl Drop for Done {
     fn drop(&mut self) {
-        self.counts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .completed += 1;
+        crate::lock(&self.counts).completed += 1;
         self.idle.notify_waiters();
     }
 }
@@ -71,10 +68,7 @@ impl Fallback {
         if self.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
-        self.counts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .submitted += 1;
+        crate::lock(&self.counts).submitted += 1;
         Ok(Done {
             counts: self.counts.clone(),
             idle: self.idle.clone(),
@@ -113,7 +107,7 @@ impl Fallback {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
             let _done = (done, permit);
-            let mut guard = lent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = crate::lock(&lent);
             let buf = guard
                 .as_mut()
                 .expect("owned buffer lent to the blocking read");
@@ -126,7 +120,7 @@ impl Fallback {
     }
 
     pub(crate) fn counters(&self) -> Counts {
-        *self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        *crate::lock(&self.counts)
     }
 
     pub(crate) fn close(&self) {

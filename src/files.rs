@@ -41,13 +41,12 @@ impl Drop for FileEntry {
     fn drop(&mut self) {
         // Every op that named this index is done: the index may be reused.
         if let Some(free) = self.free.upgrade() {
-            free.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(self.index);
+            crate::lock(&free).push(self.index);
         }
     }
 }
 
+#[allow(clippy::missing_fields_in_debug, reason = "the fd identifies the file")]
 impl fmt::Debug for FileEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FileEntry")
@@ -75,10 +74,14 @@ struct Shard(RwLock<Slots>);
 
 impl Shard {
     fn read(&self) -> RwLockReadGuard<'_, Slots> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     fn write(&self) -> RwLockWriteGuard<'_, Slots> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -197,10 +200,10 @@ impl FileTable {
         let kind = check_kind(&file, &"the file passed to register_file")?;
         let mut shards = self.write_all();
         let len = shards[0].len();
-        let recycled = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let recycled = crate::lock(&self.free).pop();
         let index = match recycled {
             Some(i) => i,
-            None if len < self.capacity as usize => len as u32,
+            None if len < self.capacity as usize => u32::try_from(len).unwrap_or(u32::MAX),
             None => {
                 return Err(io::Error::other(format!(
                     "file table is full ({} files); raise Builder::max_files or unregister files",
@@ -210,10 +213,7 @@ impl FileTable {
         };
         if let Err(e) = fixed.update(index, file.as_raw_fd()) {
             if recycled.is_some() {
-                self.free
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(index);
+                crate::lock(&self.free).push(index);
             }
             return Err(e);
         }

@@ -194,6 +194,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
         })
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the read's state machine, one arm per state, reads best in one place"
+    )]
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         loop {
             match &mut self.state {
@@ -560,7 +564,7 @@ impl<B: IoBufMut> Owned<B> {
     /// Hands the buffer back once the read is over.
     pub(crate) fn take(&mut self) -> B {
         if let Some(lent) = self.lent.take() {
-            self.buf = lent.lock().unwrap_or_else(|e| e.into_inner()).take();
+            self.buf = crate::lock(&lent).take();
         }
         self.buf
             .take()
@@ -571,7 +575,9 @@ impl<B: IoBufMut> Owned<B> {
 impl<B: IoBufMut> Target for Owned<B> {
     type Blocking = io::Result<usize>;
     fn len(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| b.bytes_total())
+        self.buf
+            .as_ref()
+            .map_or(0, super::buf::IoBufMut::bytes_total)
     }
     fn max_piece(&self) -> usize {
         MAX_READ
@@ -607,7 +613,7 @@ impl<B: IoBufMut> Target for Owned<B> {
     fn finish_blocking(&mut self, res: Self::Blocking, _done: usize) -> io::Result<usize> {
         // Bring the buffer home now: a next piece needs it.
         if let Some(lent) = self.lent.take() {
-            self.buf = lent.lock().unwrap_or_else(|e| e.into_inner()).take();
+            self.buf = crate::lock(&lent).take();
         }
         res
     }

@@ -38,6 +38,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::buf::{AlignedBuf, BufferPool, BOUNCE_ALIGN};
 use crate::files::{FileEntry, FixedFiles};
+use crate::lock;
 use crate::op::{Abandoned, OnCqe, Op, OpBuf, OpTable, Polled};
 use crate::sys;
 
@@ -94,7 +95,7 @@ impl fmt::Debug for Keep {
 }
 
 /// Where a read's bytes go.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum Dst {
     /// Into a bounce buffer owned by the op; copied out on completion.
     Bounce(usize),
@@ -129,6 +130,10 @@ impl Closed {
     }
 }
 
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent flags of the ring's life, each set once"
+)]
 struct State {
     ops: OpTable<Keep>,
     free_bufs: Vec<u32>,
@@ -214,12 +219,6 @@ impl fmt::Debug for Ring {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave the table half-updated in
-    // a way that matters for soundness: keep going.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
@@ -286,7 +285,7 @@ impl Ring {
         // failing to register is not an error: plain reads are used instead.
         let pool = BufferPool::new(cfg.pool_count, cfg.pool_size)?;
         let iovecs = pool.iovecs();
-        let pool_registered = pool.count() <= usize::from(u16::MAX)
+        let pool_registered = u16::try_from(pool.count()).is_ok()
             // SAFETY: the iovecs point into `pool`, which stays allocated
             // until `Drop`, where it is freed only after the kernel is done
             // (or leaked); closing the ring fd unregisters them.
@@ -433,17 +432,16 @@ impl Ring {
                         st.free_bufs.push(i);
                     }
                     // Pool exhausted (more live ops than buffers) or a large read.
-                    let mut b = match heap {
-                        Some(b) => b,
-                        None => {
-                            drop(st);
-                            let b = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
-                            st = lock(&self.state);
-                            if let Some(closed) = &st.closed {
-                                return Err(closed.error());
-                            }
-                            b
+                    let mut b = if let Some(b) = heap {
+                        b
+                    } else {
+                        drop(st);
+                        let b = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
+                        st = lock(&self.state);
+                        if let Some(closed) = &st.closed {
+                            return Err(closed.error());
                         }
+                        b
                     };
                     let ptr = b.as_mut_ptr();
                     let entry = opcode::Read::new(fixed, ptr, read_len(len))
@@ -763,7 +761,7 @@ impl Ring {
             };
             self.enters.fetch_add(1, Ordering::Relaxed);
             match r {
-                Err(e) if errno(&e) == libc::EINTR => continue,
+                Err(e) if errno(&e) == libc::EINTR => {}
                 r => return r,
             }
         }
@@ -1265,7 +1263,7 @@ enum Drive {
 /// Updates the fixed-file tables of every ring.
 impl FixedFiles for Box<[Arc<Ring>]> {
     fn update(&self, index: u32, fd: i32) -> io::Result<()> {
-        for ring in self.iter() {
+        for ring in self {
             ring.uring.submitter().register_files_update(index, &[fd])?;
         }
         Ok(())

@@ -37,9 +37,10 @@ pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> Nowait {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    let offset = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
     // SAFETY: the iovec describes `buf`, valid for writes for the whole call;
     // the call is synchronous, so nothing touches `buf` after it returns.
-    let n = unsafe { libc::preadv2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT) };
+    let n = unsafe { libc::preadv2(fd, &raw const iov, 1, offset, libc::RWF_NOWAIT) };
     if let Ok(n) = usize::try_from(n) {
         return Nowait::Read(n);
     }
@@ -88,14 +89,14 @@ fn fstat(file: &File) -> io::Result<libc::stat> {
 
 /// The size in bytes of a regular file or block device.
 pub(crate) fn file_size(file: &File, kind: FileKind) -> io::Result<u64> {
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
     if kind != FileKind::Block {
         return Ok(u64::try_from(fstat(file)?.st_size).unwrap_or(0));
     }
     let mut size: u64 = 0;
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
     // SAFETY: BLKGETSIZE64 writes one u64 into `size`, which outlives the call.
-    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &raw mut size) };
     cvt(ret, -1)?;
     Ok(size)
 }
@@ -114,7 +115,7 @@ pub(crate) fn nofile_limit() -> u64 {
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the provided, properly sized struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } != 0 {
         return 1024;
     }
     lim.rlim_cur
@@ -170,7 +171,8 @@ pub(crate) fn arm_timer(fd: &File, after: Duration) -> io::Result<()> {
     };
     // SAFETY: `spec` is a valid itimerspec that outlives the call; the old
     // value is not requested (null).
-    let ret = unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    let ret =
+        unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &raw const spec, std::ptr::null_mut()) };
     cvt(ret, -1)?;
     Ok(())
 }
@@ -185,5 +187,5 @@ pub(crate) fn wait_readable(fd: &File, timeout: Duration) {
     };
     let ms = libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd that outlives the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) };
+    unsafe { libc::poll(&raw mut pfd, 1, ms) };
 }

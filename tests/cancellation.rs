@@ -56,6 +56,29 @@ fn verify(
     }
 }
 
+/// What became of a borrowed read that was raced, polled once, or polled a
+/// few times: finished (`Some`, checked) or dropped pending (buried).
+fn settle(
+    outcome: Option<io::Result<usize>>,
+    file: &TestFile,
+    (fid, off, len): (usize, u64, usize),
+    buf: Vec<u8>,
+    counters: &Counters,
+    graveyard: &mut VecDeque<Vec<u8>>,
+    what: &str,
+) {
+    match outcome {
+        Some(r) => {
+            verify(file, fid, off, len, r, &buf, what);
+            counters.completed.fetch_add(1, Relaxed);
+        }
+        None => {
+            counters.dropped_pending.fetch_add(1, Relaxed);
+            bury(graveyard, buf, what);
+        }
+    }
+}
+
 /// Keep the buffer of a dropped read: it must never be written again.
 fn bury(graveyard: &mut VecDeque<Vec<u8>>, mut buf: Vec<u8>, what: &str) {
     buf.fill(SENTINEL);
@@ -134,19 +157,18 @@ async fn worker(
                     let fut = ctx.read(f32, off, &mut buf);
                     tokio::select! {
                         r = fut => Some(r),
-                        _ = tokio::time::sleep(delay) => None,
+                        () = tokio::time::sleep(delay) => None,
                     }
                 };
-                match res {
-                    Some(r) => {
-                        verify(file, fid, off, len, r, &buf, &what);
-                        counters.completed.fetch_add(1, Relaxed);
-                    }
-                    None => {
-                        counters.dropped_pending.fetch_add(1, Relaxed);
-                        bury(&mut graveyard, buf, &what);
-                    }
-                }
+                settle(
+                    res,
+                    file,
+                    (fid, off, len),
+                    buf,
+                    &counters,
+                    &mut graveyard,
+                    &what,
+                );
             }
             // Poll once, with the real waker (55..=69) or a no-op one
             // (70..=77), then drop.
@@ -160,16 +182,19 @@ async fn worker(
                         common::poll_once_noop(fut)
                     }
                 };
-                match first {
-                    Poll::Ready(r) => {
-                        verify(file, fid, off, len, r, &buf, &what);
-                        counters.completed.fetch_add(1, Relaxed);
-                    }
-                    Poll::Pending => {
-                        counters.dropped_pending.fetch_add(1, Relaxed);
-                        bury(&mut graveyard, buf, &what);
-                    }
-                }
+                let first = match first {
+                    Poll::Ready(r) => Some(r),
+                    Poll::Pending => None,
+                };
+                settle(
+                    first,
+                    file,
+                    (fid, off, len),
+                    buf,
+                    &counters,
+                    &mut graveyard,
+                    &what,
+                );
             }
             // Created and dropped without ever being polled.
             78..=84 => {
@@ -190,7 +215,7 @@ async fn worker(
                     let fut = ctx.read_owned(f32, off, vec![0u8; len]);
                     tokio::select! {
                         r = fut => Some(r),
-                        _ = tokio::time::sleep(delay) => None,
+                        () = tokio::time::sleep(delay) => None,
                     }
                 };
                 match res {
@@ -218,16 +243,15 @@ async fn worker(
                         tokio::task::yield_now().await;
                     }
                 }
-                match done {
-                    Some(r) => {
-                        verify(file, fid, off, len, r, &buf, &what);
-                        counters.completed.fetch_add(1, Relaxed);
-                    }
-                    None => {
-                        counters.dropped_pending.fetch_add(1, Relaxed);
-                        bury(&mut graveyard, buf, &what);
-                    }
-                }
+                settle(
+                    done,
+                    file,
+                    (fid, off, len),
+                    buf,
+                    &counters,
+                    &mut graveyard,
+                    &what,
+                );
             }
         }
     }

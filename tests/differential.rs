@@ -302,7 +302,7 @@ fn differential(choice: BackendChoice, flavor: Flavor, cases: u32) {
                 panic!("{choice:?}/{flavor:?}: {e}");
             }
         },
-    )
+    );
 }
 
 fn differential_multi_thread(choice: BackendChoice) {

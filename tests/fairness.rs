@@ -152,7 +152,7 @@ async fn measure(load: Load, file: TestFile) -> Measurement {
     let stalled: Duration = gaps
         .iter()
         .filter(|g| **g > GRACE)
-        .map(|g| *g - Duration::from_millis(1))
+        .map(|g| (*g).checked_sub(Duration::from_millis(1)).unwrap())
         .sum();
     let mut sorted = gaps.clone();
     sorted.sort();

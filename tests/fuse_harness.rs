@@ -141,7 +141,7 @@ fn content_is_the_pattern_in_both_modes() {
                 fs.reads_served()
             );
         }
-    })
+    });
 }
 
 #[test]
@@ -189,7 +189,7 @@ fn errno_faults_give_that_errno() {
             let faulted = reqs.iter().filter(|r| r.2.is_some()).count();
             assert_eq!(faulted, if direct_io { 2 } else { 4 }, "{reqs:?}");
         }
-    })
+    });
 }
 
 // Short(n): the file system answers a read request with only its first n
@@ -272,7 +272,7 @@ fn short_faults_return_short_counts_with_correct_bytes() {
             );
             assert!(got.is_empty());
         }
-    })
+    });
 }
 
 #[test]
@@ -313,7 +313,7 @@ fn delay_delays_only_the_faulted_range() {
             assert!(fast < DELAY / 2, "undelayed read took {fast:?}");
             assert!(all < DELAY * 4, "delayed reads were serialised: {all:?}");
         }
-    })
+    });
 }
 
 /// Hang the second MiB of `big` and check: 64 distinct reads of it hang at
@@ -408,13 +408,13 @@ fn hang_case(direct_io: bool) {
 #[test]
 fn hang_hangs_only_the_faulted_range_cached() {
     let _g = serial();
-    watchdog("hang-cached", WATCHDOG_SECS, || hang_case(false))
+    watchdog("hang-cached", WATCHDOG_SECS, || hang_case(false));
 }
 
 #[test]
 fn hang_hangs_only_the_faulted_range_direct() {
     let _g = serial();
-    watchdog("hang-direct", WATCHDOG_SECS, || hang_case(true))
+    watchdog("hang-direct", WATCHDOG_SECS, || hang_case(true));
 }
 
 #[test]
@@ -442,7 +442,7 @@ fn mount_and_unmount_twenty_times() {
             assert!(!std::path::Path::new(r).exists(), "{r} left behind");
         }
         println!("20 mount/read/unmount cycles took {:?}", t.elapsed());
-    })
+    });
 }
 
 /// Dropping the file system while a file on it is still open cannot unmount
@@ -485,5 +485,5 @@ fn drop_with_a_file_still_open_does_not_hang() {
             }
             drop(f);
         }
-    })
+    });
 }

@@ -522,7 +522,7 @@ fn f07_sqpoll_with_a_backlog_does_not_spin() {
             t.await.unwrap();
         }
         let wall = t.elapsed();
-        let cpu = threads_cpu("tokio-r") - cpu_before;
+        let cpu = threads_cpu("tokio-r").checked_sub(cpu_before).unwrap();
         let stats = ctx.stats();
         eprintln!("{READS} reads in {wall:?}: runtime workers used {cpu:?} of CPU; {stats:?}");
         // A driver that spins while the backlog waits for SQ room goes

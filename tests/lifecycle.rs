@@ -408,7 +408,7 @@ fn register_unregister_during_reads(choice: BackendChoice) {
             let table = Arc::new(tokio::sync::Mutex::new(
                 (0..4).map(|i| Some((i, i as u64))).collect::<Table>(),
             ));
-            let stats = Arc::new([(); 7].map(|_| AtomicU64::new(0)));
+            let stats = Arc::new([(); 7].map(|()| AtomicU64::new(0)));
             let mut readers = Vec::new();
             for r in 0..16u64 {
                 let (ctx, table, pool, stats) =
@@ -736,7 +736,7 @@ fn error_semantics(choice: BackendChoice) {
             eprintln!("{choice:?}: read @ {off:#x}: pread {reference:?}, library {got:?}");
             match (reference, got) {
                 (Ok(a), Ok(b)) => {
-                    assert_eq!(a, b, "read @ {off:#x}: pread returned {a}, library {b}")
+                    assert_eq!(a, b, "read @ {off:#x}: pread returned {a}, library {b}");
                 }
                 (Err(_), Err(_)) => {}
                 (Err(Some(libc::EINVAL)), Ok(0))
@@ -855,7 +855,7 @@ fn many_registered_files(choice: BackendChoice) {
                 let ctx = &ctx;
                 let file = &files[fi];
                 async move {
-                    let off = (fid.index() as u64 * 97) % file.len;
+                    let off = (u64::from(fid.index()) * 97) % file.len;
                     let mut buf = vec![0u8; 3000];
                     let n = ctx.read(fid, off, &mut buf).await.expect("read");
                     assert_eq!(

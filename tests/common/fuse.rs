@@ -173,7 +173,9 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn file_index(&self, name: &str) -> usize {
@@ -386,7 +388,7 @@ impl Filesystem for Fs {
                     .shared
                     .timer
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .clone();
                 let shared = self.shared.clone();
                 let job: Box<dyn FnOnce() + Send> =
@@ -530,7 +532,7 @@ impl FaultFs {
         // The connection id is the minor device number of the mount.
         if let Ok(md) = std::fs::metadata(&mountpoint) {
             use std::os::unix::fs::MetadataExt;
-            me.conn = Some(libc::minor(md.dev()) as u64);
+            me.conn = Some(u64::from(libc::minor(md.dev())));
         }
         Ok(me)
     }
@@ -637,7 +639,7 @@ impl FaultFs {
             .shared
             .timer
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
         {
             let _ = tx.send(TimerMsg::Shutdown);
@@ -650,8 +652,8 @@ impl FaultFs {
             return;
         };
         let c = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes()).unwrap();
-        // SAFETY: valid NUL-terminated path.
         let mut lazy = false;
+        // SAFETY: valid NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), 0) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY)
         {

@@ -98,7 +98,7 @@ impl Rng {
     }
     /// Uniform in `0..n` (n > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
     /// Uniform in `lo..hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
@@ -229,7 +229,7 @@ pub fn drop_cache(f: &File) {
 /// Number of open file descriptors of this process.
 pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
+        .map(std::iter::Iterator::count)
         .unwrap_or(0)
 }
 
@@ -237,7 +237,7 @@ pub fn fd_count() -> usize {
 pub fn fd_list() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
         .map(|d| {
-            d.filter_map(|e| e.ok())
+            d.filter_map(std::result::Result::ok)
                 .map(|e| {
                     let target = std::fs::read_link(e.path())
                         .map(|p| p.display().to_string())
@@ -371,7 +371,9 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Serialise tests within one test binary (for fd counting and timing).
 pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------

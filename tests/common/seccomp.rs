@@ -90,7 +90,7 @@ pub fn install_errno_filter(nr: u32, errno: i32, all_threads: bool) {
                 libc::SYS_seccomp,
                 SECCOMP_SET_MODE_FILTER,
                 flags,
-                &prog as *const libc::sock_fprog,
+                &raw const prog,
             ),
             0,
             "seccomp(SET_MODE_FILTER): {}",
