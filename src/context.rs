@@ -11,7 +11,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 
 use crate::buf::IoBufMut;
 use crate::fallback::Fallback;
-use crate::files::{FileTable, FixedFiles};
+use crate::files::{FileRoute, FileTable, FixedFiles};
 use crate::read::{Borrowed, Owned, ReadCore, UringReadFuture, UringReadOwnedFuture};
 use crate::ring::{Driver, Ring, RingConfig};
 use crate::sys;
@@ -121,17 +121,22 @@ impl Stats {
 
 pub(crate) enum Backend {
     Uring(Box<[Arc<Ring>]>),
-    Fallback(Fallback),
+    Fallback,
 }
 
 pub(crate) struct Inner {
     pub(crate) backend: Backend,
+    /// `pread` on the blocking pool: every read of the fallback backend, and
+    /// the reads of files routed away from the rings (see `FileRoute`).
+    pub(crate) blocking: Fallback,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
     /// How long a thread may do inline reads before it yields.
     pub(crate) inline_stretch: Duration,
     /// Set by `shutdown`: every new read fails, the inline path included.
     pub(crate) closed: AtomicBool,
+    /// `Builder::shutdown_timeout`.
+    pub(crate) shutdown_timeout: Duration,
     info: BackendInfo,
 }
 
@@ -145,7 +150,7 @@ impl Inner {
         }
         match &self.backend {
             Backend::Uring(rings) => rings,
-            Backend::Fallback(_) => &NoRings,
+            Backend::Fallback => &NoRings,
         }
     }
 }
@@ -155,10 +160,10 @@ impl Drop for Inner {
         // No read future can outlive the last handle (they borrow it), but
         // abandoned reads may still be in the kernel: the drivers reap them
         // and exit; each ring is freed only after that (see `Ring::drop`).
-        match &self.backend {
-            Backend::Uring(rings) => rings.iter().for_each(|r| r.orphan()),
-            Backend::Fallback(fb) => fb.close(),
+        if let Backend::Uring(rings) = &self.backend {
+            rings.iter().for_each(|r| r.orphan());
         }
+        self.blocking.close();
     }
 }
 
@@ -206,6 +211,7 @@ pub struct Builder {
     backend: BackendChoice,
     max_files: Option<u32>,
     shutdown_timeout: Duration,
+    fuse_via_blocking_pool: bool,
 }
 
 impl Default for Builder {
@@ -221,6 +227,7 @@ impl Default for Builder {
             backend: BackendChoice::Auto,
             max_files: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            fuse_via_blocking_pool: true,
         }
     }
 }
@@ -351,6 +358,19 @@ impl Builder {
         self
     }
 
+    /// Read files on FUSE file systems with `pread` on the blocking pool
+    /// instead of the rings (default: on). On FUSE, io_uring returns wrong
+    /// bytes when the server replies short to a `FOPEN_DIRECT_IO` read, and
+    /// a request the server never answers blocks `io_uring_enter` on a
+    /// runtime worker (see the design document's storage model). Turn it off
+    /// only for a FUSE file system known to use the page cache and to
+    /// answer every request.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn fuse_via_blocking_pool(mut self, on: bool) -> Self {
+        self.fuse_via_blocking_pool = on;
+        self
+    }
+
     /// Creates the context. Must be called inside a tokio runtime with IO
     /// enabled (io_uring backend); spawns one driver task per ring on it.
     /// The context can be used from any runtime or thread, but its drivers
@@ -375,13 +395,16 @@ impl Builder {
             )
         })?;
         let plan = self.validate(&handle, files.len())?;
-        let files = FileTable::new(files, plan.capacity, plan.rings)?;
+        let files = FileTable::new(
+            files,
+            plan.capacity,
+            plan.rings,
+            self.fuse_via_blocking_pool,
+        )?;
         let (backend, info) = match self.backend {
-            BackendChoice::Fallback => fallback(
-                plan.fallback_in_flight,
-                &handle,
-                "forced by Builder::backend(BackendChoice::Fallback)".into(),
-            ),
+            BackendChoice::Fallback => {
+                fallback("forced by Builder::backend(BackendChoice::Fallback)".into())
+            }
             choice => match setup_rings(&plan, &files) {
                 Ok(rings) => (
                     Backend::Uring(rings),
@@ -391,11 +414,9 @@ impl Builder {
                     },
                 ),
                 Err(e) => match (choice, unavailable_here(&e)) {
-                    (BackendChoice::Auto, Some(why)) => fallback(
-                        plan.fallback_in_flight,
-                        &handle,
-                        format!("io_uring could not be set up: {why}"),
-                    ),
+                    (BackendChoice::Auto, Some(why)) => {
+                        fallback(format!("io_uring could not be set up: {why}"))
+                    }
                     (_, why) => {
                         return Err(io::Error::new(
                             if why.is_some() {
@@ -418,6 +439,7 @@ impl Builder {
         };
         let inner = Arc::new(Inner {
             backend,
+            blocking: Fallback::new(plan.fallback_in_flight, handle.clone()),
             files,
             inline_nowait: self.inline_nowait,
             // A task woken on a current_thread runtime waits behind every
@@ -430,6 +452,7 @@ impl Builder {
                 _ => Duration::from_micros(50),
             },
             closed: AtomicBool::new(false),
+            shutdown_timeout: self.shutdown_timeout,
             info,
         });
         if let Backend::Uring(rings) = &inner.backend {
@@ -578,9 +601,9 @@ struct Plan {
     ring_cfgs: Vec<RingConfig>,
 }
 
-fn fallback(max_in_flight: usize, runtime: &Handle, reason: String) -> (Backend, BackendInfo) {
+fn fallback(reason: String) -> (Backend, BackendInfo) {
     (
-        Backend::Fallback(Fallback::new(max_in_flight, runtime.clone())),
+        Backend::Fallback,
         BackendInfo {
             kind: BackendKind::Fallback,
             reason: Some(reason),
@@ -886,30 +909,46 @@ impl UringContext {
     /// # }
     /// ```
     pub fn stats(&self) -> Stats {
-        match &self.inner.backend {
-            Backend::Uring(rings) => {
-                rings
-                    .iter()
-                    .map(|r| r.counters())
-                    .fold(Stats::default(), |s, c| Stats {
-                        submitted: s.submitted + c.submitted,
-                        completed: s.completed + c.completed,
-                        enters: s.enters + c.enters,
-                        inline_completed: s.inline_completed + c.inline,
-                        in_flight: s.in_flight + (c.submitted - c.completed),
-                        driver_polls: s.driver_polls + c.driver_polls,
-                    })
+        let rings: &[Arc<Ring>] = match &self.inner.backend {
+            Backend::Uring(rings) => rings,
+            Backend::Fallback => &[],
+        };
+        let c = self.inner.blocking.counters();
+        let blocking = Stats {
+            submitted: c.submitted,
+            completed: c.completed,
+            in_flight: c.submitted - c.completed,
+            ..Stats::default()
+        };
+        rings
+            .iter()
+            .map(|r| r.counters())
+            .fold(blocking, |s, c| Stats {
+                submitted: s.submitted + c.submitted,
+                completed: s.completed + c.completed,
+                enters: s.enters + c.enters,
+                inline_completed: s.inline_completed + c.inline,
+                in_flight: s.in_flight + (c.submitted - c.completed),
+                driver_polls: s.driver_polls + c.driver_polls,
+            })
+    }
+
+    /// How reads of file `fid` are issued: through the rings, or through
+    /// `pread` on the blocking pool and why (every file of a context on the
+    /// fallback backend; files on a file system where io_uring is not
+    /// trustworthy, such as FUSE — see the design document).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `fid` is not registered.
+    pub fn file_route(&self, fid: impl Into<FileId>) -> io::Result<FileRoute> {
+        let file = self.inner.files.get(fid.into())?;
+        Ok(match self.inner.backend {
+            Backend::Fallback => {
+                FileRoute::BlockingPool("the context runs on the fallback backend")
             }
-            Backend::Fallback(fb) => {
-                let c = fb.counters();
-                Stats {
-                    submitted: c.submitted,
-                    completed: c.completed,
-                    in_flight: c.submitted - c.completed,
-                    ..Stats::default()
-                }
-            }
-        }
+            Backend::Uring(_) => file.route,
+        })
     }
 
     /// Whether the bounce buffers are registered with the kernel (io_uring
@@ -918,7 +957,7 @@ impl UringContext {
     pub fn buffers_registered(&self) -> bool {
         match &self.inner.backend {
             Backend::Uring(rings) => rings.iter().all(|r| r.buffers_registered()),
-            Backend::Fallback(_) => false,
+            Backend::Fallback => false,
         }
     }
 
@@ -947,17 +986,16 @@ impl UringContext {
     /// ```
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Release);
-        match &self.inner.backend {
-            Backend::Uring(rings) => {
-                rings.iter().for_each(|r| r.close());
-                for r in rings {
-                    r.wait_drained().await;
-                }
-            }
-            Backend::Fallback(fb) => {
-                fb.close();
-                fb.wait_idle().await;
+        if let Backend::Uring(rings) = &self.inner.backend {
+            rings.iter().for_each(|r| r.close());
+        }
+        let blocking = &self.inner.blocking;
+        blocking.close();
+        if let Backend::Uring(rings) = &self.inner.backend {
+            for r in rings {
+                r.wait_drained().await;
             }
         }
+        blocking.wait_idle(self.inner.shutdown_timeout).await;
     }
 }

@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -128,17 +129,29 @@ impl Fallback {
         self.permits.close();
     }
 
-    /// Waits until every started read has finished.
-    pub(crate) async fn wait_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            let c = self.counters();
-            if c.submitted == c.completed {
-                return;
+    /// Waits until every started read has finished, or `timeout` has
+    /// passed (a `pread` on storage that never answers never finishes; its
+    /// thread and buffer stay with it). The timeout runs on a blocking-pool
+    /// thread, so no time driver is needed.
+    pub(crate) async fn wait_idle(&self, timeout: Duration) {
+        let idle = async {
+            loop {
+                let notified = self.idle.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                let c = self.counters();
+                if c.submitted == c.completed {
+                    return;
+                }
+                notified.await;
             }
-            notified.await;
+        };
+        if self.counters().submitted == self.counters().completed {
+            return;
         }
+        let timer = self
+            .runtime
+            .spawn_blocking(move || std::thread::sleep(timeout));
+        futures::future::select(std::pin::pin!(idle), timer).await;
     }
 }

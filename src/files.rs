@@ -18,6 +18,36 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use crate::sys::{self, FileKind};
 use crate::FileId;
 
+/// How reads of a file are issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileRoute {
+    /// Through the io_uring rings (with the page-cache fast path).
+    Ring,
+    /// Through `pread` on tokio's blocking pool, because io_uring is not
+    /// trustworthy on this file's file system (the reason says why); also
+    /// every file of a context on the fallback backend.
+    BlockingPool(&'static str),
+}
+
+/// `FUSE_SUPER_MAGIC`.
+const FUSE_MAGIC: i64 = 0x6573_5546;
+
+/// Where reads of `file` go. Measured on FUSE (kernel 6.18, see the
+/// storage-fault tests): with `FOPEN_DIRECT_IO` a short reply makes
+/// io_uring's internal retry re-read the rest at the original offset, so a
+/// read completes as `Ok(len)` with wrong bytes after the short part; and a
+/// request the server never answers blocks `io_uring_enter` itself, on a
+/// runtime worker. `pread` on the blocking pool returns the short count
+/// with the right bytes and blocks only its own thread.
+fn route_for(file: &File, fuse_via_blocking_pool: bool) -> FileRoute {
+    match sys::fs_magic(file) {
+        Ok(FUSE_MAGIC) if fuse_via_blocking_pool => FileRoute::BlockingPool(
+            "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
+        ),
+        _ => FileRoute::Ring,
+    }
+}
+
 /// One registered file.
 pub(crate) struct FileEntry {
     pub(crate) file: File,
@@ -26,6 +56,8 @@ pub(crate) struct FileEntry {
     pub(crate) direct: bool,
     /// A regular file or a block device (nothing else is accepted).
     pub(crate) kind: FileKind,
+    /// Ring or blocking pool (see `route_for`).
+    pub(crate) route: FileRoute,
     /// `preadv2(RWF_NOWAIT)` works on this file (cleared on EOPNOTSUPP).
     pub(crate) nowait_ok: AtomicBool,
     free: Weak<Mutex<Vec<u32>>>,
@@ -34,6 +66,11 @@ pub(crate) struct FileEntry {
 impl FileEntry {
     pub(crate) fn nowait_ok(&self) -> bool {
         !self.direct && self.nowait_ok.load(Ordering::Relaxed)
+    }
+
+    /// Whether reads of this file may use the rings (and the inline path).
+    pub(crate) fn on_ring(&self) -> bool {
+        self.route == FileRoute::Ring
     }
 }
 
@@ -96,6 +133,8 @@ pub(crate) struct FileTable {
     shards: Box<[Shard]>,
     free: Arc<Mutex<Vec<u32>>>,
     capacity: u32,
+    /// `Builder::fuse_via_blocking_pool`.
+    fuse_via_blocking_pool: bool,
 }
 
 /// Positioned reads need a seekable file with stable content at each
@@ -127,7 +166,12 @@ impl FilesGuard<'_> {
 }
 
 impl FileTable {
-    pub(crate) fn new(files: Vec<File>, capacity: u32, shards: usize) -> io::Result<FileTable> {
+    pub(crate) fn new(
+        files: Vec<File>,
+        capacity: u32,
+        shards: usize,
+        fuse_via_blocking_pool: bool,
+    ) -> io::Result<FileTable> {
         if files.len() > capacity as usize {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -143,7 +187,13 @@ impl FileTable {
             .zip(0u32..)
             .map(|(file, i)| {
                 let kind = check_kind(&file, &FileId::from(i))?;
-                Ok(Some(Self::entry(file, kind, i, &free)))
+                Ok(Some(Self::entry(
+                    file,
+                    kind,
+                    i,
+                    &free,
+                    fuse_via_blocking_pool,
+                )))
             })
             .collect::<io::Result<Slots>>()?;
         Ok(FileTable {
@@ -152,6 +202,7 @@ impl FileTable {
                 .collect(),
             free,
             capacity,
+            fuse_via_blocking_pool,
         })
     }
 
@@ -160,9 +211,11 @@ impl FileTable {
         kind: FileKind,
         index: u32,
         free: &Arc<Mutex<Vec<u32>>>,
+        fuse_via_blocking_pool: bool,
     ) -> Arc<FileEntry> {
         Arc::new(FileEntry {
             kind,
+            route: route_for(&file, fuse_via_blocking_pool),
             direct: sys::is_direct(&file),
             file,
             index,
@@ -217,7 +270,7 @@ impl FileTable {
             }
             return Err(e);
         }
-        let entry = Self::entry(file, kind, index, &self.free);
+        let entry = Self::entry(file, kind, index, &self.free, self.fuse_via_blocking_pool);
         for slots in &mut shards {
             if index as usize == slots.len() {
                 slots.push(Some(entry.clone()));
@@ -281,7 +334,7 @@ mod tests {
 
     #[test]
     fn index_is_reused_only_after_last_user() {
-        let t = FileTable::new(vec![tmp(), tmp()], 8, 2).unwrap();
+        let t = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
         let held = t.get(FileId::from(1)).unwrap();
         t.remove(FileId::from(1), &NoRings).unwrap();
         assert!(t.get(FileId::from(1)).is_err());
@@ -293,12 +346,12 @@ mod tests {
 
     #[test]
     fn errors_name_the_file() {
-        let t = FileTable::new(vec![tmp()], 1, 3).unwrap();
+        let t = FileTable::new(vec![tmp()], 1, 3, true).unwrap();
         let e = t.get(FileId::from(7)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("file #7"), "{e}");
         assert!(t.remove(FileId::from(7), &NoRings).is_err());
         assert!(t.insert(tmp(), &NoRings).is_err(), "capacity 1 is full");
-        assert!(FileTable::new(vec![tmp(), tmp()], 1, 1).is_err());
+        assert!(FileTable::new(vec![tmp(), tmp()], 1, 1, true).is_err());
     }
 }

@@ -91,4 +91,5 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
+pub use files::FileRoute;
 pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};

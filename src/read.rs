@@ -228,13 +228,13 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         return Poll::Ready(Ok(self.done));
                     }
                     let rings = match &ctx.backend {
-                        Backend::Fallback(fb) => {
+                        Backend::Uring(rings) if file.on_ring() => rings,
+                        _ => {
                             let file = file.clone();
                             drop(files);
-                            self.acquire(&fb.permits, None, file)?;
+                            self.acquire(&ctx.blocking.permits, None, file)?;
                             continue;
                         }
-                        Backend::Uring(rings) => rings,
                     };
                     let ring = slot % rings.len();
                     if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline_worth_trying() {
@@ -448,14 +448,15 @@ impl<'a, T: Target> ReadCore<'a, T> {
         let offset = self.offset + self.done as u64;
         let rings = match (&self.ctx.backend, ring) {
             (Backend::Uring(rings), Some(_)) => rings,
-            (Backend::Fallback(fb), None) => {
+            (_, None) => {
+                let fb = &self.ctx.blocking;
                 let h = self
                     .target
                     .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
                 self.state = State::Blocking(h);
                 return Ok(());
             }
-            _ => unreachable!("a ring read on the fallback or the reverse"),
+            (Backend::Fallback, Some(_)) => unreachable!("a ring read on the fallback backend"),
         };
         let ring = ring.unwrap_or_default();
         let dst = self.target.ring_dst(self.done, self.piece);

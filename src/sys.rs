@@ -101,6 +101,17 @@ pub(crate) fn file_size(file: &File, kind: FileKind) -> io::Result<u64> {
     Ok(size)
 }
 
+/// The magic number of the file system `file` is on (`statfs.f_type`).
+pub(crate) fn fs_magic(file: &File) -> io::Result<i64> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs writes a whole `struct statfs` into the provided
+    // buffer, which is properly sized and aligned; read only on success.
+    let ret = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    cvt(ret, -1)?;
+    // SAFETY: fstatfs succeeded, so the struct is initialised.
+    Ok(unsafe { st.assume_init() }.f_type)
+}
+
 /// Whether the file was opened with `O_DIRECT`.
 pub(crate) fn is_direct(file: &File) -> bool {
     // SAFETY: F_GETFL on a valid, owned descriptor has no memory effects.

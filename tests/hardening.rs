@@ -773,6 +773,9 @@ fn f06_teardown_with_reads_that_never_finish() {
                 .backend(BackendChoice::IoUring)
                 .ring_entries(2)
                 .inline_nowait(false)
+                // Page-cache mode: the reads reach the ring and hang in
+                // io-wq (what this test is about), not in io_uring_enter.
+                .fuse_via_blocking_pool(false)
                 .shutdown_timeout(Duration::from_secs(2))
                 .build(vec![File::open(&path).unwrap()])
                 .expect("context");

@@ -1,0 +1,227 @@
+//! Storage that fails, lies or blocks (the storage-fault issue), on a FUSE
+//! file system started by the test (`tests/common/fuse.rs`). Each test
+//! prints `skipped: <reason>` and passes where FUSE is unavailable.
+
+mod common;
+
+use std::fs::File;
+use std::io;
+use std::time::{Duration, Instant};
+
+use common::fuse::{Fault, FaultFs, FileSpec};
+use common::Flavor;
+use uring_positioned_io::{BackendChoice, UringContext};
+
+const BOTH: [BackendChoice; 2] = [BackendChoice::IoUring, BackendChoice::Fallback];
+const MIB: u64 = 1 << 20;
+
+fn mount(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
+    match FaultFs::mount(files, direct_io) {
+        Ok(fs) => Some(fs),
+        Err(reason) => {
+            println!("skipped: {reason}");
+            None
+        }
+    }
+}
+
+/// Storage that returns fewer bytes than asked: the read returns a short
+/// count with the right bytes (as pread does), or the right bytes in full —
+/// never wrong bytes as `Ok`. `read_exact` returns the right bytes or an
+/// error.
+#[test]
+fn short_reads_never_return_wrong_bytes() {
+    for direct in [true, false] {
+        let spec = FileSpec::new("lies", 8 * MIB, 0x7001);
+        let Some(fs) = mount(std::slice::from_ref(&spec), direct) else {
+            return;
+        };
+        // Faults on 128 KiB boundaries (see the harness on readahead).
+        fs.set_fault("lies", MIB..2 * MIB, Fault::Short(1000));
+        let path = fs.path("lies");
+        for choice in BOTH {
+            let path = path.clone();
+            let spec = spec.clone();
+            common::run("short_reads", Flavor::Multi, 60, move || async move {
+                let ctx = common::build_ctx(choice, vec![File::open(&path).unwrap()], |b| b);
+                for off in [MIB, MIB + 4096, MIB + 100_000] {
+                    let mut buf = vec![0u8; 4096];
+                    match ctx.read(0u32, off, &mut buf).await {
+                        Ok(n) => {
+                            let want = common::expected(spec.seed, spec.len, off, n);
+                            assert!(
+                                buf[..n] == want[..],
+                                "{choice:?} direct={direct}: Ok({n}) with wrong bytes at {off}: {}",
+                                common::check_pattern(spec.seed, off, &buf[..n]).unwrap_err()
+                            );
+                            eprintln!("{choice:?} direct={direct}: read @ {off} -> Ok({n})");
+                        }
+                        Err(e) => eprintln!("{choice:?} direct={direct}: read @ {off} -> {e}"),
+                    }
+                    let mut buf = vec![0u8; 4096];
+                    if ctx.read_exact(0u32, off, &mut buf).await.is_ok() {
+                        assert!(
+                            buf[..] == common::expected(spec.seed, spec.len, off, 4096)[..],
+                            "{choice:?} direct={direct}: read_exact returned wrong bytes at {off}"
+                        );
+                    }
+                }
+            });
+        }
+        drop(fs);
+    }
+}
+
+/// A healthy-file workload for `secs`: reads done, and the worst lateness of
+/// a 1 ms interval on the same runtime.
+async fn healthy_load(
+    ctx: &UringContext,
+    fid: u32,
+    file: &common::TestFile,
+    secs: f64,
+) -> (u64, Duration) {
+    let stop = Instant::now() + Duration::from_secs_f64(secs);
+    let ticker = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        while Instant::now() < stop {
+            tick.tick().await;
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        worst
+    });
+    let readers: Vec<_> = (0..32u64)
+        .map(|r| {
+            let (ctx, file) = (ctx.clone(), file.clone());
+            tokio::spawn(async move {
+                let mut rng = common::Rng::new(r);
+                let mut n = 0u64;
+                let mut buf = vec![0u8; 4096];
+                while Instant::now() < stop {
+                    let off = rng.below(file.len / 4096) * 4096;
+                    let got = ctx.read(fid, off, &mut buf).await.expect("healthy read");
+                    assert_eq!(&buf[..got], &file.expected(off, 4096)[..]);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut reads = 0;
+    for r in readers {
+        reads += r.await.unwrap();
+    }
+    (reads, ticker.await.unwrap())
+}
+
+/// Reads that never return on one file: the runtime keeps running (no
+/// `io_uring_enter` blocks a worker), reads of a healthy file go on, a 1 ms
+/// timer keeps firing; the hung reads fail once the storage gives up, and
+/// shutdown is bounded. The figures are printed; the bounds only catch a
+/// freeze.
+#[test]
+fn hung_storage_does_not_freeze_the_runtime() {
+    for direct in [true, false] {
+        let spec = FileSpec::new("hung", 64 * MIB, 0x7002);
+        let Some(fs) = mount(&[spec], direct) else {
+            return;
+        };
+        fs.set_fault("hung", 0..64 * MIB, Fault::Hang);
+        let path = fs.path("hung");
+        let set = common::FileSet::new(0x7003, &[32 * MIB]);
+        let healthy = set.files[0].clone();
+        for choice in BOTH {
+            let (path, healthy) = (path.clone(), healthy.clone());
+            let fs_hung = fs.hung_requests("hung").len();
+            common::run("hung_storage", Flavor::Multi, 90, move || async move {
+                let ctx = common::build_ctx(
+                    choice,
+                    vec![healthy.open(), File::open(&path).unwrap()],
+                    |b| b.shutdown_timeout(Duration::from_secs(1)),
+                );
+                let route = ctx.file_route(1u32).unwrap();
+                eprintln!(
+                    "{choice:?} direct={direct}: FUSE file route {route:?}; already hung {fs_hung}"
+                );
+                let (base, base_late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
+                // 16 reads hung on the FUSE file, each at its own 256 KiB.
+                let hung: Vec<_> = (0..16u64)
+                    .map(|i| {
+                        let ctx = ctx.clone();
+                        tokio::spawn(async move {
+                            let mut buf = vec![0u8; 4096];
+                            ctx.read(1u32, i * 256 * 1024, &mut buf).await
+                        })
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let (with, late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
+                let ratio = with as f64 / base.max(1) as f64;
+                eprintln!(
+                    "{choice:?} direct={direct}: healthy reads {base} -> {with} with 16 hung ({ratio:.2}x); \
+                     1 ms timer worst gap {base_late:?} -> {late:?}"
+                );
+                assert!(with > 0, "healthy reads stalled behind hung ones");
+                assert!(
+                    late < Duration::from_millis(500),
+                    "runtime froze for {late:?}"
+                );
+                for h in &hung {
+                    assert!(!h.is_finished(), "a read of hung storage finished");
+                }
+                // shutdown() returns within its timeout even so.
+                let t = Instant::now();
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                    .await
+                    .expect("shutdown hung on storage that never answers");
+                eprintln!(
+                    "{choice:?} direct={direct}: shutdown took {:?}",
+                    t.elapsed()
+                );
+                for h in hung {
+                    h.abort();
+                }
+            });
+        }
+        // Answer the hung reads (EIO) so their threads and io-wq workers
+        // finish before the next round.
+        fs.release_hangs();
+        drop(fs);
+        drop(set);
+    }
+}
+
+/// FUSE files go to the blocking pool; local files to the rings.
+#[test]
+fn routes_are_reported() {
+    let Some(fs) = mount(&[FileSpec::new("f", MIB, 1)], true) else {
+        return;
+    };
+    let set = common::FileSet::new(0x7004, &[4096]);
+    let (path, local) = (fs.path("f"), set.files[0].clone());
+    common::run("routes", Flavor::Current, 30, move || async move {
+        let ctx = common::build_ctx(BackendChoice::IoUring, vec![local.open()], |b| b);
+        let fid = ctx.register_file(File::open(&path).unwrap()).unwrap();
+        assert_eq!(
+            ctx.file_route(0u32).unwrap(),
+            uring_positioned_io::FileRoute::Ring
+        );
+        match ctx.file_route(fid).unwrap() {
+            uring_positioned_io::FileRoute::BlockingPool(why) => {
+                assert!(why.contains("FUSE"), "{why}");
+            }
+            other => panic!("a FUSE file on {other:?}"),
+        }
+        let mut buf = vec![0u8; 4096];
+        let n = ctx.read(fid, 0, &mut buf).await.unwrap();
+        assert_eq!(n, 4096);
+        assert_eq!(
+            ctx.file_route(99u32).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    });
+    drop(fs);
+}
