@@ -68,8 +68,10 @@ mod files;
 mod op;
 mod read;
 mod ring;
+mod scan;
 mod sys;
 
 pub use buf::{AlignedBuf, IoBufMut};
 pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
 pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
+pub use scan::{Chunk, Scan, ScanOptions};
