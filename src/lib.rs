@@ -72,6 +72,7 @@ mod files;
 mod op;
 mod read;
 mod ring;
+mod scan;
 mod sys;
 
 pub use buf::{AlignedBuf, IoBufMut};
@@ -93,3 +94,4 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
 pub use files::FileRoute;
 pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
+pub use scan::{Chunk, Scan, ScanOptions};

@@ -206,3 +206,47 @@ fn latency_cdf(r: &Report, cells: &[&Cell], path: &Path, what: &str) -> Result<(
     }
     legend_and_present(chart, &root)
 }
+
+/// A horizontal bar chart of GB/s per method (`uring-bench lines`).
+pub fn bars(rows: &[(String, f64)], path: &Path, regime: &str) -> Result<(), String> {
+    let h = 60 + 28 * rows.len() as u32;
+    let root = SVGBackend::new(path, (900, h)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let max = rows.iter().map(|r| r.1).fold(0.1, f64::max) * 1.1;
+    let n = rows.len() as i32;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("lines: GB/s per method ({regime})"),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(250)
+        .build_cartesian_2d(0.0..max, 0..n)
+        .map_err(err)?;
+    let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("GB/s")
+        .y_labels(rows.len().max(1))
+        .y_label_formatter(&|y| {
+            usize::try_from(n - 1 - *y)
+                .ok()
+                .and_then(|i| labels.get(i).cloned())
+                .unwrap_or_default()
+        })
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(rows.iter().enumerate().map(|(i, (name, g))| {
+            let y = n - 1 - i as i32;
+            let col = color(
+                usize::from(name.starts_with("scan"))
+                    + 2 * usize::from(name.starts_with("fio") || name.starts_with("wc")),
+            );
+            Rectangle::new([(0.0, y), (*g, y + 1)], col.filled())
+        }))
+        .map_err(err)?;
+    root.present().map_err(err)
+}

@@ -221,6 +221,64 @@ pub enum Mode {
     /// workers and 2 rings; `crate nowait/2w`, the default (page-cache hits
     /// served inline with RWF_NOWAIT), 2 workers, 2 rings.
     CpuPerRead(CpuPerReadArgs),
+
+    /// Counting the lines of a large text file, every method of the study
+    /// "Towards Fast IO on Linux using Rust" (BufReader lines/fill_buf, an
+    /// O_DIRECT loop, mmap naive/AVX2/memchr, vectored reads, io_uring with
+    /// one read or readv in flight) plus this crate's scan (buffered and
+    /// O_DIRECT, depths 1/4/16), `wc -l` and fio's sequential O_DIRECT read
+    /// (the device ceiling), cold and hot. Every count is checked against
+    /// the file's known line count.
+    Lines(LinesArgs),
+}
+
+/// Flags of `uring-bench lines`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LinesArgs {
+    /// Size of the text file (K/M/G/T suffixes; the study's file is 22G).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub size: u64,
+
+    /// Cache regimes: `cold` (evicted before each method) and `hot` (read
+    /// once before each method).
+    #[arg(short, long, value_delimiter = ',', default_values = ["cold", "hot"])]
+    pub regimes: Vec<Regime>,
+
+    /// Rounds per regime (methods interleaved); the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+
+    /// Run only the methods whose name contains this text.
+    #[arg(long)]
+    pub only: Option<String>,
+
+    /// Leave out `BufReader lines().count()` (the slowest by far).
+    #[arg(long)]
+    pub skip_slow: bool,
+
+    /// Directory of the text file and its manifest (created and reused).
+    #[arg(long, default_value = "bench-data/lines")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the file's contents.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+
+    /// Where the run directory (lines-<time>) is created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
+
+    /// Path of the fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: PathBuf,
+
+    /// Skip the SVG charts.
+    #[arg(long)]
+    pub no_charts: bool,
+
+    /// Fewer messages (no per-round lines).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// Flags of `uring-bench cpu-per-read`.

@@ -1,7 +1,9 @@
 //! uring-bench: random 4 KiB positioned reads — io_uring (this crate) vs mmap,
 //! pread threads, tokio::fs, tokio-uring, a raw ring and fio; hot, cold and
 //! direct; every block verified. `uring-bench cpu-per-read` measures CPU per
-//! read on cached data against a raw ring loop. See docs/BENCHMARKS.md.
+//! read on cached data against a raw ring loop; `uring-bench lines` counts
+//! the lines of a large text file every way of the study "Towards Fast IO on
+//! Linux using Rust" and with this crate's scan. See docs/BENCHMARKS.md.
 
 mod buf;
 mod charts;
@@ -9,6 +11,7 @@ mod cli;
 mod cpu_per_read;
 mod dataset;
 mod engines;
+mod lines;
 mod report;
 mod verify;
 
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match &args.mode {
         Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
+        Some(Mode::Lines(a)) => lines::run(a),
         None => run(&args),
     };
     match result {

@@ -284,3 +284,73 @@ fn cpu_per_read_mode() {
     let o = Command::new(BIN).arg("--help").output().unwrap();
     assert!(stdout(&o).contains("cpu-per-read"), "{}", stdout(&o));
 }
+
+/// `uring-bench lines` on a tiny file: every method counts the same lines
+/// (a mismatch exits non-zero), and the JSON, Markdown and SVG are written.
+#[test]
+fn lines_mode_end_to_end() {
+    let dir = tmp();
+    let o = Command::new(BIN)
+        .args([
+            "lines",
+            "--size",
+            "3M",
+            "--repeat",
+            "1",
+            "--quiet",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .expect("run uring-bench lines");
+    eprintln!("--- stdout\n{}", stdout(&o));
+    eprintln!("--- stderr\n{}", stderr(&o));
+    assert!(o.status.success(), "lines mode failed");
+    let out = stdout(&o);
+    for m in [
+        "BufReader lines().count()",
+        "mmap + memchr",
+        "io_uring, 1 in flight",
+        "scan O_DIRECT depth 16",
+        "wc -l",
+        "#### cold",
+        "#### hot",
+    ] {
+        assert!(out.contains(m), "no {m:?} in the table");
+    }
+    assert!(!stderr(&o).contains("MISMATCH"));
+    let run = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("lines.json")).unwrap()).unwrap();
+    let lines = json["lines"].as_u64().unwrap();
+    assert!(lines > 30_000, "{lines} lines in 3 MiB");
+    assert!(run.join("lines.md").exists());
+    assert!(run.join("lines-cold.svg").exists() && run.join("lines-hot.svg").exists());
+    // The second run reuses the file (manifest).
+    let o = Command::new(BIN)
+        .args([
+            "lines",
+            "--size",
+            "3M",
+            "--repeat",
+            "1",
+            "--quiet",
+            "--only",
+            "wc",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(!stdout(&o).contains("making"), "the file was made again");
+}

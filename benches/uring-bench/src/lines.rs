@@ -1,0 +1,681 @@
+//! `uring-bench lines`: the study "Towards Fast IO on Linux using Rust"
+//! (counting the lines of a large text file) as a benchmark mode, every
+//! method implemented the study's way, plus this crate's scan, `wc -l` and
+//! fio's sequential read (the device ceiling), cold and hot.
+//!
+//! Every method must return the file's known line count (from the manifest
+//! written when the file was made); a mismatch fails the run. Cache
+//! treatment happens outside the timed window: `cold` evicts the file
+//! (fsync + POSIX_FADV_DONTNEED) before each method, `hot` reads it fully
+//! before each method. Each method runs `--repeat` times per regime,
+//! interleaved with the others; the median wall time is reported.
+
+use crate::cli::LinesArgs;
+use futures::StreamExt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+use uring_positioned_io::{AlignedBuf, ScanOptions, UringContext};
+
+/// The study's BUFFER_SIZE and NUM_BUFFERS.
+const BUFFER_SIZE: usize = 8192;
+const NUM_BUFFERS: usize = 32;
+/// Chunk size of the crate's scan.
+const SCAN_CHUNK: usize = 1 << 20;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq, Clone)]
+struct Manifest {
+    version: u32,
+    size: u64,
+    seed: u64,
+    lines: u64,
+}
+
+/// Deterministic text: ASCII lines of 0..=160 characters.
+fn generate(path: &Path, size: u64, seed: u64) -> io::Result<u64> {
+    let mut out = io::BufWriter::with_capacity(1 << 20, File::create(path)?);
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (mut written, mut lines) = (0u64, 0u64);
+    let mut line = Vec::with_capacity(256);
+    while written < size {
+        let r = next();
+        // The last line is cut to fit, and still ends with a newline.
+        let len = ((r % 161) as usize).min((size - written - 1) as usize);
+        line.clear();
+        for i in 0..len {
+            line.push(b' ' + ((r >> (i % 56)) as u8 ^ i as u8) % 95);
+        }
+        line.push(b'\n');
+        out.write_all(&line)?;
+        lines += 1;
+        written += line.len() as u64;
+    }
+    out.into_inner()
+        .map_err(io::IntoInnerError::into_error)?
+        .sync_all()?;
+    Ok(lines)
+}
+
+/// Makes or reuses `lines-<size>.txt` in `dir`; returns its path and line count.
+fn ensure(dir: &Path, size: u64, seed: u64) -> Result<(PathBuf, u64), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let path = dir.join(format!("lines-{size}.txt"));
+    let mpath = dir.join(format!("lines-{size}.json"));
+    if let (Ok(text), Ok(meta)) = (std::fs::read_to_string(&mpath), std::fs::metadata(&path)) {
+        if let Ok(m) = serde_json::from_str::<Manifest>(&text) {
+            if m.size == size && m.seed == seed && m.version == 2 && meta.len() == size {
+                return Ok((path, m.lines));
+            }
+        }
+    }
+    let free = crate::dataset::free_space(dir).map_err(|e| format!("statvfs: {e}"))?;
+    if free < size + (1 << 30) {
+        return Err(format!(
+            "{} has {:.1} GiB free; a {:.1} GiB file needs that plus 1 GiB",
+            dir.display(),
+            crate::dataset::gib(free),
+            crate::dataset::gib(size)
+        ));
+    }
+    println!(
+        "making {} ({:.2} GiB)",
+        path.display(),
+        crate::dataset::gib(size)
+    );
+    let lines =
+        generate(&path, size, seed).map_err(|e| format!("write {}: {e}", path.display()))?;
+    let m = Manifest {
+        version: 2,
+        size,
+        seed,
+        lines,
+    };
+    std::fs::write(&mpath, serde_json::to_string_pretty(&m).expect("manifest"))
+        .map_err(|e| format!("write {}: {e}", mpath.display()))?;
+    Ok((path, lines))
+}
+
+/// fsync + POSIX_FADV_DONTNEED (as the dataset code does).
+fn evict(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    f.sync_all()?;
+    // SAFETY: valid fd for the duration of the call.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+fn warm(path: &Path) -> io::Result<()> {
+    let mut f = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(())
+}
+
+fn open_direct(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+fn naive(b: &[u8]) -> u64 {
+    b.iter().filter(|&&c| c == b'\n').count() as u64
+}
+
+fn simd(b: &[u8]) -> u64 {
+    memchr::memchr_iter(b'\n', b).count() as u64
+}
+
+/// The study's hand-written AVX2 loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn avx2(b: &[u8]) -> u64 {
+    use std::arch::x86_64::{
+        __m256i, _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_set1_epi8,
+    };
+    let nl = _mm256_set1_epi8(b'\n' as i8);
+    let mut count = 0u64;
+    let mut chunks = b.chunks_exact(32);
+    for c in &mut chunks {
+        // SAFETY: `c` is 32 readable bytes; loadu has no alignment need.
+        let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast::<__m256i>()) };
+        count += u64::from(_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, nl)).count_ones());
+    }
+    count + naive(chunks.remainder())
+}
+
+/// What a method returns: the line count and the reads (syscalls or SQEs)
+/// it issued, where it knows.
+type Counted = (u64, Option<u64>);
+
+/// The study's methods, in its order.
+fn bufreader_lines(p: &Path) -> io::Result<Counted> {
+    let r = BufReader::with_capacity(16 * 1024, File::open(p)?);
+    Ok((r.lines().count() as u64, None))
+}
+
+fn bufreader_fill_buf(p: &Path) -> io::Result<Counted> {
+    let mut r = BufReader::with_capacity(64 * 1024, File::open(p)?);
+    let (mut n, mut reads) = (0, 0);
+    loop {
+        let len = {
+            let b = r.fill_buf()?;
+            reads += 1;
+            if b.is_empty() {
+                break;
+            }
+            n += naive(b);
+            b.len()
+        };
+        r.consume(len);
+    }
+    Ok((n, Some(reads)))
+}
+
+fn direct_io(p: &Path) -> io::Result<Counted> {
+    let mut f = open_direct(p)?;
+    // The study used a Vec; O_DIRECT needs an aligned buffer.
+    let mut buf = AlignedBuf::new(BUFFER_SIZE, 4096);
+    let (mut n, mut reads) = (0, 0);
+    loop {
+        let got = f.read(&mut buf)?;
+        reads += 1;
+        if got == 0 {
+            break;
+        }
+        n += naive(&buf[..got]);
+    }
+    Ok((n, Some(reads)))
+}
+
+fn map(p: &Path) -> io::Result<memmap2::Mmap> {
+    let f = File::open(p)?;
+    // SAFETY: the benchmark's file is not modified while mapped.
+    unsafe { memmap2::Mmap::map(&f) }
+}
+
+fn mmap_naive(p: &Path) -> io::Result<Counted> {
+    Ok((naive(&map(p)?), None))
+}
+
+fn mmap_avx2(p: &Path) -> io::Result<Counted> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        let m = map(p)?;
+        // SAFETY: AVX2 was detected on this CPU.
+        return Ok((unsafe { avx2(&m) }, None));
+    }
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "no AVX2 on this CPU",
+    ))
+}
+
+fn mmap_simd(p: &Path) -> io::Result<Counted> {
+    Ok((simd(&map(p)?), None))
+}
+
+fn vectored(p: &Path) -> io::Result<Counted> {
+    let mut f = File::open(p)?;
+    let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; BUFFER_SIZE]).collect();
+    let (mut n, mut reads) = (0, 0);
+    loop {
+        let mut iov: Vec<io::IoSliceMut<'_>> =
+            bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+        let got = f.read_vectored(&mut iov)?;
+        reads += 1;
+        if got == 0 {
+            break;
+        }
+        let mut left = got;
+        for b in &bufs {
+            let take = left.min(b.len());
+            n += naive(&b[..take]);
+            left -= take;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    Ok((n, Some(reads)))
+}
+
+fn uring_one(p: &Path) -> io::Result<Counted> {
+    use io_uring::{opcode, types, IoUring};
+    let f = File::open(p)?;
+    let mut ring = IoUring::new(8)?;
+    let mut buf = vec![0u8; 4096];
+    let (mut n, mut reads, mut off) = (0, 0, 0u64);
+    loop {
+        let sqe = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.as_mut_ptr(), buf.len() as u32)
+            .offset(off)
+            .build();
+        // SAFETY: `buf` outlives the read: we wait for its completion below.
+        unsafe { ring.submission().push(&sqe) }.map_err(io::Error::other)?;
+        ring.submit_and_wait(1)?;
+        let cqe = ring.completion().next().expect("a completion");
+        reads += 1;
+        let got = usize::try_from(cqe.result())
+            .map_err(|_| io::Error::from_raw_os_error(-cqe.result()))?;
+        if got == 0 {
+            break;
+        }
+        n += naive(&buf[..got]);
+        off += got as u64;
+    }
+    Ok((n, Some(reads)))
+}
+
+fn uring_vectored(p: &Path) -> io::Result<Counted> {
+    use io_uring::{opcode, types, IoUring};
+    let f = File::open(p)?;
+    let mut ring = IoUring::new(NUM_BUFFERS as u32)?;
+    let mut bufs = vec![vec![0u8; BUFFER_SIZE]; NUM_BUFFERS];
+    let iov: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    let (mut n, mut reads, mut off) = (0, 0, 0u64);
+    loop {
+        let sqe = opcode::Readv::new(types::Fd(f.as_raw_fd()), iov.as_ptr(), iov.len() as u32)
+            .offset(off)
+            .build();
+        // SAFETY: the iovecs and buffers outlive the read (waited for below).
+        unsafe { ring.submission().push(&sqe) }.map_err(io::Error::other)?;
+        ring.submit_and_wait(1)?;
+        let cqe = ring.completion().next().expect("a completion");
+        reads += 1;
+        let got = usize::try_from(cqe.result())
+            .map_err(|_| io::Error::from_raw_os_error(-cqe.result()))?;
+        if got == 0 {
+            break;
+        }
+        let mut left = got;
+        for b in &bufs {
+            let take = left.min(b.len());
+            n += naive(&b[..take]);
+            left -= take;
+            if left == 0 {
+                break;
+            }
+        }
+        off += got as u64;
+    }
+    Ok((n, Some(reads)))
+}
+
+/// This crate's scan: `depth` chunks of 1 MiB in flight, counted with the
+/// same SIMD count as `mmap + memchr`.
+fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Counted> {
+    let file = if direct {
+        open_direct(p)?
+    } else {
+        File::open(p)?
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let ctx = UringContext::new(vec![file])?;
+        let mut s = ScanOptions::new()
+            .chunk_size(SCAN_CHUNK)
+            .in_flight(depth)
+            .scan(&ctx, 0u32, ..)?;
+        let mut n = 0;
+        while let Some(c) = s.next().await {
+            n += simd(&c?);
+        }
+        let st = ctx.stats();
+        Ok((n, Some(st.submitted + st.inline_completed)))
+    })
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    method: String,
+    regime: &'static str,
+    /// Median wall seconds, or None when not run (with `note`).
+    secs: Option<f64>,
+    all_secs: Vec<f64>,
+    gb_per_s: Option<f64>,
+    vs_wc: Option<f64>,
+    vs_fio: Option<f64>,
+    cpu_secs: Option<f64>,
+    reads: Option<u64>,
+    note: Option<String>,
+}
+
+fn rusage(who: i32) -> f64 {
+    // SAFETY: getrusage writes only into the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `who` is RUSAGE_SELF or RUSAGE_CHILDREN.
+    unsafe { libc::getrusage(who, &raw mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// One timed run: (wall secs, cpu secs, reads, count).
+type Measured = (f64, f64, Option<u64>, u64);
+
+fn external(cmd: &mut Command) -> Result<(f64, f64, String), String> {
+    let c0 = rusage(libc::RUSAGE_CHILDREN);
+    let t = Instant::now();
+    let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let wall = t.elapsed().as_secs_f64();
+    if !o.status.success() {
+        return Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok((
+        wall,
+        rusage(libc::RUSAGE_CHILDREN) - c0,
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    ))
+}
+
+fn wc(p: &Path) -> Result<Measured, String> {
+    let (wall, cpu, out) = external(Command::new("wc").arg("-l").arg(p))?;
+    let n = out
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("wc -l printed {out:?}"))?;
+    Ok((wall, cpu, None, n))
+}
+
+/// fio's sequential O_DIRECT read: wall time of the read itself (fio's
+/// runtime), its CPU (children), and its I/O count.
+fn fio(fio: &Path, p: &Path, size: u64) -> Result<Measured, String> {
+    let (_, cpu, out) = external(
+        Command::new(fio)
+            .args([
+                "--name=seq",
+                "--rw=read",
+                "--bs=1M",
+                "--iodepth=16",
+                "--ioengine=io_uring",
+                "--direct=1",
+                "--output-format=json",
+            ])
+            .arg(format!("--filename={}", p.display()))
+            .arg(format!("--size={size}")),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap_or(0)..])
+        .map_err(|e| format!("fio json: {e}"))?;
+    let read = &v["jobs"][0]["read"];
+    let ms = read["runtime"].as_f64().unwrap_or(0.0);
+    let ios = read["total_ios"].as_u64();
+    let bytes = read["io_bytes"].as_u64().unwrap_or(0);
+    if bytes != size || ms <= 0.0 {
+        return Err(format!("fio read {bytes} of {size} bytes in {ms} ms"));
+    }
+    Ok((ms / 1000.0, cpu, ios, 0))
+}
+
+enum Method {
+    InProc(fn(&Path) -> io::Result<Counted>),
+    Scan { direct: bool, depth: usize },
+    Wc,
+    Fio,
+}
+
+fn methods() -> Vec<(String, Method)> {
+    let mut m: Vec<(String, Method)> = vec![
+        (
+            "BufReader lines().count()".into(),
+            Method::InProc(bufreader_lines),
+        ),
+        (
+            "BufReader fill_buf".into(),
+            Method::InProc(bufreader_fill_buf),
+        ),
+        ("O_DIRECT read loop".into(), Method::InProc(direct_io)),
+        ("mmap naive".into(), Method::InProc(mmap_naive)),
+        ("mmap + AVX2".into(), Method::InProc(mmap_avx2)),
+        ("mmap + memchr".into(), Method::InProc(mmap_simd)),
+        ("vectored read (16 x 8K)".into(), Method::InProc(vectored)),
+        ("io_uring, 1 in flight".into(), Method::InProc(uring_one)),
+        (
+            "io_uring readv, 1 in flight".into(),
+            Method::InProc(uring_vectored),
+        ),
+    ];
+    for direct in [false, true] {
+        for depth in [1, 4, 16] {
+            let kind = if direct { "O_DIRECT" } else { "buffered" };
+            m.push((
+                format!("scan {kind} depth {depth}"),
+                Method::Scan { direct, depth },
+            ));
+        }
+    }
+    m.push(("wc -l".into(), Method::Wc));
+    m.push(("fio seq read (direct, QD16)".into(), Method::Fio));
+    m
+}
+
+fn run_one(a: &LinesArgs, p: &Path, size: u64, m: &Method) -> Result<Measured, String> {
+    let inproc = |f: &dyn Fn() -> io::Result<Counted>| -> Result<Measured, String> {
+        let c0 = rusage(libc::RUSAGE_SELF);
+        let t = Instant::now();
+        let (n, reads) = f().map_err(|e| e.to_string())?;
+        let wall = t.elapsed().as_secs_f64();
+        Ok((wall, rusage(libc::RUSAGE_SELF) - c0, reads, n))
+    };
+    match m {
+        Method::InProc(f) => inproc(&|| f(p)),
+        &Method::Scan { direct, depth } => inproc(&|| scan(p, direct, depth)),
+        Method::Wc => wc(p),
+        Method::Fio => fio(&a.fio, p, size),
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+pub fn run(a: &LinesArgs) -> Result<bool, String> {
+    let (path, lines) = ensure(&a.data_dir, a.size, a.seed)?;
+    let size = a.size;
+    let avx512 = cfg!(target_arch = "x86_64") && {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512bw")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    };
+    let fio_ok = Command::new(&a.fio).arg("--version").output().is_ok();
+    let all = methods();
+    let selected: Vec<&(String, Method)> = all
+        .iter()
+        .filter(|(name, _)| a.only.as_deref().is_none_or(|o| name.contains(o)))
+        .filter(|(name, _)| !(a.skip_slow && name.starts_with("BufReader lines")))
+        .collect();
+    println!(
+        "{}: {:.2} GiB, {lines} lines; {} round(s) per regime; median wall time",
+        path.display(),
+        crate::dataset::gib(size),
+        a.repeat
+    );
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for regime in &a.regimes {
+        let regime = regime.name();
+        let mut times: Vec<Vec<Measured>> = vec![Vec::new(); selected.len()];
+        let mut notes: Vec<Option<String>> = vec![None; selected.len()];
+        for round in 0..a.repeat {
+            for (i, (name, m)) in selected.iter().enumerate() {
+                if notes[i].is_some() {
+                    continue;
+                }
+                if matches!(m, Method::Fio) && !fio_ok {
+                    notes[i] = Some(format!("fio not found ({})", a.fio.display()));
+                    continue;
+                }
+                if name == "mmap + AVX2" && !cfg!(target_arch = "x86_64") {
+                    notes[i] = Some("not x86_64".into());
+                    continue;
+                }
+                match regime {
+                    "cold" => evict(&path).map_err(|e| format!("evict: {e}"))?,
+                    _ => warm(&path).map_err(|e| format!("warm: {e}"))?,
+                }
+                match run_one(a, &path, size, m) {
+                    Ok(meas) => {
+                        if !matches!(m, Method::Fio) && meas.3 != lines {
+                            eprintln!(
+                                "MISMATCH: {name} ({regime}) counted {} lines, the file has {lines}",
+                                meas.3
+                            );
+                            ok = false;
+                        }
+                        if !a.quiet {
+                            eprintln!("  {regime} round {round}: {name:<30} {:>8.3} s", meas.0);
+                        }
+                        times[i].push(meas);
+                    }
+                    Err(e) if e.contains("no AVX2") => notes[i] = Some(e),
+                    Err(e) => return Err(format!("{name} ({regime}): {e}")),
+                }
+            }
+        }
+        let med = |i: usize| -> Option<f64> {
+            (!times[i].is_empty())
+                .then(|| median(&times[i].iter().map(|t| t.0).collect::<Vec<_>>()))
+        };
+        let find = |pre: &str| {
+            selected
+                .iter()
+                .position(|(n, _)| n.starts_with(pre))
+                .and_then(med)
+        };
+        let (wc_s, fio_s) = (find("wc -l"), find("fio"));
+        for (i, (name, _)) in selected.iter().enumerate() {
+            let secs = med(i);
+            // The run whose wall time is the median gives CPU and reads.
+            let at = secs.and_then(|s| times[i].iter().find(|t| t.0 == s));
+            rows.push(Row {
+                method: name.clone(),
+                regime,
+                secs,
+                all_secs: times[i].iter().map(|t| t.0).collect(),
+                gb_per_s: secs.map(|s| size as f64 / s / 1e9),
+                vs_wc: secs.zip(wc_s).map(|(s, w)| w / s),
+                vs_fio: secs.zip(fio_s).map(|(s, f)| f / s),
+                cpu_secs: at.map(|t| t.1),
+                reads: at.and_then(|t| t.2),
+                note: notes[i].clone(),
+            });
+        }
+        if selected.iter().any(|(n, _)| n == "mmap + AVX2") {
+            rows.push(Row {
+                method: "mmap + AVX-512".into(),
+                regime,
+                secs: None,
+                all_secs: vec![],
+                gb_per_s: None,
+                vs_wc: None,
+                vs_fio: None,
+                cpu_secs: None,
+                reads: None,
+                note: Some(if avx512 {
+                    "n/a: not implemented (the bench's MSRV 1.85 predates stable AVX-512 intrinsics)".into()
+                } else {
+                    "n/a: this CPU has no AVX-512".into()
+                }),
+            });
+        }
+    }
+    let table = render(&rows, &path, size, lines);
+    println!("{table}");
+    let (_, stamp) = crate::utc_now();
+    let dir = a.output_dir.join(format!("lines-{stamp}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let json = serde_json::json!({
+        "file": path, "size": size, "lines": lines, "repeat": a.repeat,
+        "cpu": crate::cpu_model(), "kernel": crate::kernel(), "commit": crate::git_commit(),
+        "loadavg": crate::loadavg(), "rows": rows,
+    });
+    std::fs::write(
+        dir.join("lines.json"),
+        serde_json::to_string_pretty(&json).expect("json"),
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("lines.md"), &table).map_err(|e| e.to_string())?;
+    if !a.no_charts {
+        for regime in &a.regimes {
+            let name = format!("lines-{}.svg", regime.name());
+            crate::charts::bars(
+                &rows_for(&rows, regime.name()),
+                &dir.join(&name),
+                regime.name(),
+            )?;
+        }
+    }
+    println!("results in {}", dir.display());
+    Ok(ok)
+}
+
+fn rows_for(rows: &[Row], regime: &str) -> Vec<(String, f64)> {
+    rows.iter()
+        .filter(|r| r.regime == regime)
+        .filter_map(|r| r.gb_per_s.map(|g| (r.method.clone(), g)))
+        .collect()
+}
+
+fn render(rows: &[Row], path: &Path, size: u64, lines: u64) -> String {
+    let mut s = format!(
+        "Counting the lines of {} ({:.2} GiB, {lines} lines); {}; kernel {}\n",
+        path.display(),
+        crate::dataset::gib(size),
+        crate::cpu_model(),
+        crate::kernel()
+    );
+    let f = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
+    let mut regime = "";
+    for r in rows {
+        if r.regime != regime {
+            regime = r.regime;
+            s += &format!(
+                "\n#### {regime}\n\n| Method | Time (seconds) | GB/s | × wc -l | × fio | CPU s | reads |\n|---|---:|---:|---:|---:|---:|---:|\n"
+            );
+        }
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            r.method,
+            r.secs
+                .map_or_else(|| r.note.clone().unwrap_or_default(), |v| format!("{v:.3}")),
+            f(r.gb_per_s, 2),
+            f(r.vs_wc, 2),
+            f(r.vs_fio, 2),
+            f(r.cpu_secs, 2),
+            r.reads.map_or("-".into(), |n| n.to_string()),
+        );
+    }
+    s
+}

@@ -1,0 +1,538 @@
+//! Sequential scans: a file range as a [`Stream`] of [`Chunk`]s in file
+//! order, with several reads kept in flight ahead of the consumer.
+//!
+//! ```
+//! use std::io::Write;
+//! use futures::StreamExt;
+//! use uring_positioned_io::{ScanOptions, UringContext};
+//!
+//! # fn main() -> std::io::Result<()> {
+//! let mut file = tempfile::tempfile()?;
+//! file.write_all(b"one\ntwo\nthree\n")?;
+//!
+//! let rt = tokio::runtime::Runtime::new()?;
+//! rt.block_on(async {
+//!     let ctx = UringContext::new(vec![file])?;
+//!     // 64 KiB chunks, 4 reads in flight ahead of the consumer, whole file.
+//!     let mut scan = ScanOptions::new()
+//!         .chunk_size(64 << 10)
+//!         .in_flight(4)
+//!         .scan(&ctx, 0, ..)?;
+//!     let mut lines = 0;
+//!     while let Some(chunk) = scan.next().await {
+//!         let chunk = chunk?; // derefs to [u8]; chunk.offset() is its file offset
+//!         lines += chunk.iter().filter(|&&b| b == b'\n').count();
+//!     } // a dropped chunk gives its buffer back to the scan
+//!     assert_eq!(lines, 3);
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! A scan owns a small pool of at most `in_flight` [`AlignedBuf`]s of
+//! `chunk_size` bytes. Each buffer is either being read into (an owned,
+//! zero-copy [`UringContext::read_owned`]), or held by the consumer as a
+//! [`Chunk`], or free. The stream starts a read whenever a buffer is free
+//! (or may still be allocated), so up to `in_flight` reads run ahead of the
+//! consumer; chunks are yielded strictly in file order. A consumer holding
+//! chunks holds buffers: with all of them out, the stream starts no read and
+//! returns `Pending` until a chunk is dropped, which puts its buffer back and
+//! wakes the stream. Memory is therefore bounded by `chunk_size × in_flight`,
+//! and in steady state nothing is allocated per chunk.
+//!
+//! Reads are aligned: every read starts at a multiple of
+//! [`align`](ScanOptions::align) (default 4096) into an aligned buffer and
+//! asks for a multiple of it, so files opened with `O_DIRECT` work; a range
+//! that starts or ends inside a block reads the whole block and the chunk
+//! shows only the bytes of the range.
+//!
+//! # End of file, short reads and errors
+//!
+//! The file's length is not known up front (the context does not expose it):
+//! the scan ends at the range's end or at end of file, whichever comes first.
+//! A read that returns fewer bytes than asked is continued from exactly where
+//! it stopped, never skipped; end of file is a read that returns 0. On an
+//! `O_DIRECT` file a read is short only at end of file, where the
+//! continuation (at an unaligned offset) returns 0 on iomap file systems
+//! (ext4, XFS, btrfs); should the file system refuse it with `EINVAL`
+//! instead, that too is taken as end of file — only for a continuation
+//! from inside a block, never for a chunk's first read. An error is
+//! yielded once and ends the stream (reads interrupted with `EINTR` are
+//! retried).
+//!
+//! # Dropping
+//!
+//! Dropping the stream drops the reads it has in flight, which is sound: the
+//! context keeps the buffers of abandoned owned reads until the kernel is
+//! done with them, then frees them. Those buffers never come back to the
+//! pool, and need not: the stream that would reuse them is gone. Chunks
+//! already yielded stay valid after the stream is dropped.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::ops::{Bound, Deref, RangeBounds};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use futures::Stream;
+
+use crate::buf::{AlignedBuf, IoBufMut};
+use crate::context::{FileId, UringContext};
+use crate::read::UringReadOwnedFuture;
+
+const DEFAULT_CHUNK: usize = 1 << 20;
+const DEFAULT_IN_FLIGHT: usize = 4;
+const DEFAULT_ALIGN: usize = 4096;
+
+/// Settings of a scan; [`scan`](ScanOptions::scan) starts one.
+///
+/// A scan is a free-standing builder rather than a method of
+/// [`UringContext`] so that it is built only on the context's public read
+/// API (`read_owned` of aligned buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanOptions {
+    chunk_size: usize,
+    in_flight: usize,
+    align: usize,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            chunk_size: DEFAULT_CHUNK,
+            in_flight: DEFAULT_IN_FLIGHT,
+            align: DEFAULT_ALIGN,
+        }
+    }
+}
+
+impl ScanOptions {
+    /// Defaults: 1 MiB chunks, 4 reads in flight, 4096-byte alignment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes per chunk and per read (default 1 MiB); a non-zero multiple of
+    /// the alignment.
+    pub fn chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Buffers of the scan (default 4): the reads in flight ahead of the
+    /// consumer plus the chunks it holds. At least 1.
+    pub fn in_flight(mut self, reads: usize) -> Self {
+        self.in_flight = reads;
+        self
+    }
+
+    /// Alignment of every read's offset, length and buffer (default 4096, as
+    /// `O_DIRECT` needs on most devices); a power of two. 1 reads exactly
+    /// the range on buffered files.
+    pub fn align(mut self, bytes: usize) -> Self {
+        self.align = bytes;
+        self
+    }
+
+    /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
+    /// end beyond the file stops at end of file). Nothing is read until the
+    /// stream is polled.
+    ///
+    /// Errors: `InvalidInput` for settings out of range (naming them) or a
+    /// range whose start is beyond its end.
+    pub fn scan<'a>(
+        &self,
+        ctx: &'a UringContext,
+        fid: impl Into<FileId>,
+        range: impl RangeBounds<u64>,
+    ) -> io::Result<Scan<'a>> {
+        let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        if !self.align.is_power_of_two() {
+            return invalid(format!(
+                "ScanOptions::align({}): must be a power of two",
+                self.align
+            ));
+        }
+        if self.chunk_size == 0 || self.chunk_size % self.align != 0 {
+            return invalid(format!(
+                "ScanOptions::chunk_size({}): must be a non-zero multiple of the alignment {}",
+                self.chunk_size, self.align
+            ));
+        }
+        if self.in_flight == 0 {
+            return invalid("ScanOptions::in_flight(0): must be at least 1".into());
+        }
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => u64::MAX,
+        };
+        if start > end {
+            return invalid(format!("scan range {start}..{end}: start beyond end"));
+        }
+        let align = self.align as u64;
+        Ok(Scan {
+            ctx,
+            fid: fid.into(),
+            opts: *self,
+            start,
+            end,
+            next: start - start % align,
+            slots: VecDeque::with_capacity(self.in_flight),
+            pool: Arc::new(Pool {
+                state: Mutex::new(PoolState {
+                    free: Vec::with_capacity(self.in_flight),
+                    waker: None,
+                }),
+                allocated: AtomicUsize::new(0),
+            }),
+            stopped: start == end,
+        })
+    }
+}
+
+/// The buffers of one scan, shared by the stream and its chunks.
+struct Pool {
+    state: Mutex<PoolState>,
+    /// Buffers allocated so far (never more than `in_flight`).
+    allocated: AtomicUsize,
+}
+
+struct PoolState {
+    free: Vec<AlignedBuf>,
+    /// The stream, waiting for a chunk to be dropped.
+    waker: Option<Waker>,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A free buffer, a new one while fewer than `max` exist, or `None`
+    /// after registering `waker` to be woken by the next returned buffer.
+    fn take(&self, max: usize, size: usize, align: usize, waker: &Waker) -> Option<AlignedBuf> {
+        let mut st = self.lock();
+        if let Some(b) = st.free.pop() {
+            return Some(b);
+        }
+        if self.allocated.load(Ordering::Relaxed) < max {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+            drop(st);
+            return Some(AlignedBuf::new(size, align));
+        }
+        if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            st.waker = Some(waker.clone());
+        }
+        None
+    }
+
+    fn put(&self, buf: AlignedBuf) {
+        let waker = {
+            let mut st = self.lock();
+            st.free.push(buf);
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// A window of an [`AlignedBuf`] handed to the kernel: the continuation of
+/// a short read fills the rest of the same buffer.
+struct Window {
+    buf: AlignedBuf,
+    start: usize,
+    len: usize,
+}
+
+// SAFETY: `start + len <= buf.len()` (checked where a Window is made), and
+// the AlignedBuf's heap allocation neither moves nor is freed while the
+// Window, which owns it, is alive.
+unsafe impl IoBufMut for Window {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.buf[self.start..].as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+}
+
+impl Window {
+    fn new(buf: AlignedBuf, start: usize, len: usize) -> Window {
+        assert!(start + len <= buf.len(), "scan window out of bounds");
+        Window { buf, start, len }
+    }
+}
+
+enum SlotState<'a> {
+    Reading(UringReadOwnedFuture<'a, Window>),
+    Done(AlignedBuf),
+    Failed(io::Error),
+    /// Transient, while the state is being replaced.
+    Empty,
+}
+
+/// Reads the rest of `slot` (from `read_from`) into `buf`.
+fn read_rest<'a>(
+    ctx: &'a UringContext,
+    fid: FileId,
+    slot: &Slot<'a>,
+    buf: AlignedBuf,
+) -> UringReadOwnedFuture<'a, Window> {
+    let win = Window::new(buf, slot.read_from, slot.want - slot.read_from);
+    ctx.read_owned(fid, slot.offset + slot.read_from as u64, win)
+}
+
+/// One chunk being read: `want` bytes of the file at `offset` (aligned).
+struct Slot<'a> {
+    offset: u64,
+    want: usize,
+    /// Bytes in the buffer from its start, once the slot is `Done`.
+    done: usize,
+    /// Start (in the buffer) of the read in flight: 0, or where a short
+    /// read stopped.
+    read_from: usize,
+    state: SlotState<'a>,
+}
+
+/// A scan in progress: a [`Stream`] of the range's [`Chunk`]s in file order.
+/// Made by [`ScanOptions::scan`] or [`Scan::new`].
+pub struct Scan<'a> {
+    ctx: &'a UringContext,
+    fid: FileId,
+    opts: ScanOptions,
+    start: u64,
+    end: u64,
+    /// Offset of the next chunk to read (aligned).
+    next: u64,
+    slots: VecDeque<Slot<'a>>,
+    pool: Arc<Pool>,
+    /// End of file, end of range or an error: no more reads.
+    stopped: bool,
+}
+
+impl<'a> Scan<'a> {
+    /// A scan of `range` of file `fid` with default [`ScanOptions`].
+    pub fn new(
+        ctx: &'a UringContext,
+        fid: impl Into<FileId>,
+        range: impl RangeBounds<u64>,
+    ) -> io::Result<Scan<'a>> {
+        ScanOptions::new().scan(ctx, fid, range)
+    }
+
+    /// Buffers this scan has allocated so far: never more than
+    /// [`in_flight`](ScanOptions::in_flight), however long the range.
+    pub fn buffers_allocated(&self) -> usize {
+        self.pool.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Starts reads while buffers are available and the range goes on.
+    fn issue(&mut self, cx: &Context<'_>) {
+        let (chunk, align) = (self.opts.chunk_size, self.opts.align);
+        while !self.stopped && self.next < self.end && self.slots.len() < self.opts.in_flight {
+            let Some(buf) = self
+                .pool
+                .take(self.opts.in_flight, chunk, align, cx.waker())
+            else {
+                break;
+            };
+            // Read whole aligned blocks up to the range's end.
+            let left = self.end - self.next;
+            let want = if left >= chunk as u64 {
+                chunk
+            } else {
+                (left as usize).next_multiple_of(align)
+            };
+            let fut = self
+                .ctx
+                .read_owned(self.fid, self.next, Window::new(buf, 0, want));
+            self.slots.push_back(Slot {
+                offset: self.next,
+                want,
+                done: 0,
+                read_from: 0,
+                state: SlotState::Reading(fut),
+            });
+            self.next = self.next.saturating_add(chunk as u64);
+        }
+    }
+
+    /// Polls every read in flight; continues short reads.
+    fn poll_reads(&mut self, cx: &mut Context<'_>) {
+        let align = self.opts.align;
+        for slot in &mut self.slots {
+            while let SlotState::Reading(fut) = &mut slot.state {
+                let Poll::Ready((res, win)) = Pin::new(fut).poll(cx) else {
+                    break;
+                };
+                let buf = win.buf;
+                match res {
+                    Ok(n) => {
+                        slot.done = slot.read_from + n;
+                        if n == 0 || slot.done >= slot.want {
+                            // End of file, or complete.
+                            slot.state = SlotState::Done(buf);
+                        } else {
+                            // Short read before the end: read the rest.
+                            slot.read_from = slot.done;
+                            slot.state =
+                                SlotState::Reading(read_rest(self.ctx, self.fid, slot, buf));
+                        }
+                    }
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EINVAL)
+                            && slot.read_from % align != 0 =>
+                    {
+                        // A continuation from inside a block that the file
+                        // refuses: an O_DIRECT file, whose reads are short
+                        // only at its end.
+                        slot.state = SlotState::Done(buf);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                        slot.state = SlotState::Reading(read_rest(self.ctx, self.fid, slot, buf));
+                    }
+                    Err(e) => {
+                        self.pool.put(buf);
+                        slot.state = SlotState::Failed(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the stream: drops the reads in flight (their buffers stay with
+    /// the context until the kernel is done).
+    fn stop(&mut self) {
+        self.stopped = true;
+        self.slots.clear();
+    }
+}
+
+impl Stream for Scan<'_> {
+    type Item = io::Result<Chunk>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            this.issue(cx);
+            this.poll_reads(cx);
+            let Some(front) = this.slots.front_mut() else {
+                if this.stopped || this.next >= this.end {
+                    return Poll::Ready(None);
+                }
+                // Every buffer is with the consumer: a dropped chunk wakes us.
+                return Poll::Pending;
+            };
+            match std::mem::replace(&mut front.state, SlotState::Empty) {
+                SlotState::Done(buf) => {
+                    let (offset, done, want) = (front.offset, front.done, front.want);
+                    this.slots.pop_front();
+                    let from = this.start.max(offset);
+                    let to = this.end.min(offset + done as u64);
+                    if done < want {
+                        // End of file inside this chunk: nothing after it.
+                        this.stop();
+                    }
+                    if from >= to {
+                        this.pool.put(buf);
+                        // An empty chunk only at end of file (or range).
+                        this.stop();
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Chunk {
+                        buf: Some(buf),
+                        start: (from - offset) as usize,
+                        len: (to - from) as usize,
+                        offset: from,
+                        pool: this.pool.clone(),
+                    })));
+                }
+                SlotState::Failed(e) => {
+                    this.stop();
+                    return Poll::Ready(Some(Err(e)));
+                }
+                state => {
+                    front.state = state;
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Scan<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scan")
+            .field("fid", &self.fid)
+            .field("opts", &self.opts)
+            .field("range", &(self.start..self.end))
+            .field("next", &self.next)
+            .field("in_flight", &self.slots.len())
+            .field("buffers_allocated", &self.buffers_allocated())
+            .field("stopped", &self.stopped)
+            .finish()
+    }
+}
+
+/// A piece of the scanned range, in file order: derefs to its bytes, and
+/// [`offset`](Chunk::offset) says where they are in the file. Dropping it
+/// gives its buffer back to the scan (which may be waiting for one).
+pub struct Chunk {
+    buf: Option<AlignedBuf>,
+    start: usize,
+    len: usize,
+    offset: u64,
+    pool: Arc<Pool>,
+}
+
+impl Chunk {
+    /// File offset of the chunk's first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl Deref for Chunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let buf = self.buf.as_ref().expect("a live chunk has its buffer");
+        &buf[self.start..self.start + self.len]
+    }
+}
+
+impl AsRef<[u8]> for Chunk {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.put(buf);
+        }
+    }
+}
+
+impl fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,415 @@
+//! Sequential scans (`ScanOptions::scan`): order and content for many sizes
+//! and ranges, O_DIRECT, short reads mid-file and errors (FUSE), dropping a
+//! scan with reads in flight, a consumer holding every chunk, buffer reuse,
+//! both backends. Every test runs under a watchdog.
+
+mod common;
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::Duration;
+
+use common::fuse::{Fault, FaultFs, FileSpec};
+use common::{check_pattern, Flavor, TestFile};
+use futures::StreamExt;
+use uring_positioned_io::{BackendChoice, Chunk, ScanOptions, UringContext};
+
+const CHUNK: usize = 64 << 10;
+
+/// Scans `range` of `fid` and checks that the chunks are contiguous, in
+/// order, with the pattern's bytes, and cover `range` clamped to the file.
+/// Returns the number of chunks.
+async fn check_scan(
+    ctx: &UringContext,
+    fid: u32,
+    file: &TestFile,
+    opts: ScanOptions,
+    range: Range<u64>,
+) -> usize {
+    let mut scan = opts
+        .scan(ctx, fid, range.clone())
+        .unwrap_or_else(|e| panic!("scan {range:?}: {e}"));
+    let mut at = range.start;
+    let mut chunks = 0;
+    while let Some(chunk) = scan.next().await {
+        let chunk = chunk.unwrap_or_else(|e| panic!("scan {range:?} @ {at}: {e}"));
+        assert_eq!(chunk.offset(), at, "chunks out of order in {range:?}");
+        assert!(!chunk.is_empty(), "empty chunk @ {at} in {range:?}");
+        check_pattern(file.seed, at, &chunk).unwrap_or_else(|e| panic!("{range:?}: {e}"));
+        at += chunk.len() as u64;
+        chunks += 1;
+    }
+    assert_eq!(
+        at,
+        range.end.min(file.len).max(range.start),
+        "scan of {range:?} of a {}-byte file ended early or late",
+        file.len
+    );
+    assert!(
+        scan.next().await.is_none(),
+        "a finished scan stays finished"
+    );
+    assert!(scan.buffers_allocated() <= opts_in_flight(opts));
+    chunks
+}
+
+fn opts_in_flight(opts: ScanOptions) -> usize {
+    // ScanOptions has no getters; its Debug output names the field.
+    let s = format!("{opts:?}");
+    let v = s.split("in_flight: ").nth(1).expect("in_flight in Debug");
+    v.split([',', ' ', '}']).next().unwrap().parse().unwrap()
+}
+
+const SIZES: [u64; 11] = [
+    0,
+    1,
+    4095,
+    4096,
+    4097,
+    CHUNK as u64 - 1,
+    CHUNK as u64,
+    CHUNK as u64 + 1,
+    3 * CHUNK as u64 + 4096,
+    (3 << 20) + 12_345,
+    (5 << 20) + 1,
+];
+
+fn sizes_in_order(choice: BackendChoice) {
+    let set = common::FileSet::new(0x5ca1, &SIZES);
+    common::run("sizes_in_order", Flavor::Multi, 40, move || async move {
+        let ctx = common::default_ctx(choice, set.open_all());
+        for (fid, file) in set.files.iter().enumerate() {
+            for (in_flight, align) in [(1, 4096), (4, 4096), (16, 512), (3, 1)] {
+                let opts = ScanOptions::new()
+                    .chunk_size(CHUNK)
+                    .in_flight(in_flight)
+                    .align(align);
+                let n = check_scan(&ctx, fid as u32, file, opts, 0..u64::MAX).await;
+                assert_eq!(n as u64, file.len.div_ceil(CHUNK as u64), "{file:?}");
+                // Known end: exactly the file.
+                check_scan(&ctx, fid as u32, file, opts, 0..file.len).await;
+            }
+        }
+        drop(set);
+    });
+}
+
+fn ranges_mid_chunk(choice: BackendChoice) {
+    let set = common::FileSet::new(0x7a9e, &[(2 << 20) + 777]);
+    common::run("ranges_mid_chunk", Flavor::Multi, 40, move || async move {
+        let file = &set.files[0];
+        let ctx = common::default_ctx(choice, set.open_all());
+        let c = CHUNK as u64;
+        let mut ranges = vec![
+            1..c - 1,
+            c - 1..c + 1,
+            100..3 * c + 5,
+            c..2 * c,
+            5000..5000,
+            file.len - 10..file.len,
+            file.len - 10..file.len + 5000,
+            file.len..file.len + 1,
+            file.len + 4096..u64::MAX,
+            4097..file.len - 4097,
+        ];
+        let mut rng = common::Rng::new(0x11);
+        for _ in 0..30 {
+            let a = rng.below(file.len + 100);
+            let b = a + rng.below(5 * c);
+            ranges.push(a..b);
+        }
+        for r in ranges {
+            for (in_flight, align) in [(2, 4096), (5, 1)] {
+                let opts = ScanOptions::new()
+                    .chunk_size(CHUNK)
+                    .in_flight(in_flight)
+                    .align(align);
+                check_scan(&ctx, 0, file, opts, r.clone()).await;
+            }
+        }
+        drop(set);
+    });
+}
+
+fn o_direct(choice: BackendChoice) {
+    let set = common::FileSet::new(0xd12ec7, &[(1 << 20) + 8192 + 123, 4096, 100]);
+    set.sync_all();
+    let open = |f: &TestFile| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&f.path)
+    };
+    let files: Vec<File> = match set.files.iter().map(open).collect() {
+        Ok(f) => f,
+        Err(e) => {
+            println!(
+                "skipped: the file system under {} refuses O_DIRECT: {e}",
+                set.dir.path().display()
+            );
+            return;
+        }
+    };
+    common::run("o_direct", Flavor::Multi, 30, move || async move {
+        let ctx = common::default_ctx(choice, files);
+        for (fid, file) in set.files.iter().enumerate() {
+            let len = file.len;
+            for r in [
+                0..u64::MAX,
+                0..len,
+                1..len - 1,
+                4095.min(len)..len,
+                len / 2..len + 9,
+            ] {
+                for in_flight in [1, 4] {
+                    let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(in_flight);
+                    check_scan(&ctx, fid as u32, file, opts, r.clone()).await;
+                }
+            }
+        }
+        drop(set);
+    });
+}
+
+fn zero_length_and_empty(choice: BackendChoice) {
+    let set = common::FileSet::new(0x2e20, &[0, 10_000]);
+    common::run("zero_length", Flavor::Current, 20, move || async move {
+        let ctx = common::default_ctx(choice, set.open_all());
+        for (fid, r) in [
+            (0u32, 0..u64::MAX),
+            (0, 0..0),
+            (1, 5..5),
+            (1, 20_000..30_000),
+        ] {
+            let mut scan = ScanOptions::new().scan(&ctx, fid, r.clone()).unwrap();
+            assert!(scan.next().await.is_none(), "{fid} {r:?}");
+            assert!(scan.next().await.is_none(), "{fid} {r:?}");
+        }
+        drop(set);
+    });
+}
+
+/// Dropping a scan with reads in the kernel: the context keeps working and
+/// nothing stays in flight.
+fn drop_mid_scan(choice: BackendChoice) {
+    let set = common::FileSet::new(0xd20b, &[16 << 20]);
+    set.sync_all();
+    common::run("drop_mid_scan", Flavor::Multi, 30, move || async move {
+        let file = set.files[0].clone();
+        let ctx = common::default_ctx(choice, set.open_all());
+        for (take, in_flight) in [(0, 16), (1, 16), (3, 8), (1, 1)] {
+            file.drop_cache();
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(in_flight);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let mut kept = Vec::new();
+            if take == 0 {
+                // Polled once: reads issued, then dropped.
+                let _ = common::poll_once(std::pin::Pin::new(&mut scan.next())).await;
+            }
+            for _ in 0..take {
+                kept.push(scan.next().await.unwrap().unwrap());
+            }
+            drop(scan);
+            // Chunks outlive the stream.
+            for (i, c) in kept.iter().enumerate() {
+                assert_eq!(c.offset(), (i * CHUNK) as u64);
+                check_pattern(file.seed, c.offset(), c).unwrap();
+            }
+            drop(kept);
+            let n = common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await;
+            assert_eq!(n, 0, "reads of a dropped scan still in flight");
+            common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+        }
+        drop(set);
+    });
+}
+
+/// A consumer that keeps every chunk: the stream stops reading and waits;
+/// dropping one chunk lets it go on.
+fn holding_chunks(choice: BackendChoice) {
+    let set = common::FileSet::new(0x401d, &[10 * CHUNK as u64 + 99]);
+    common::run("holding_chunks", Flavor::Multi, 30, move || async move {
+        let file = set.files[0].clone();
+        let ctx = common::default_ctx(choice, set.open_all());
+        let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(3);
+        let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+        let mut held: Vec<Chunk> = Vec::new();
+        for _ in 0..3 {
+            held.push(scan.next().await.unwrap().unwrap());
+        }
+        let stats = ctx.stats();
+        // Every buffer is with the consumer: the stream must wait.
+        let waited = tokio::time::timeout(Duration::from_millis(200), scan.next()).await;
+        assert!(
+            waited.is_err(),
+            "the scan yielded a 4th chunk with 3 buffers out"
+        );
+        assert_eq!(
+            ctx.stats().submitted,
+            stats.submitted,
+            "no read without a buffer"
+        );
+        assert_eq!(scan.buffers_allocated(), 3);
+        let mut at = 0;
+        let mut n = 0;
+        loop {
+            // Give one back (from the front, in order); the next one comes.
+            if !held.is_empty() {
+                let c = held.remove(0);
+                assert_eq!(c.offset(), at);
+                check_pattern(file.seed, at, &c).unwrap();
+                at += c.len() as u64;
+                n += 1;
+            }
+            match tokio::time::timeout(Duration::from_secs(5), scan.next()).await {
+                Ok(Some(c)) => held.push(c.unwrap()),
+                Ok(None) => break,
+                Err(_) => panic!("the scan did not wake after a chunk was dropped"),
+            }
+        }
+        for c in held.drain(..) {
+            assert_eq!(c.offset(), at);
+            check_pattern(file.seed, at, &c).unwrap();
+            at += c.len() as u64;
+            n += 1;
+        }
+        assert_eq!((at, n), (file.len, 11));
+        assert_eq!(scan.buffers_allocated(), 3);
+        drop(set);
+    });
+}
+
+/// A long scan allocates at most `in_flight` buffers.
+fn buffers_recycled(choice: BackendChoice) {
+    let set = common::FileSet::new(0xbeef, &[8 << 20]);
+    common::run("buffers_recycled", Flavor::Multi, 30, move || async move {
+        let file = set.files[0].clone();
+        let ctx = common::default_ctx(choice, set.open_all());
+        for in_flight in [1, 4, 16] {
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(in_flight);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let mut chunks = 0;
+            let mut seen = std::collections::HashSet::new();
+            while let Some(c) = scan.next().await {
+                let c = c.unwrap();
+                seen.insert(c.as_ptr() as usize - (c.offset() % CHUNK as u64) as usize);
+                chunks += 1;
+            }
+            assert_eq!(chunks, 128);
+            assert!(scan.buffers_allocated() <= in_flight);
+            assert!(seen.len() <= in_flight, "{} distinct buffers", seen.len());
+        }
+        drop(file);
+        drop(set);
+    });
+}
+
+fn bad_options() {
+    common::run("bad_options", Flavor::Current, 10, || async {
+        let f = tempfile::tempfile().unwrap();
+        let ctx = UringContext::new(vec![f]).unwrap();
+        for (opts, what) in [
+            (ScanOptions::new().chunk_size(0), "chunk_size"),
+            (ScanOptions::new().chunk_size(5000), "chunk_size"),
+            (ScanOptions::new().in_flight(0), "in_flight"),
+            (ScanOptions::new().align(3), "align"),
+        ] {
+            let e = opts.scan(&ctx, 0u32, ..).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        #[allow(clippy::reversed_empty_ranges)]
+        let e = ScanOptions::new().scan(&ctx, 0u32, 10..5).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    });
+}
+
+/// Storage that returns short reads mid-file (FUSE, direct_io): the scan
+/// reads the rest, never skips; an error is yielded once and ends the stream.
+fn short_reads_and_errors(choice: BackendChoice) {
+    let len = (1 << 20) + 5000;
+    let spec = FileSpec::new("s", len, 0x5407);
+    let fs = match FaultFs::mount(std::slice::from_ref(&spec), true) {
+        Ok(fs) => fs,
+        Err(reason) => {
+            println!("skipped: {reason}");
+            return;
+        }
+    };
+    let file = TestFile {
+        path: fs.path("s"),
+        seed: spec.seed,
+        len,
+    };
+    common::run("short_reads", Flavor::Multi, 30, move || async move {
+        let ctx = common::default_ctx(choice, vec![file.open()]);
+        fs.set_fault("s", 100_000..300_000, Fault::Short(1000));
+        fs.set_fault("s", 600_000..600_001, Fault::Short(4096));
+        // On io_uring the kernel's asynchronous FUSE direct I/O reports a
+        // short reply as a full read (a plain `read_owned` of 64 KiB returns
+        // 65536 with wrong bytes after the reply's 1000; kernel 6.18), so a
+        // short read never reaches the crate: only the fallback's pread sees
+        // one.
+        let shorts = if choice == BackendChoice::Fallback {
+            &[(4, 4096), (2, 1)][..]
+        } else {
+            println!("skipped (short reads, io_uring): async FUSE direct I/O hides them");
+            &[]
+        };
+        for &(in_flight, align) in shorts {
+            let opts = ScanOptions::new()
+                .chunk_size(CHUNK)
+                .in_flight(in_flight)
+                .align(align);
+            check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await;
+            check_scan(&ctx, 0, &file, opts, 99_999..700_001).await;
+        }
+        fs.clear_faults();
+        fs.set_fault(
+            "s",
+            5 * CHUNK as u64..5 * CHUNK as u64 + 1,
+            Fault::Errno(libc::EIO),
+        );
+        let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(4);
+        let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+        let mut at = 0;
+        let err = loop {
+            match scan.next().await.expect("the error comes before the end") {
+                Ok(c) => {
+                    assert_eq!(c.offset(), at);
+                    check_pattern(file.seed, at, &c).unwrap();
+                    at += c.len() as u64;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(at, 5 * CHUNK as u64, "every chunk before the failed one");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+        assert!(scan.next().await.is_none(), "an error ends the stream");
+        drop(scan);
+        assert_eq!(
+            common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await,
+            0
+        );
+        drop(ctx);
+        drop(fs);
+    });
+}
+
+backend_tests!(
+    sizes_in_order,
+    ranges_mid_chunk,
+    o_direct,
+    zero_length_and_empty,
+    drop_mid_scan,
+    holding_chunks,
+    buffers_recycled,
+    short_reads_and_errors,
+);
+
+#[test]
+fn invalid_options() {
+    bad_options();
+}
