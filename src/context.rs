@@ -254,6 +254,9 @@ const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// runnable threads only add context switches (and starve the runtime's own
 /// threads) without adding device parallelism worth having.
 const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
+/// tokio's default `max_blocking_threads`: more routed reads than this would
+/// only queue inside tokio.
+const MAX_ROUTED_IN_FLIGHT: usize = 512;
 
 fn invalid<T>(msg: String) -> io::Result<T> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, msg))
@@ -437,9 +440,16 @@ impl Builder {
                 },
             },
         };
+        let backend_kind = info.kind;
         let inner = Arc::new(Inner {
             backend,
-            blocking: Fallback::new(plan.fallback_in_flight, handle.clone()),
+            blocking: Fallback::new(
+                match backend_kind {
+                    BackendKind::Fallback => plan.fallback_in_flight,
+                    BackendKind::IoUring => plan.routed_in_flight,
+                },
+                handle.clone(),
+            ),
             files,
             inline_nowait: self.inline_nowait,
             // A task woken on a current_thread runtime waits behind every
@@ -576,6 +586,7 @@ impl Builder {
             rings,
             capacity,
             fallback_in_flight,
+            routed_in_flight: max_in_flight.clamp(1, MAX_ROUTED_IN_FLIGHT),
             ring_cfgs: (0..rings)
                 .map(|i| RingConfig {
                     entries: self.ring_entries,
@@ -598,6 +609,10 @@ struct Plan {
     rings: usize,
     capacity: u32,
     fallback_in_flight: usize,
+    /// Blocking-pool reads at once for files routed off the rings: such
+    /// reads mostly wait on slow storage, so they get the context's whole
+    /// in-flight limit, up to tokio's default of 512 blocking threads.
+    routed_in_flight: usize,
     ring_cfgs: Vec<RingConfig>,
 }
 

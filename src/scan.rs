@@ -114,12 +114,14 @@ impl Default for ScanOptions {
 
 impl ScanOptions {
     /// Defaults: 1 MiB chunks, 4 reads in flight, 4096-byte alignment.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Bytes per chunk and per read (default 1 MiB); a non-zero multiple of
     /// the alignment.
+    #[must_use]
     pub fn chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
         self
@@ -127,6 +129,7 @@ impl ScanOptions {
 
     /// Buffers of the scan (default 4): the reads in flight ahead of the
     /// consumer plus the chunks it holds. At least 1.
+    #[must_use]
     pub fn in_flight(mut self, reads: usize) -> Self {
         self.in_flight = reads;
         self
@@ -135,6 +138,7 @@ impl ScanOptions {
     /// Alignment of every read's offset, length and buffer (default 4096, as
     /// `O_DIRECT` needs on most devices); a power of two. 1 reads exactly
     /// the range on buffered files.
+    #[must_use]
     pub fn align(mut self, bytes: usize) -> Self {
         self.align = bytes;
         self
@@ -144,8 +148,10 @@ impl ScanOptions {
     /// end beyond the file stops at end of file). Nothing is read until the
     /// stream is polled.
     ///
-    /// Errors: `InvalidInput` for settings out of range (naming them) or a
-    /// range whose start is beyond its end.
+    /// # Errors
+    ///
+    /// `InvalidInput` for settings out of range (naming them) or a range
+    /// whose start is beyond its end.
     pub fn scan<'a>(
         &self,
         ctx: &'a UringContext,
@@ -217,7 +223,9 @@ struct PoolState {
 
 impl Pool {
     fn lock(&self) -> MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A free buffer, a new one while fewer than `max` exist, or `None`
@@ -326,6 +334,10 @@ pub struct Scan<'a> {
 
 impl<'a> Scan<'a> {
     /// A scan of `range` of file `fid` with default [`ScanOptions`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ScanOptions::scan`].
     pub fn new(
         ctx: &'a UringContext,
         fid: impl Into<FileId>,
@@ -336,6 +348,7 @@ impl<'a> Scan<'a> {
 
     /// Buffers this scan has allocated so far: never more than
     /// [`in_flight`](ScanOptions::in_flight), however long the range.
+    #[must_use]
     pub fn buffers_allocated(&self) -> usize {
         self.pool.allocated.load(Ordering::Relaxed)
     }
@@ -355,7 +368,10 @@ impl<'a> Scan<'a> {
             let want = if left >= chunk as u64 {
                 chunk
             } else {
-                (left as usize).next_multiple_of(align)
+                // left < chunk, a usize.
+                usize::try_from(left)
+                    .unwrap_or(chunk)
+                    .next_multiple_of(align)
             };
             let fut = self
                 .ctx
@@ -455,8 +471,9 @@ impl Stream for Scan<'_> {
                     }
                     return Poll::Ready(Some(Ok(Chunk {
                         buf: Some(buf),
-                        start: (from - offset) as usize,
-                        len: (to - from) as usize,
+                        // Both within one chunk, a usize.
+                        start: usize::try_from(from - offset).unwrap_or(0),
+                        len: usize::try_from(to - from).unwrap_or(0),
                         offset: from,
                         pool: this.pool.clone(),
                     })));
@@ -501,6 +518,7 @@ pub struct Chunk {
 
 impl Chunk {
     /// File offset of the chunk's first byte.
+    #[must_use]
     pub fn offset(&self) -> u64 {
         self.offset
     }
@@ -528,6 +546,10 @@ impl Drop for Chunk {
     }
 }
 
+#[allow(
+    clippy::missing_fields_in_debug,
+    reason = "the bytes are not debug output"
+)]
 impl fmt::Debug for Chunk {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Chunk")

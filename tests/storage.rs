@@ -225,3 +225,94 @@ fn routes_are_reported() {
     });
     drop(fs);
 }
+
+/// Slow storage (every read takes 10 ms), 256 reads in flight: the crate
+/// against `spawn_blocking` + `pread`, the baseline a user would otherwise
+/// pick, in the same run. Printed; the bound only catches a collapse.
+#[test]
+fn slow_storage_keeps_up_with_spawn_blocking() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
+    for direct in [true, false] {
+        let spec = FileSpec::new("slow", 256 * MIB, 0x7005);
+        let Some(fs) = mount(std::slice::from_ref(&spec), direct) else {
+            return;
+        };
+        fs.set_fault(
+            "slow",
+            0..256 * MIB,
+            Fault::Delay(Duration::from_millis(10)),
+        );
+        let path = fs.path("slow");
+        common::run("slow_storage", Flavor::Multi, 60, move || async move {
+            const IN_FLIGHT: u64 = 256;
+            const SECS: f64 = 1.0;
+            // Distinct 4 KiB blocks, so no read is served from the cache.
+            let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let ctx = common::build_ctx(
+                BackendChoice::IoUring,
+                vec![File::open(&path).unwrap()],
+                |b| b,
+            );
+            let stop = Instant::now() + Duration::from_secs_f64(SECS);
+            let tasks: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| {
+                    let (ctx, next) = (ctx.clone(), next.clone());
+                    tokio::spawn(async move {
+                        let mut n = 0u64;
+                        let mut buf = vec![0u8; 4096];
+                        while Instant::now() < stop {
+                            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            ctx.read(0u32, b * 4096 % (256 * MIB), &mut buf)
+                                .await
+                                .unwrap();
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let mut crate_reads = 0;
+            for t in tasks {
+                crate_reads += t.await.unwrap();
+            }
+            let file = Arc::new(File::open(&path).unwrap());
+            let stop = Instant::now() + Duration::from_secs_f64(SECS);
+            let tasks: Vec<_> = (0..IN_FLIGHT)
+                .map(|_| {
+                    let (file, next) = (file.clone(), next.clone());
+                    tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while Instant::now() < stop {
+                            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let file = file.clone();
+                            tokio::task::spawn_blocking(move || {
+                                let mut buf = vec![0u8; 4096];
+                                file.read_at(&mut buf, b * 4096 % (256 * MIB)).unwrap()
+                            })
+                            .await
+                            .unwrap();
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let mut baseline = 0;
+            for t in tasks {
+                baseline += t.await.unwrap();
+            }
+            let ideal = (IN_FLIGHT as f64 * SECS / 0.010) as u64;
+            eprintln!(
+                "slow storage (10 ms/read, {IN_FLIGHT} in flight, direct={direct}): crate {crate_reads} reads, \
+                 spawn_blocking {baseline}, ideal {ideal} ({:.2}x the baseline)",
+                crate_reads as f64 / baseline.max(1) as f64
+            );
+            assert!(
+                crate_reads * 2 >= baseline,
+                "the crate fell far behind spawn_blocking on slow storage"
+            );
+        });
+        drop(fs);
+    }
+}
