@@ -26,17 +26,6 @@ fn mode_name(direct_io: bool) -> &'static str {
     }
 }
 
-/// Mount or print why not (the caller then returns and passes).
-fn mount(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
-    match FaultFs::mount(files, direct_io) {
-        Ok(fs) => Some(fs),
-        Err(reason) => {
-            println!("skipped: {reason}");
-            None
-        }
-    }
-}
-
 /// One pread: the bytes it returned or its error.
 fn pread(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
@@ -87,7 +76,7 @@ fn content_is_the_pattern_in_both_modes() {
     watchdog("content", WATCHDOG_SECS, || {
         for direct_io in [false, true] {
             let specs = files();
-            let Some(fs) = mount(&specs, direct_io) else {
+            let Some(fs) = FaultFs::mount_or_skip(&specs, direct_io) else {
                 return;
             };
             // Directory listing and sizes.
@@ -149,7 +138,7 @@ fn errno_faults_give_that_errno() {
     let _g = serial();
     watchdog("errno", WATCHDOG_SECS, || {
         for direct_io in [false, true] {
-            let Some(fs) = mount(&files(), direct_io) else {
+            let Some(fs) = FaultFs::mount_or_skip(&files(), direct_io) else {
                 return;
             };
             let f = File::open(fs.path("big")).unwrap();
@@ -212,7 +201,7 @@ fn short_faults_return_short_counts_with_correct_bytes() {
     watchdog("short", WATCHDOG_SECS, || {
         for direct_io in [false, true] {
             let mode = mode_name(direct_io);
-            let Some(fs) = mount(&files(), direct_io) else {
+            let Some(fs) = FaultFs::mount_or_skip(&files(), direct_io) else {
                 return;
             };
             let f = File::open(fs.path("big")).unwrap();
@@ -281,7 +270,7 @@ fn delay_delays_only_the_faulted_range() {
     watchdog("delay", WATCHDOG_SECS, || {
         const DELAY: Duration = Duration::from_millis(400);
         for direct_io in [false, true] {
-            let Some(fs) = mount(&files(), direct_io) else {
+            let Some(fs) = FaultFs::mount_or_skip(&files(), direct_io) else {
                 return;
             };
             let big = Arc::new(File::open(fs.path("big")).unwrap());
@@ -322,7 +311,7 @@ fn delay_delays_only_the_faulted_range() {
 /// set_fault re-arms the hang.
 fn hang_case(direct_io: bool) {
     let mode = mode_name(direct_io);
-    let Some(fs) = mount(&files(), direct_io) else {
+    let Some(fs) = FaultFs::mount_or_skip(&files(), direct_io) else {
         return;
     };
     let big = Arc::new(File::open(fs.path("big")).unwrap());
@@ -425,7 +414,7 @@ fn mount_and_unmount_twenty_times() {
         let mut roots = Vec::new();
         for i in 0..20u64 {
             let specs = [FileSpec::new("f", 100_000 + i, i)];
-            let Some(fs) = mount(&specs, i % 2 == 0) else {
+            let Some(fs) = FaultFs::mount_or_skip(&specs, i % 2 == 0) else {
                 return;
             };
             let f = File::open(fs.path("f")).unwrap();
@@ -454,7 +443,7 @@ fn drop_with_a_file_still_open_does_not_hang() {
     watchdog("drop-open", WATCHDOG_SECS, || {
         for direct_io in [false, true] {
             let mode = mode_name(direct_io);
-            let Some(fs) = mount(&files(), direct_io) else {
+            let Some(fs) = FaultFs::mount_or_skip(&files(), direct_io) else {
                 return;
             };
             let root = fs.root().to_path_buf();

@@ -756,12 +756,8 @@ fn f06_teardown_with_reads_that_never_finish() {
     // Page cache on: each read is punted to an io-wq worker, which then waits
     // on a FUSE request that neither cancellation nor a signal can end
     // (the server does not support interrupts): only the server can.
-    let fs = match FaultFs::mount(&[FileSpec::new("hung", LEN, 0x606)], false) {
-        Ok(fs) => fs,
-        Err(reason) => {
-            println!("skipped: {reason}");
-            return;
-        }
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("hung", LEN, 0x606)], false) else {
+        return;
     };
     fs.set_fault("hung", 0..LEN, Fault::Hang);
     let path = fs.path("hung");

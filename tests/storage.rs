@@ -15,16 +15,6 @@ use uring_positioned_io::{BackendChoice, UringContext};
 const BOTH: [BackendChoice; 2] = [BackendChoice::IoUring, BackendChoice::Fallback];
 const MIB: u64 = 1 << 20;
 
-fn mount(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
-    match FaultFs::mount(files, direct_io) {
-        Ok(fs) => Some(fs),
-        Err(reason) => {
-            println!("skipped: {reason}");
-            None
-        }
-    }
-}
-
 /// Storage that returns fewer bytes than asked: the read returns a short
 /// count with the right bytes (as pread does), or the right bytes in full —
 /// never wrong bytes as `Ok`. `read_exact` returns the right bytes or an
@@ -33,7 +23,7 @@ fn mount(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
 fn short_reads_never_return_wrong_bytes() {
     for direct in [true, false] {
         let spec = FileSpec::new("lies", 8 * MIB, 0x7001);
-        let Some(fs) = mount(std::slice::from_ref(&spec), direct) else {
+        let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
             return;
         };
         // Faults on 128 KiB boundaries (see the harness on readahead).
@@ -126,7 +116,7 @@ async fn healthy_load(
 fn hung_storage_does_not_freeze_the_runtime() {
     for direct in [true, false] {
         let spec = FileSpec::new("hung", 64 * MIB, 0x7002);
-        let Some(fs) = mount(&[spec], direct) else {
+        let Some(fs) = FaultFs::mount_or_skip(&[spec], direct) else {
             return;
         };
         fs.set_fault("hung", 0..64 * MIB, Fault::Hang);
@@ -197,7 +187,7 @@ fn hung_storage_does_not_freeze_the_runtime() {
 /// FUSE files go to the blocking pool; local files to the rings.
 #[test]
 fn routes_are_reported() {
-    let Some(fs) = mount(&[FileSpec::new("f", MIB, 1)], true) else {
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("f", MIB, 1)], true) else {
         return;
     };
     let set = common::FileSet::new(0x7004, &[4096]);
@@ -235,7 +225,7 @@ fn slow_storage_keeps_up_with_spawn_blocking() {
     use std::sync::Arc;
     for direct in [true, false] {
         let spec = FileSpec::new("slow", 256 * MIB, 0x7005);
-        let Some(fs) = mount(std::slice::from_ref(&spec), direct) else {
+        let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
             return;
         };
         fs.set_fault(

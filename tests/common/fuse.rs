@@ -537,6 +537,19 @@ impl FaultFs {
         Ok(me)
     }
 
+    /// [`mount`](Self::mount), or print `skipped: <reason>` and return
+    /// `None` (the calling test then returns, and passes) where FUSE is
+    /// unavailable.
+    pub fn mount_or_skip(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
+        match FaultFs::mount(files, direct_io) {
+            Ok(fs) => Some(fs),
+            Err(reason) => {
+                println!("skipped: {reason}");
+                None
+            }
+        }
+    }
+
     /// The mount point.
     pub fn root(&self) -> &Path {
         &self.mountpoint

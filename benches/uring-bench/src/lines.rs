@@ -241,17 +241,43 @@ fn vectored(p: &Path) -> io::Result<Counted> {
         if got == 0 {
             break;
         }
-        let mut left = got;
-        for b in &bufs {
-            let take = left.min(b.len());
-            n += naive(&b[..take]);
-            left -= take;
-            if left == 0 {
-                break;
-            }
-        }
+        n += count_filled(&bufs, got);
     }
     Ok((n, Some(reads)))
+}
+
+/// Submits one read SQE and waits for it: the study's io_uring loop, one
+/// read in flight. Returns the bytes read.
+///
+/// # Safety
+///
+/// Every buffer the SQE points to must stay valid until this returns.
+unsafe fn read_one(
+    ring: &mut io_uring::IoUring,
+    sqe: &io_uring::squeue::Entry,
+) -> io::Result<usize> {
+    // SAFETY: the caller keeps the SQE's buffers valid until we return, and
+    // we return only after its completion.
+    unsafe { ring.submission().push(sqe) }.map_err(io::Error::other)?;
+    ring.submit_and_wait(1)?;
+    let cqe = ring.completion().next().expect("a completion");
+    usize::try_from(cqe.result()).map_err(|_| io::Error::from_raw_os_error(-cqe.result()))
+}
+
+/// Lines in the first `got` bytes of `bufs`, filled in order by one
+/// vectored read.
+fn count_filled(bufs: &[Vec<u8>], got: usize) -> u64 {
+    let mut left = got;
+    let mut n = 0;
+    for b in bufs {
+        if left == 0 {
+            break;
+        }
+        let take = left.min(b.len());
+        n += naive(&b[..take]);
+        left -= take;
+    }
+    n
 }
 
 fn uring_one(p: &Path) -> io::Result<Counted> {
@@ -264,13 +290,9 @@ fn uring_one(p: &Path) -> io::Result<Counted> {
         let sqe = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.as_mut_ptr(), buf.len() as u32)
             .offset(off)
             .build();
-        // SAFETY: `buf` outlives the read: we wait for its completion below.
-        unsafe { ring.submission().push(&sqe) }.map_err(io::Error::other)?;
-        ring.submit_and_wait(1)?;
-        let cqe = ring.completion().next().expect("a completion");
+        // SAFETY: `buf` outlives the call, which waits for the read.
+        let got = unsafe { read_one(&mut ring, &sqe) }?;
         reads += 1;
-        let got = usize::try_from(cqe.result())
-            .map_err(|_| io::Error::from_raw_os_error(-cqe.result()))?;
         if got == 0 {
             break;
         }
@@ -297,25 +319,13 @@ fn uring_vectored(p: &Path) -> io::Result<Counted> {
         let sqe = opcode::Readv::new(types::Fd(f.as_raw_fd()), iov.as_ptr(), iov.len() as u32)
             .offset(off)
             .build();
-        // SAFETY: the iovecs and buffers outlive the read (waited for below).
-        unsafe { ring.submission().push(&sqe) }.map_err(io::Error::other)?;
-        ring.submit_and_wait(1)?;
-        let cqe = ring.completion().next().expect("a completion");
+        // SAFETY: the iovecs and buffers outlive the call, which waits for the read.
+        let got = unsafe { read_one(&mut ring, &sqe) }?;
         reads += 1;
-        let got = usize::try_from(cqe.result())
-            .map_err(|_| io::Error::from_raw_os_error(-cqe.result()))?;
         if got == 0 {
             break;
         }
-        let mut left = got;
-        for b in &bufs {
-            let take = left.min(b.len());
-            n += naive(&b[..take]);
-            left -= take;
-            if left == 0 {
-                break;
-            }
-        }
+        n += count_filled(&bufs, got);
         off += got as u64;
     }
     Ok((n, Some(reads)))

@@ -285,26 +285,26 @@ fn cpu_per_read_mode() {
     assert!(stdout(&o).contains("cpu-per-read"), "{}", stdout(&o));
 }
 
+/// `uring-bench lines --size 3M --repeat 1 --quiet` with its data and
+/// results under `dir`, plus `extra` arguments.
+fn run_lines(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["lines", "--size", "3M", "--repeat", "1", "--quiet"])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--output-dir")
+        .arg(dir.join("results"))
+        .output()
+        .expect("run uring-bench lines")
+}
+
 /// `uring-bench lines` on a tiny file: every method counts the same lines
 /// (a mismatch exits non-zero), and the JSON, Markdown and SVG are written.
 #[test]
 fn lines_mode_end_to_end() {
     let dir = tmp();
-    let o = Command::new(BIN)
-        .args([
-            "lines",
-            "--size",
-            "3M",
-            "--repeat",
-            "1",
-            "--quiet",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .arg("--output-dir")
-        .arg(dir.path().join("results"))
-        .output()
-        .expect("run uring-bench lines");
+    let o = run_lines(dir.path(), &[]);
     eprintln!("--- stdout\n{}", stdout(&o));
     eprintln!("--- stderr\n{}", stderr(&o));
     assert!(o.status.success(), "lines mode failed");
@@ -334,23 +334,7 @@ fn lines_mode_end_to_end() {
     assert!(run.join("lines.md").exists());
     assert!(run.join("lines-cold.svg").exists() && run.join("lines-hot.svg").exists());
     // The second run reuses the file (manifest).
-    let o = Command::new(BIN)
-        .args([
-            "lines",
-            "--size",
-            "3M",
-            "--repeat",
-            "1",
-            "--quiet",
-            "--only",
-            "wc",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("data"))
-        .arg("--output-dir")
-        .arg(dir.path().join("results"))
-        .output()
-        .unwrap();
+    let o = run_lines(dir.path(), &["--only", "wc"]);
     assert!(o.status.success());
     assert!(!stdout(&o).contains("making"), "the file was made again");
 }
