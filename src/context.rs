@@ -956,6 +956,20 @@ impl UringContext {
     /// # Errors
     ///
     /// `InvalidInput` if `fid` is not registered.
+    ///
+    /// ```
+    /// use uring_positioned_io::{BackendKind, FileRoute, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// match ctx.file_route(0)? {
+    ///     FileRoute::Ring => assert_eq!(ctx.backend().kind, BackendKind::IoUring),
+    ///     FileRoute::BlockingPool(why) => println!("file #0 is read with pread: {why}"),
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn file_route(&self, fid: impl Into<FileId>) -> io::Result<FileRoute> {
         let file = self.inner.files.get(fid.into())?;
         Ok(match self.inner.backend {
