@@ -356,8 +356,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// is an error that says so, never a short count mid-file.
     fn check_tainted(&mut self, res: io::Result<usize>) -> io::Result<usize> {
         let gone = |what: String| {
+            // Not `Interrupted`: that means "retry", and a retry cannot
+            // succeed on a context whose home runtime is gone.
             io::Error::new(
-                io::ErrorKind::Interrupted,
+                io::ErrorKind::BrokenPipe,
                 format!(
                     "a read of {} at offset {} was {what} because the thread that submitted it exited \
                      (the UringContext's home runtime shut down); the context is shut down",
