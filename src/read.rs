@@ -152,6 +152,9 @@ pub(crate) struct ReadCore<'a, T: Target> {
     /// entry registered under `fid` when the read was first polled, never a
     /// file registered later under the same id.
     bound: Option<Arc<FileEntry>>,
+    /// A ring read came back short before the end of the file and the rest
+    /// is being read: a later failure is then an error, not a short count.
+    resumed: bool,
     state: State<T::Blocking>,
     pub(crate) target: T,
 }
@@ -166,6 +169,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
             done: 0,
             piece: 0,
             bound: None,
+            resumed: false,
             state: State::Start,
             target,
         }
@@ -189,7 +193,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
         // Bytes already read are never lost to a later failure: the caller
         // gets them, as read(2) would give them (see also `tainted`).
         Poll::Ready(match res {
-            Err(_) if self.done > 0 => Ok(self.done),
+            Err(_) if self.done > 0 && !self.resumed => Ok(self.done),
             res => res,
         })
     }
@@ -304,6 +308,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         return Poll::Ready(self.check_tainted(done.res));
                     }
                     match done.res {
+                        Ok(n) if n > 0 && n < self.piece && !self.at_eof(n) => {
+                            // Cut short before the end of the file (a local
+                            // file only does that when its reader's thread
+                            // dies mid-read): read the rest, and if that is
+                            // impossible, fail rather than return a short
+                            // count from the middle of the file.
+                            self.done += n;
+                            self.resumed = true;
+                            self.state = State::Start;
+                        }
                         Ok(n) => {
                             if let Some(res) = self.piece_done(n) {
                                 return Poll::Ready(res);
@@ -394,6 +408,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
         }
     }
 
+    /// Whether a ring read that returned `n` of `self.piece` bytes stopped
+    /// at the end of the file (an `fstat`, paid only for short reads).
+    fn at_eof(&self, n: usize) -> bool {
+        let end = self.offset + (self.done + n) as u64;
+        let file = self.bound.clone().map_or_else(|| self.ctx.files.get(self.fid), Ok);
+        // If the size cannot be read, take the kernel's word for it.
+        file.and_then(|f| sys::file_size(&f.file, f.kind))
+            .map_or(true, |size| end >= size)
+    }
+
     /// The error of a closed ring or fallback (reads waiting for a permit
     /// learn of it when the semaphore closes).
     fn closed_error(&self, ring: Option<usize>) -> io::Error {
@@ -441,8 +465,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
         file: Arc<FileEntry>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
-        if self.bound.is_none() && self.total.is_some_and(|t| t > self.target.max_piece()) {
-            // More pieces will follow: they read the same file.
+        if self.bound.is_none() {
+            // Any later piece (the next chunk, or the rest of a read cut
+            // short) reads the same file.
             self.bound = Some(file.clone());
         }
         let remaining = self.total.unwrap_or(0) - self.done;

@@ -600,6 +600,13 @@ impl Ring {
         let Op {
             buf, keep, tainted, ..
         } = op;
+        // The marking at driver drop can come too late: io_uring fails an
+        // exiting worker's requests when the thread exits, which during the
+        // home runtime's shutdown may be before its driver task is dropped.
+        // So an op collected once the driver is gone is suspect too, and so
+        // is EFAULT from any op: the crate only ever hands the kernel valid
+        // buffers, so the kernel reports EFAULT only for such requests.
+        let tainted = tainted || st.driver_gone || res == -libc::EFAULT;
         let mut heap = None;
         match buf {
             OpBuf::Pool(i) => {
