@@ -412,7 +412,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// at the end of the file (an `fstat`, paid only for short reads).
     fn at_eof(&self, n: usize) -> bool {
         let end = self.offset + (self.done + n) as u64;
-        let file = self.bound.clone().map_or_else(|| self.ctx.files.get(self.fid), Ok);
+        let file = self
+            .bound
+            .clone()
+            .map_or_else(|| self.ctx.files.get(self.fid), Ok);
         // If the size cannot be read, take the kernel's word for it.
         file.and_then(|f| sys::file_size(&f.file, f.kind))
             .map_or(true, |size| end >= size)
