@@ -1,0 +1,232 @@
+//! The completion side of a ring: reaping CQEs ([`Ring::reap`], the only
+//! reaper — the driver, the blocking drive and the teardown all call it),
+//! applying one completion to the op table ([`apply_one`]), a future
+//! collecting its op ([`Ring::poll_complete`], [`Ring::finish`]) or walking
+//! away from it ([`Ring::abandon`]), and [`Deferred`], the wakers and
+//! resources released only once the locks are gone.
+//!
+//! SAFETY (`reap_lock`, then the state lock per batch): the completion queue
+//! is consumed only under `reap_lock`, so there is one `CompletionQueue` of
+//! the ring at a time; each batch of CQEs is applied to the op table under
+//! the state lock. A CQE means the kernel is done with its op's buffer, so
+//! only after it may an op leave the table, a pool buffer go back on the
+//! free list, or a pool buffer be copied out (in `finish`, under the state
+//! lock, before it is pushed back); a future that walks away before
+//! the CQE leaves its op, and whatever it parked, in the table until then.
+
+use std::any::Any;
+use std::io;
+use std::mem::MaybeUninit;
+use std::sync::MutexGuard;
+use std::task::{Context, Poll, Waker};
+
+use io_uring::cqueue;
+
+use super::{shut_down_error, Closed, Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
+use crate::lock;
+use crate::op::{Abandoned, OnCqe, Op, OpBuf, Polled};
+
+/// CQEs taken per lock of the op table.
+const REAP_BATCH: usize = 256;
+
+/// What a completed ring read tells its future.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    pub(crate) res: io::Result<usize>,
+    /// See [`Op::tainted`].
+    pub(crate) tainted: bool,
+}
+
+/// A removed op and what its future parked with it.
+pub(super) type Released = (Op<Keep>, Option<Box<dyn Any + Send>>);
+
+/// Wakers to wake and resources to release once the lock is gone.
+#[derive(Default)]
+pub(super) struct Deferred {
+    pub(super) wakers: Vec<Waker>,
+    pub(super) released: Vec<Released>,
+}
+
+impl Deferred {
+    /// Must be called without any of the ring's locks held.
+    pub(super) fn run(self) {
+        self.wakers.into_iter().for_each(Waker::wake);
+        drop(self.released);
+    }
+}
+
+impl Ring {
+    /// Takes every CQE off the queue, completes its op and wakes its future.
+    /// Returns how many there were.
+    pub(super) fn reap(&self) -> usize {
+        let _only_reaper = lock(&self.reap_lock);
+        let mut total = 0;
+        let mut space = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
+        loop {
+            // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
+            let cqes = unsafe { self.uring.completion_shared() }.fill(&mut space);
+            if cqes.is_empty() {
+                return total;
+            }
+            total += cqes.len();
+            let mut out = Deferred::default();
+            {
+                let mut st = lock(&self.state);
+                for cqe in &*cqes {
+                    apply_one(&mut st, cqe.user_data(), cqe.result(), true, &mut out);
+                }
+            }
+            out.run();
+        }
+    }
+
+    /// Polls op `key` from its future. On completion the op is removed, the
+    /// bounce buffer (if any) copied into `copy_to`, and the result mapped.
+    pub(crate) fn poll_complete(
+        &self,
+        key: usize,
+        cx: &mut Context<'_>,
+        copy_to: Option<&mut [u8]>,
+    ) -> Poll<Completion> {
+        let mut st = lock(&self.state);
+        let polled = st.ops.poll(key, cx.waker());
+        let replaced = match polled {
+            Polled::Ready(res, op) => return Poll::Ready(self.finish(st, res, op, copy_to)),
+            Polled::Pending => None,
+            Polled::NeedsWaker => {
+                // Cloning a waker is user code: not under the lock.
+                drop(st);
+                let waker = cx.waker().clone();
+                st = lock(&self.state);
+                match st.ops.set_waker(key, waker) {
+                    Ok(old) => old,
+                    Err((res, op, waker)) => {
+                        let done = self.finish(st, res, op, copy_to);
+                        drop(waker);
+                        return Poll::Ready(done);
+                    }
+                }
+            }
+        };
+        if st.gave_up && st.ops.is_bounce(key) {
+            // shutdown() stopped waiting for the kernel: a borrowed read
+            // resolves now, its bounce buffer stays with the ring (and is
+            // released by the CQE, if one ever comes).
+            let abandoned = st.ops.abandon(key, None);
+            drop(st);
+            drop((abandoned, replaced));
+            return Poll::Ready(Completion {
+                res: Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "shutdown() stopped waiting for this read: the kernel did not complete or cancel it within the shutdown timeout",
+                )),
+                tainted: false,
+            });
+        }
+        let driver_gone = st.driver_gone;
+        drop(st);
+        drop(replaced);
+        if driver_gone {
+            // No driver will reap for us (its runtime shut down): drive the
+            // ring from here, blocking, until this op completes.
+            self.drive_blocking();
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
+    /// Removes a completed op: copies its bounce buffer out, recycles it,
+    /// and releases the rest after unlocking.
+    fn finish(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        res: i32,
+        op: Op<Keep>,
+        mut copy_to: Option<&mut [u8]>,
+    ) -> Completion {
+        let result = match res {
+            NOT_SUBMITTED => Err(st
+                .closed
+                .as_ref()
+                .map_or_else(shut_down_error, Closed::error)),
+            res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+            res => Ok(usize::try_from(res).unwrap_or(0)),
+        };
+        let Op {
+            buf, keep, tainted, ..
+        } = op;
+        // The marking at driver drop can come too late: io_uring fails an
+        // exiting worker's requests when the thread exits, which during the
+        // home runtime's shutdown may be before its driver task is dropped.
+        // So an op collected once the driver is gone is suspect too, and so
+        // is EFAULT from any op: the crate only ever hands the kernel valid
+        // buffers, so the kernel reports EFAULT only for such requests.
+        let tainted = tainted || st.driver_gone || res == -libc::EFAULT;
+        let mut heap = None;
+        match buf {
+            OpBuf::Pool(i) => {
+                if let (Ok(n), Some(dst)) = (&result, copy_to.as_deref_mut()) {
+                    let n = (*n).min(dst.len()).min(self.pool.buf_size());
+                    // SAFETY: the CQE is in, so the kernel no longer writes
+                    // buffer `i`; it is not on the free list (we hold the
+                    // lock and have not pushed it yet) and holds >= n bytes.
+                    let src = unsafe { std::slice::from_raw_parts(self.pool.ptr(i as usize), n) };
+                    dst[..n].copy_from_slice(src);
+                }
+                st.free_bufs.push(i);
+            }
+            OpBuf::Heap(b) => heap = Some(b),
+            OpBuf::Caller => {}
+        }
+        drop(st);
+        if let (Some(b), Ok(n), Some(dst)) = (&heap, &result, copy_to) {
+            let n = (*n).min(dst.len()).min(b.len());
+            dst[..n].copy_from_slice(&b[..n]);
+        }
+        drop(keep);
+        Completion {
+            res: result,
+            tainted,
+        }
+    }
+
+    /// The future of op `key` is gone; `keep_alive` holds whatever else the
+    /// kernel may write into (an owned buffer) until the CQE.
+    pub(crate) fn abandon(&self, key: usize, keep_alive: Option<Box<dyn Any + Send>>) {
+        let mut st = lock(&self.state);
+        let abandoned = st.ops.abandon(key, keep_alive);
+        if let Abandoned::Released(op, _) = &abandoned {
+            if let OpBuf::Pool(i) = op.buf {
+                st.free_bufs.push(i);
+            }
+        }
+        drop(st);
+        drop(abandoned);
+    }
+}
+
+/// Applies one completion (from a CQE, `kernel`, or a local failure).
+pub(super) fn apply_one(st: &mut State, key: u64, res: i32, kernel: bool, out: &mut Deferred) {
+    if key == INTERNAL {
+        return;
+    }
+    let Ok(slot) = usize::try_from(key) else {
+        return;
+    };
+    match st.ops.on_cqe(slot, res) {
+        OnCqe::Wake(w) => {
+            st.live -= 1;
+            st.completed += u64::from(kernel);
+            out.wakers.extend(w);
+        }
+        OnCqe::Release(op, kept) => {
+            st.live -= 1;
+            st.completed += u64::from(kernel);
+            if let OpBuf::Pool(i) = op.buf {
+                st.free_bufs.push(i);
+            }
+            out.released.push((op, kept));
+        }
+        OnCqe::Unknown => {}
+    }
+}

@@ -1,0 +1,351 @@
+//! The background [`Driver`] future of a ring and what runs in it: one poll
+//! ([`Ring::poll_drive`]: submit, reap, finish, batch, go round or sleep),
+//! the driver's one-shot timerfd ([`DriverTimer`]), giving up at
+//! `shutdown()`'s deadline ([`Ring::give_up`]), the driver's own drop
+//! ([`Ring::driver_dropped`]), and the blocking drive a waiting future runs
+//! once no driver exists ([`Ring::drive_blocking`]).
+//!
+//! SAFETY (the state lock, briefly): the driver has no lock of its own and
+//! never holds the state lock across an `io_uring_enter`, a reap or a wake;
+//! it takes it only to read a snapshot of the ring's progress or to set a
+//! flag (`gave_up`, `driver_gone`) and collect wakers. It reaches what the
+//! kernel may touch only through `submit.rs` (the counted enter) and
+//! `complete.rs` (the one reaper), whose invariants it relies on and does
+//! not change; it has no `unsafe` of its own.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::submit::{EnterPlan, ENTER_GETEVENTS};
+use super::{transient, Closed, Deferred, Ring, RETRY_AFTER};
+use crate::lock;
+use crate::sys;
+
+/// Driver rounds per poll before it yields to other tasks.
+const ROUNDS: usize = 32;
+
+/// With COOP_TASKRUN the kernel does not interrupt a sleeping thread to run
+/// completion work, so the driver re-enters at this period while reads are out.
+const COOP_TICK: Duration = Duration::from_micros(200);
+
+/// The background poll future of one ring, spawned on tokio by
+/// `UringContext::new`. It submits every queued SQE with one
+/// `io_uring_enter`, reaps every CQE, wakes the futures waiting for them, and
+/// sleeps on the ring's eventfd when there is nothing to do.
+pub(crate) struct Driver {
+    ring: Arc<Ring>,
+    timer: DriverTimer,
+    /// Returned `Ready`: every op was back when it stopped.
+    finished: bool,
+    /// A pending `yield_now`: set when readers queued SQEs, so that the
+    /// other tasks that are ready on this worker queue theirs too before the
+    /// enter (tokio runs a freshly woken task next, which would otherwise
+    /// make every batch one read long).
+    batching: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Driver {
+    pub(crate) fn new(ring: Arc<Ring>) -> Driver {
+        Driver {
+            ring,
+            timer: DriverTimer::default(),
+            finished: false,
+            batching: None,
+        }
+    }
+
+    fn start_batching(&mut self) {
+        // `yield_now` defers our wake-up until this worker has run the tasks
+        // that are ready now (or until its next maintenance tick, every 61
+        // polls), so the wait is short and bounded.
+        self.batching = Some(Box::pin(tokio::task::yield_now()));
+    }
+}
+
+impl Future for Driver {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let mut yielded = false;
+        loop {
+            if let Some(y) = &mut this.batching {
+                if y.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.batching = None;
+                yielded = true;
+            }
+            // Woken by a reader's SQE: let the other ready readers queue
+            // theirs before entering.
+            if !yielded && this.ring.submit_pending.load(Ordering::Acquire) {
+                this.start_batching();
+                continue;
+            }
+            match this.ring.poll_drive(cx, &mut this.timer) {
+                Drive::Done => {
+                    this.finished = true;
+                    return Poll::Ready(());
+                }
+                Drive::Sleep => return Poll::Pending,
+                Drive::Batch => {
+                    yielded = false;
+                    this.start_batching();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Finished, or dropped with its runtime: futures still waiting must
+        // not wait for a driver that will never come back.
+        self.ring.driver_dropped(self.finished);
+    }
+}
+
+/// What a driver poll ended with.
+enum Drive {
+    /// Closed and every op is back from the kernel.
+    Done,
+    /// Nothing to do: woken by the eventfd, a reader or the timer.
+    Sleep,
+    /// Reads are being queued: come back once the ready tasks have run.
+    Batch,
+}
+
+impl Ring {
+    /// The body of the background poll future (see [`Driver`]).
+    fn poll_drive(&self, cx: &mut Context<'_>, timer: &mut DriverTimer) -> Drive {
+        self.driver_waker.register(cx.waker());
+        self.driver_polls.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..ROUNDS {
+            self.submit_pending.store(false, Ordering::SeqCst);
+            let mut retry_later = false;
+            if let Some(plan) = self.plan_enter(false) {
+                match self.enter(plan, 0) {
+                    Ok(_) => {}
+                    // CQ overflow backlog, or no memory for requests right
+                    // now: reaping makes room; retry after a pause.
+                    Err(e) if transient(&e) => retry_later = true,
+                    Err(e) => self.break_ring(&e),
+                }
+            }
+            let reaped = self.reap();
+            let (closed, live, backlog, unconsumed, gave_up, orphaned) = {
+                let mut st = lock(&self.state);
+                self.account_consumed(&mut st);
+                (
+                    st.closed.clone(),
+                    st.live,
+                    st.backlog.len(),
+                    st.in_sq.len(),
+                    st.gave_up,
+                    st.orphaned,
+                )
+            };
+            let broken = matches!(closed, Some(Closed::Broken(_)));
+            // Done when every op is back, or when nobody can wait for the
+            // rest: the context is gone and its shutdown timeout passed.
+            if closed.is_some() && (live == 0 || (gave_up && orphaned)) {
+                self.done.store(true, Ordering::Release);
+                self.drained.notify_waiters();
+                return Drive::Done;
+            }
+            if reaped > 0 {
+                continue;
+            }
+            if self.submit_pending.load(Ordering::SeqCst) && !retry_later {
+                // More SQEs are coming in: let them accumulate first.
+                return Drive::Batch;
+            }
+            // Work left that the next enter can move: SQEs the kernel has
+            // not taken (without SQPOLL it takes all it is given, so these
+            // are newer) or a backlog.
+            let stuck = !broken && (backlog > 0 || (unconsumed > 0 && !self.sqpoll));
+            if stuck && !retry_later && !self.sqpoll {
+                continue;
+            }
+            // Sleep until the kernel posts a CQE (eventfd), a reader queues
+            // an SQE (driver_waker) or the timer fires. Never with SQEs
+            // left unsubmitted and nothing to wake us: then the timer is armed.
+            match self.eventfd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    if let Err(e) = sys::drain_counter(self.eventfd.get_ref()) {
+                        self.break_ring(&e);
+                    }
+                    guard.clear_ready();
+                    continue;
+                }
+                Poll::Ready(Err(e)) => {
+                    self.break_ring(&e);
+                    continue;
+                }
+                Poll::Pending => {}
+            }
+            let due = if retry_later || (stuck && self.sqpoll) {
+                Some(RETRY_AFTER)
+            } else if self.coop_taskrun && live > 0 && !broken {
+                Some(COOP_TICK)
+            } else {
+                None
+            };
+            let deadline = (matches!(closed, Some(Closed::Shutdown)) && !gave_up).then(|| {
+                *timer
+                    .close_deadline
+                    .get_or_insert_with(|| Instant::now() + self.shutdown_timeout)
+            });
+            match timer.poll(self, cx, due, deadline) {
+                TimerPoll::Fired => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        self.give_up();
+                    }
+                    if self.coop_taskrun && !broken {
+                        // An enter with GETEVENTS runs the deferred completion work.
+                        let _ = self.enter(
+                            EnterPlan {
+                                to_submit: 0,
+                                flags: ENTER_GETEVENTS,
+                            },
+                            0,
+                        );
+                    }
+                    continue;
+                }
+                TimerPoll::Failed(e) => {
+                    // Without a timer the driver cannot sleep safely with
+                    // work left: treat the ring as broken rather than spin.
+                    if due.is_some() || deadline.is_some() {
+                        self.break_ring(&e);
+                        continue;
+                    }
+                }
+                TimerPoll::Pending => {}
+            }
+            return Drive::Sleep;
+        }
+        // Busy: let the reading tasks on this worker run, then continue.
+        Drive::Batch
+    }
+
+    /// `shutdown()`'s deadline passed with reads still in the kernel: let
+    /// `shutdown()` return, and resolve the borrowed reads with an error
+    /// (their buffers stay with the ring until their CQE). Owned reads keep
+    /// waiting: their buffer cannot be handed back while the kernel may
+    /// still write into it.
+    fn give_up(&self) {
+        let wakers = {
+            let mut st = lock(&self.state);
+            st.gave_up = true;
+            st.ops.take_wakers()
+        };
+        self.drained.notify_waiters();
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// The driver task is being dropped: its runtime is shutting down (or
+    /// it finished). Reads in the kernel were submitted by threads that are
+    /// exiting, which makes io_uring cancel or cut them short: mark them
+    /// tainted so their futures check what they got. Reads never submitted
+    /// fail; waiting futures are woken to drive the ring themselves.
+    fn driver_dropped(&self, finished: bool) {
+        let mut out = Deferred::default();
+        {
+            let mut st = lock(&self.state);
+            st.driver_gone = true;
+            if st.closed.is_none() {
+                st.closed = Some(Closed::RuntimeGone);
+            }
+            self.fail_unsubmitted(&mut st, false, &mut out);
+            if !finished {
+                st.ops.taint_in_kernel();
+            }
+            out.wakers.extend(st.ops.take_wakers());
+        }
+        self.permits.close();
+        self.drained.notify_waiters();
+        out.run();
+    }
+
+    /// Blocking drive, used when no driver task exists any more: submit
+    /// what is queued (from this live thread), wait a little for a CQE, reap.
+    pub(super) fn drive_blocking(&self) {
+        if let Some(plan) = self.plan_enter(false) {
+            let _ = self.enter(plan, 0);
+        }
+        if self.reap() == 0 {
+            if self.coop_taskrun {
+                // Deferred completion work runs only in an enter.
+                let _ = self.enter(
+                    EnterPlan {
+                        to_submit: 0,
+                        flags: ENTER_GETEVENTS,
+                    },
+                    0,
+                );
+            }
+            sys::wait_readable(self.eventfd.get_ref(), Duration::from_millis(50));
+            let _ = sys::drain_counter(self.eventfd.get_ref());
+            self.reap();
+        }
+    }
+}
+
+/// The driver's one-shot timer (a timerfd in the reactor, so the context
+/// needs no time driver): armed for the earliest of a back-off / COOP tick
+/// and `shutdown()`'s deadline.
+#[derive(Debug, Default)]
+pub(crate) struct DriverTimer {
+    armed_until: Option<Instant>,
+    close_deadline: Option<Instant>,
+}
+
+enum TimerPoll {
+    Fired,
+    Pending,
+    Failed(io::Error),
+}
+
+impl DriverTimer {
+    fn poll(
+        &mut self,
+        ring: &Ring,
+        cx: &mut Context<'_>,
+        due: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> TimerPoll {
+        let now = Instant::now();
+        let want = match (due.map(|d| now + d), deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(want) = want else {
+            return TimerPoll::Pending;
+        };
+        if want <= now {
+            return TimerPoll::Fired;
+        }
+        // Re-arm only for an earlier expiry (or if not armed).
+        if self.armed_until.is_none_or(|t| want < t || t <= now) {
+            if let Err(e) = sys::arm_timer(ring.timer.get_ref(), want - now) {
+                return TimerPoll::Failed(e);
+            }
+            self.armed_until = Some(want);
+        }
+        match ring.timer.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                let _ = sys::drain_counter(ring.timer.get_ref());
+                guard.clear_ready();
+                self.armed_until = None;
+                TimerPoll::Fired
+            }
+            Poll::Ready(Err(e)) => TimerPoll::Failed(e),
+            Poll::Pending => TimerPoll::Pending,
+        }
+    }
+}

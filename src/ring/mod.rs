@@ -1,0 +1,535 @@
+//! One io_uring instance: the [`Ring`] and what its parts share — its
+//! construction ([`Ring::new`] from a [`RingConfig`]), the state behind its
+//! lock ([`State`]), its counters, closing ([`Ring::close`],
+//! [`Ring::orphan`], [`Ring::wait_drained`]), the teardown in `Drop`, and the
+//! fixed-file updates ([`FixedFiles`]). The rest is split by role:
+//!
+//! | file | role | lock |
+//! |---|---|---|
+//! | `submit.rs` | SQ producer side; the one counted `io_uring_enter` path; breaking the ring | the state lock |
+//! | `complete.rs` | CQ consumer side: reaping, completing ops, futures collecting or abandoning them | `reap_lock`, then the state lock per batch |
+//! | `driver.rs` | the background [`Driver`] future; the blocking drive once it is gone | none of its own |
+//!
+//! Locking: `state` (a `Mutex`) guards the op table, the free bounce
+//! buffers, the overflow backlog, the record of which SQEs the kernel has
+//! not consumed yet, and the *producer* side of the submission queue.
+//! Readers push their SQE under it and leave; the driver calls
+//! `io_uring_enter` *without* it, so a long enter (buffered reads that hit the
+//! page cache are copied inside the enter) never blocks readers. The
+//! completion queue is consumed only under `reap_lock`, by the driver (or,
+//! once the driver is gone, by whichever future drives the ring itself).
+//! Lock order: `reap_lock` before `state`, never the other way.
+//!
+//! No user code runs under either lock: wakers are cloned, woken and
+//! dropped, and parked owned buffers dropped, only after unlocking.
+//!
+//! Every `io_uring_enter` goes through [`Ring::enter`], which submits only
+//! the SQEs counted under the lock, and never any once the ring is broken
+//! (see [`Ring::break_ring`]).
+//!
+//! SAFETY (the state lock): `State` is the one record of what the kernel may
+//! touch. From the moment an op's SQE is in the SQ until its CQE is reaped,
+//! the kernel may write into the op's buffer (a pool buffer, a one-off
+//! `AlignedBuf`, or the caller's owned buffer) and use its fixed-file index.
+//! Under the state lock an op stays in `ops` — owning that buffer, and its
+//! file entry so that the index is not reused — until its CQE has been
+//! applied, and a pool buffer goes back on `free_bufs` only then. So the
+//! pool is freed (in `Drop`) only once `live == 0`, every op back from the
+//! kernel, and leaked otherwise.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::mem::ManuallyDrop;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::task::AtomicWaker;
+use io_uring::{opcode, squeue, types, IoUring};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::buf::BufferPool;
+use crate::files::{FileEntry, FixedFiles};
+use crate::lock;
+use crate::op::OpTable;
+use crate::sys;
+
+mod complete;
+mod driver;
+mod submit;
+
+use complete::Deferred;
+pub(crate) use driver::Driver;
+use submit::{EnterPlan, ENTER_GETEVENTS};
+
+/// `user_data` of internal SQEs (cancel-all at shutdown); never a slab key.
+const INTERNAL: u64 = u64::MAX;
+
+/// The result given to an op whose SQE never reached the kernel because the
+/// ring closed or broke first; turned into the ring's own error on poll.
+const NOT_SUBMITTED: i32 = i32::MIN;
+
+/// The kernel never transfers more than this in one read (`MAX_RW_COUNT`).
+pub(crate) const MAX_READ: usize = 0x7fff_f000;
+
+/// Inline page-cache misses in a row after which the fast path only probes.
+const MISS_STREAK: u32 = 16;
+
+/// While probing, one read in this many tries the page cache inline.
+const PROBE_EVERY: u32 = 16;
+
+/// How long the driver waits before retrying an enter that failed for a
+/// passing reason (EAGAIN, ENOMEM, EBUSY), or before looking again for room
+/// in a SQPOLL ring's full submission queue.
+const RETRY_AFTER: Duration = Duration::from_micros(500);
+
+/// Ring settings, already resolved and bounded by the builder.
+#[derive(Debug, Clone)]
+pub(crate) struct RingConfig {
+    pub(crate) entries: u32,
+    pub(crate) in_flight: usize,
+    pub(crate) sqpoll_idle: Option<Duration>,
+    pub(crate) coop_taskrun: bool,
+    pub(crate) pool_count: usize,
+    pub(crate) pool_size: usize,
+    pub(crate) file_capacity: u32,
+    pub(crate) shutdown_timeout: Duration,
+}
+
+/// What an op keeps alive until it is removed from the table.
+pub(crate) struct Keep {
+    _file: Arc<FileEntry>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl fmt::Debug for Keep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Keep")
+    }
+}
+
+/// Where a read's bytes go.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Dst {
+    /// Into a bounce buffer owned by the op; copied out on completion.
+    Bounce(usize),
+    /// Straight into caller memory that outlives the op (an owned buffer,
+    /// parked in the op if the future is dropped).
+    Caller(*mut u8, usize),
+}
+
+/// Why a ring takes no more reads.
+#[derive(Debug, Clone)]
+pub(crate) enum Closed {
+    /// `shutdown()` or the last handle dropped.
+    Shutdown,
+    /// The driver task was dropped: its (home) runtime shut down.
+    RuntimeGone,
+    /// `io_uring_enter` failed in a way retrying cannot fix.
+    Broken(String),
+}
+
+impl Closed {
+    pub(crate) fn error(&self) -> io::Error {
+        match self {
+            Closed::Shutdown => shut_down_error(),
+            Closed::RuntimeGone => io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the UringContext is shut down: the tokio runtime it was created on (its home runtime) has shut down",
+            ),
+            Closed::Broken(why) => io::Error::other(format!(
+                "the io_uring ring is broken (io_uring_enter failed: {why}); this read never reached the kernel"
+            )),
+        }
+    }
+}
+
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent flags of the ring's life, each set once"
+)]
+struct State {
+    ops: OpTable<Keep>,
+    free_bufs: Vec<u32>,
+    /// SQEs that did not fit in the submission queue yet.
+    backlog: VecDeque<squeue::Entry>,
+    /// `user_data` of the SQEs in the submission queue that the kernel has
+    /// not consumed yet, oldest first (it consumes in order).
+    in_sq: VecDeque<u64>,
+    /// Ops queued (backlog or SQ) or in the kernel, not yet completed.
+    live: usize,
+    closed: Option<Closed>,
+    cancel_queued: bool,
+    driver_gone: bool,
+    /// `shutdown()` stopped waiting for the kernel (see `Ring::give_up`).
+    gave_up: bool,
+    /// Every handle of the context is gone: no future can wait on this
+    /// ring any more.
+    orphaned: bool,
+    /// SQEs the kernel has consumed (reads only).
+    submitted: u64,
+    /// CQEs of reads.
+    completed: u64,
+}
+
+/// Counters of one ring (summed into `Stats`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RingCounters {
+    pub(crate) submitted: u64,
+    pub(crate) completed: u64,
+    pub(crate) enters: u64,
+    pub(crate) inline: u64,
+    pub(crate) driver_polls: u64,
+}
+
+pub(crate) struct Ring {
+    state: Mutex<State>,
+    reap_lock: Mutex<()>,
+    uring: IoUring,
+    sqpoll: bool,
+    /// Freed in `Drop` only once the kernel is done with every op.
+    pool: ManuallyDrop<BufferPool>,
+    pool_registered: bool,
+    pub(crate) permits: Arc<Semaphore>,
+    submit_pending: AtomicBool,
+    driver_waker: AtomicWaker,
+    eventfd: AsyncFd<File>,
+    /// One-shot timer of the driver: retry back-off, COOP tick, and the
+    /// deadline of `shutdown()`.
+    timer: AsyncFd<File>,
+    drained: Notify,
+    done: AtomicBool,
+    enters: AtomicU64,
+    driver_polls: AtomicU64,
+    inline: AtomicU64,
+    /// Page-cache misses of the inline path in a row (see `inline_worth_trying`).
+    inline_misses: AtomicU32,
+    coop_taskrun: bool,
+    shutdown_timeout: Duration,
+}
+
+impl fmt::Debug for Ring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ring")
+            .field("fd", &self.uring.as_raw_fd())
+            .field("pool", &*self.pool)
+            .field("pool_registered", &self.pool_registered)
+            .finish_non_exhaustive()
+    }
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Enter errors that a later retry can fix: the kernel is short of memory
+/// or of CQ room (overflow), or a signal came in.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        errno(e),
+        libc::EINTR | libc::EAGAIN | libc::ENOMEM | libc::EBUSY
+    )
+}
+
+pub(crate) fn shut_down_error() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the UringContext is shut down")
+}
+
+impl Ring {
+    /// Sets up a ring with `fds` as its fixed files. Must run inside a tokio
+    /// runtime with IO enabled (the eventfd is registered with its reactor).
+    pub(crate) fn new(cfg: &RingConfig, fds: &[i32]) -> io::Result<Ring> {
+        // Bounded by the builder: entries <= 32768, in_flight <= 65536.
+        let cq_entries = (cfg.entries.saturating_mul(2))
+            .max(u32::try_from(cfg.in_flight).unwrap_or(u32::MAX))
+            .checked_next_power_of_two()
+            .unwrap_or(u32::MAX);
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(cq_entries).dontfork();
+        if let Some(idle) = cfg.sqpoll_idle {
+            builder.setup_sqpoll(u32::try_from(idle.as_millis().max(1)).unwrap_or(u32::MAX));
+        }
+        if cfg.coop_taskrun {
+            builder.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        let uring = builder.build(cfg.entries)?;
+        let submitter = uring.submitter();
+
+        // Fixed files: a sparse table of `file_capacity` slots, then the files.
+        submitter.register_files_sparse(cfg.file_capacity)?;
+        if !fds.is_empty() {
+            submitter.register_files_update(0, fds)?;
+        }
+
+        // Bounce buffers. Registering them lets O_DIRECT skip pinning pages
+        // on every read; it needs RLIMIT_MEMLOCK room (or CAP_IPC_LOCK), so
+        // failing to register is not an error: plain reads are used instead.
+        let pool = BufferPool::new(cfg.pool_count, cfg.pool_size)?;
+        let iovecs = pool.iovecs();
+        let pool_registered = u16::try_from(pool.count()).is_ok()
+            // SAFETY: the iovecs point into `pool`, which stays allocated
+            // until `Drop`, where it is freed only after the kernel is done
+            // (or leaked); closing the ring fd unregisters them.
+            && unsafe { submitter.register_buffers(&iovecs) }.is_ok();
+
+        let efd = sys::eventfd()?;
+        submitter.register_eventfd(efd.as_raw_fd())?;
+        let eventfd = register(efd)?;
+        let timer = register(sys::timerfd()?)?;
+        let free_bufs = (0..u32::try_from(pool.count()).unwrap_or(u32::MAX))
+            .rev()
+            .collect();
+
+        Ok(Ring {
+            state: Mutex::new(State {
+                ops: OpTable::default(),
+                free_bufs,
+                backlog: VecDeque::new(),
+                in_sq: VecDeque::new(),
+                live: 0,
+                closed: None,
+                cancel_queued: false,
+                driver_gone: false,
+                gave_up: false,
+                orphaned: false,
+                submitted: 0,
+                completed: 0,
+            }),
+            reap_lock: Mutex::new(()),
+            sqpoll: cfg.sqpoll_idle.is_some(),
+            uring,
+            pool: ManuallyDrop::new(pool),
+            pool_registered,
+            permits: Arc::new(Semaphore::new(cfg.in_flight)),
+            submit_pending: AtomicBool::new(false),
+            driver_waker: AtomicWaker::new(),
+            eventfd,
+            timer,
+            drained: Notify::new(),
+            done: AtomicBool::new(false),
+            enters: AtomicU64::new(0),
+            driver_polls: AtomicU64::new(0),
+            inline: AtomicU64::new(0),
+            inline_misses: AtomicU32::new(0),
+            coop_taskrun: cfg.coop_taskrun,
+            shutdown_timeout: cfg.shutdown_timeout,
+        })
+    }
+
+    pub(crate) fn buffers_registered(&self) -> bool {
+        self.pool_registered
+    }
+
+    /// Whether a read should try the page cache inline first. After
+    /// [`MISS_STREAK`] misses in a row (a cold working set), only every
+    /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
+    /// `preadv2` each; one hit turns the fast path fully back on.
+    pub(crate) fn inline_worth_trying(&self) -> bool {
+        self.inline_misses.load(Ordering::Relaxed) < MISS_STREAK
+            || self.inline_misses.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == 0
+    }
+
+    pub(crate) fn inline_hit(&self) {
+        self.inline.fetch_add(1, Ordering::Relaxed);
+        if self.inline_misses.load(Ordering::Relaxed) != 0 {
+            self.inline_misses.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn inline_miss(&self) {
+        self.inline_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn counters(&self) -> RingCounters {
+        let (submitted, completed) = {
+            let mut st = lock(&self.state);
+            self.account_consumed(&mut st);
+            (st.submitted, st.completed)
+        };
+        RingCounters {
+            submitted,
+            completed,
+            enters: self.enters.load(Ordering::Relaxed),
+            inline: self.inline.load(Ordering::Relaxed),
+            driver_polls: self.driver_polls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The error a read gets when this ring no longer takes reads.
+    pub(crate) fn closed_error(&self) -> io::Error {
+        lock(&self.state)
+            .closed
+            .as_ref()
+            .map_or_else(shut_down_error, Closed::error)
+    }
+
+    /// Stops new reads, fails the ones never handed to the kernel, asks the
+    /// kernel to cancel what it has, and lets the driver finish once every
+    /// op is back (or `shutdown_timeout` passes, see `give_up`).
+    pub(crate) fn close(&self) {
+        let mut out = Deferred::default();
+        let mut st = lock(&self.state);
+        if st.closed.is_none() {
+            st.closed = Some(Closed::Shutdown);
+        }
+        self.fail_unsubmitted(&mut st, false, &mut out);
+        let broken = matches!(st.closed, Some(Closed::Broken(_)));
+        if st.live > 0 && !st.cancel_queued && !broken {
+            st.cancel_queued = true;
+            // Queued after every SQE already in the SQ, so it also cancels
+            // those: the kernel takes SQEs in order.
+            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                .build()
+                .user_data(INTERNAL);
+            self.push_locked(&mut st, cancel);
+        }
+        drop(st);
+        out.run();
+        self.permits.close();
+        self.notify_driver();
+    }
+
+    /// The last handle of the context is gone: close, and let the driver
+    /// finish once every op is back or the shutdown timeout has passed
+    /// (then the ring is torn down and what the kernel still holds leaked).
+    pub(crate) fn orphan(&self) {
+        lock(&self.state).orphaned = true;
+        self.close();
+    }
+
+    /// Waits until the driver has finished (every op back from the kernel),
+    /// or has given up waiting for the kernel.
+    pub(crate) async fn wait_drained(&self) {
+        loop {
+            let notified = self.drained.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = lock(&self.state);
+                if self.done.load(Ordering::Acquire) || st.driver_gone || st.gave_up {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Registers a descriptor the ring owns with the runtime's reactor.
+fn register(fd: File) -> io::Result<AsyncFd<File>> {
+    // SAFETY: the AsyncFd owns `fd`, so the descriptor stays open and
+    // unchanged for the AsyncFd's whole life.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| e.into_parts().1)
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Nobody else can submit now (the driver, the last other owner, is
+        // gone), but the kernel may still own buffers: fail what it never
+        // got, cancel what it has, and wait — bounded — until every op is
+        // back. Only then is the pool freed; past the deadline it is leaked.
+        let mut out = Deferred::default();
+        let (broken, deadline) = {
+            let mut st = lock(&self.state);
+            // A driver that gave up has already waited its timeout.
+            let deadline = Instant::now()
+                + if st.gave_up {
+                    Duration::ZERO
+                } else {
+                    self.shutdown_timeout
+                };
+            self.fail_unsubmitted(&mut st, false, &mut out);
+            let broken = matches!(st.closed, Some(Closed::Broken(_)));
+            if st.live > 0 && !broken {
+                let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                    .build()
+                    .user_data(INTERNAL);
+                self.push_locked(&mut st, cancel);
+            }
+            (broken, deadline)
+        };
+        out.run();
+        if broken {
+            // The SQ is off limits; the synchronous cancel (6.0+) is not.
+            let _ = self.uring.submitter().register_sync_cancel(
+                Some(types::Timespec::new().nsec(100_000_000)),
+                types::CancelBuilder::any(),
+            );
+        } else {
+            // Submit until the cancel itself is in the kernel: it may sit
+            // behind a full SQ of reads that only it can finish, so never
+            // wait for completions while submitting.
+            while Instant::now() < deadline {
+                let Some(plan) = self.plan_enter(false) else {
+                    break;
+                };
+                match self.enter(plan, 0) {
+                    Ok(_) => {}
+                    Err(e) if transient(&e) => {
+                        self.reap();
+                        std::thread::sleep(RETRY_AFTER);
+                    }
+                    Err(_) => break,
+                }
+                let st = lock(&self.state);
+                if st.backlog.is_empty() && (st.in_sq.is_empty() || self.sqpoll) {
+                    break;
+                }
+            }
+        }
+        loop {
+            self.reap();
+            let live = lock(&self.state).live;
+            let now = Instant::now();
+            if live == 0 || now >= deadline {
+                break;
+            }
+            if self.coop_taskrun && !broken {
+                let _ = self.enter(
+                    EnterPlan {
+                        to_submit: 0,
+                        flags: ENTER_GETEVENTS,
+                    },
+                    0,
+                );
+            }
+            sys::wait_readable(
+                self.eventfd.get_ref(),
+                (deadline - now).min(Duration::from_millis(100)),
+            );
+            let _ = sys::drain_counter(self.eventfd.get_ref());
+        }
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if st.live == 0 {
+            // SAFETY: the kernel has completed every op that referenced the
+            // pool; the pool is not used after this point.
+            unsafe { ManuallyDrop::drop(&mut self.pool) };
+        } else {
+            // The ring cannot be drained: leak every buffer the kernel might
+            // still write into rather than free it under the kernel's feet
+            // (the pool stays in its ManuallyDrop). Files and permits are
+            // released: the kernel holds its own reference to each file.
+            let released = st.ops.leak_buffers();
+            drop(released);
+            eprintln!(
+                "uring-positioned-io: {} reads still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
+                st.live, self.shutdown_timeout
+            );
+        }
+    }
+}
+
+/// Updates the fixed-file tables of every ring.
+impl FixedFiles for Box<[Arc<Ring>]> {
+    fn update(&self, index: u32, fd: i32) -> io::Result<()> {
+        for ring in self {
+            ring.uring.submitter().register_files_update(index, &[fd])?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! The SQ producer side of a ring: queueing a read ([`Ring::submit_read`]),
+//! pushing its SQE or parking it in the backlog, moving the backlog into the
+//! SQ, counting the SQEs the kernel has consumed, waking the driver, and the
+//! one counted `io_uring_enter` path ([`Ring::plan_enter`] under the lock,
+//! [`Ring::enter`] without it). Breaking the ring and failing the reads that
+//! never reached the kernel are here too: they rest on this side's record
+//! of which SQEs the kernel has.
+//!
+//! SAFETY (the state lock): the submission queue's producer side is touched
+//! only under the state lock (`submission_shared` is called with the
+//! `&mut State` of that lock in hand), so there is one `SubmissionQueue` of
+//! the ring at a time. Every SQE pushed points into memory owned by its op
+//! in `State::ops` (a pool buffer, a one-off `AlignedBuf`, or an owned
+//! caller buffer), which stays in place until the op's CQE; the kernel may
+//! read the SQE, and write into that memory, from the moment it is in the
+//! SQ. `in_sq` records every pushed SQE in order, so which ones the kernel
+//! has consumed is known under the lock; an enter submits only the SQEs
+//! `plan_enter` counted under it, and none once the ring is broken — which
+//! is what makes failing unconsumed SQEs locally sound.
+
+use std::io;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::complete::{apply_one, Deferred};
+use super::{errno, Closed, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
+use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
+use crate::files::FileEntry;
+use crate::lock;
+use crate::op::OpBuf;
+
+// io_uring_enter flags (include/uapi/linux/io_uring.h).
+pub(super) const ENTER_GETEVENTS: u32 = 1;
+const ENTER_SQ_WAKEUP: u32 = 2;
+
+/// One `io_uring_enter`, planned under the state lock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EnterPlan {
+    pub(super) to_submit: u32,
+    pub(super) flags: u32,
+}
+
+impl Ring {
+    /// Queues one read and returns its key. The SQE goes into the
+    /// submission queue (or the backlog when that is full); the driver
+    /// submits it with everything else queued at its next round.
+    pub(crate) fn submit_read(
+        &self,
+        file: Arc<FileEntry>,
+        permit: OwnedSemaphorePermit,
+        offset: u64,
+        dst: Dst,
+    ) -> io::Result<usize> {
+        // Allocate a large bounce buffer before taking the lock (the read
+        // path bounds its size, see `read::BORROWED_CHUNK`).
+        let mut heap = match dst {
+            Dst::Bounce(len) if len > self.pool.buf_size() => {
+                Some(AlignedBuf::try_new(len, BOUNCE_ALIGN)?)
+            }
+            _ => None,
+        };
+        let mut st = lock(&self.state);
+        if let Some(closed) = &st.closed {
+            return Err(closed.error());
+        }
+        let fixed = types::Fixed(file.index);
+        let (buf, entry) = match dst {
+            Dst::Caller(ptr, len) => (
+                OpBuf::Caller,
+                opcode::Read::new(fixed, ptr, read_len(len))
+                    .offset(offset)
+                    .build(),
+            ),
+            Dst::Bounce(len) => match (heap.take(), st.free_bufs.pop()) {
+                (None, Some(i)) => {
+                    let ptr = self.pool.ptr(i as usize);
+                    let entry = match u16::try_from(i) {
+                        Ok(index) if self.pool_registered => {
+                            opcode::ReadFixed::new(fixed, ptr, read_len(len), index)
+                                .offset(offset)
+                                .build()
+                        }
+                        _ => opcode::Read::new(fixed, ptr, read_len(len))
+                            .offset(offset)
+                            .build(),
+                    };
+                    (OpBuf::Pool(i), entry)
+                }
+                (heap, free) => {
+                    if let Some(i) = free {
+                        st.free_bufs.push(i);
+                    }
+                    // Pool exhausted (more live ops than buffers) or a large read.
+                    let mut b = if let Some(b) = heap {
+                        b
+                    } else {
+                        drop(st);
+                        let b = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
+                        st = lock(&self.state);
+                        if let Some(closed) = &st.closed {
+                            return Err(closed.error());
+                        }
+                        b
+                    };
+                    let ptr = b.as_mut_ptr();
+                    let entry = opcode::Read::new(fixed, ptr, read_len(len))
+                        .offset(offset)
+                        .build();
+                    // Moving `b` into the op moves the header, not the heap
+                    // block the SQE points to.
+                    (OpBuf::Heap(b), entry)
+                }
+            },
+        };
+        let key = st.ops.insert(
+            buf,
+            Keep {
+                _file: file,
+                _permit: permit,
+            },
+        );
+        let entry = entry.user_data(key as u64);
+        self.push_locked(&mut st, entry);
+        st.live += 1;
+        drop(st);
+        self.notify_driver();
+        Ok(key)
+    }
+
+    /// Pushes an SQE, or parks it in the backlog when the queue is full.
+    pub(super) fn push_locked(&self, st: &mut State, entry: squeue::Entry) {
+        if st.backlog.is_empty() {
+            let user_data = entry.get_user_data();
+            // SAFETY: the state lock is held, so this is the only
+            // SubmissionQueue of this ring in existence; the entry's buffer
+            // is owned by the op table until its CQE (see op.rs).
+            let pushed = unsafe { self.uring.submission_shared().push(&entry) };
+            if pushed.is_ok() {
+                st.in_sq.push_back(user_data);
+                return;
+            }
+        }
+        st.backlog.push_back(entry);
+    }
+
+    /// Moves as much of the backlog as fits into the SQ (the state lock is
+    /// held: `st` comes from it).
+    fn flush_backlog(&self, st: &mut State) {
+        if st.backlog.is_empty() {
+            return;
+        }
+        // SAFETY: the state lock is held (we have `&mut State` from it), so
+        // this is the only SubmissionQueue of this ring.
+        let mut sq = unsafe { self.uring.submission_shared() };
+        while let Some(e) = st.backlog.front() {
+            // SAFETY: every SQE's buffer is owned by its op until its CQE
+            // (as in `push_locked`).
+            if unsafe { sq.push(e) }.is_err() {
+                break;
+            }
+            st.in_sq.push_back(e.get_user_data());
+            st.backlog.pop_front();
+        }
+    }
+
+    /// Drops from `in_sq` the SQEs the kernel has consumed (it consumes in
+    /// order, so they are the oldest), counting them as submitted.
+    pub(super) fn account_consumed(&self, st: &mut State) {
+        if st.in_sq.is_empty() {
+            return;
+        }
+        // SAFETY: the state lock is held (we have `&mut State` from it).
+        let unconsumed = unsafe { self.uring.submission_shared() }.len();
+        while st.in_sq.len() > unconsumed {
+            if st.in_sq.pop_front() != Some(INTERNAL) {
+                st.submitted += 1;
+            }
+        }
+    }
+
+    pub(super) fn notify_driver(&self) {
+        if !self.submit_pending.swap(true, Ordering::AcqRel) {
+            self.driver_waker.wake();
+        }
+    }
+
+    /// Moves backlog into the SQ and plans an enter, if one is worth making
+    /// (SQEs queued, CQ overflow to flush, task work to run, a sleeping
+    /// SQPOLL thread to wake). A broken ring never submits again.
+    pub(super) fn plan_enter(&self, wait: bool) -> Option<EnterPlan> {
+        let mut st = lock(&self.state);
+        if matches!(st.closed, Some(Closed::Broken(_))) {
+            return None;
+        }
+        self.account_consumed(&mut st);
+        self.flush_backlog(&mut st);
+        // SAFETY: the state lock is held.
+        let sq = unsafe { self.uring.submission_shared() };
+        let pending = u32::try_from(sq.len()).unwrap_or(u32::MAX);
+        let mut flags = 0;
+        if wait || sq.cq_overflow() || sq.taskrun() {
+            flags |= ENTER_GETEVENTS;
+        }
+        if self.sqpoll {
+            // Pairs with the kernel thread's barrier before it sets
+            // NEED_WAKEUP (see io_uring's `SubmissionQueue::need_wakeup`).
+            fence(Ordering::SeqCst);
+            if pending > 0 && sq.need_wakeup() {
+                flags |= ENTER_SQ_WAKEUP;
+            }
+            return (flags != 0).then_some(EnterPlan {
+                to_submit: pending,
+                flags,
+            });
+        }
+        (pending > 0 || flags != 0).then_some(EnterPlan {
+            to_submit: pending,
+            flags,
+        })
+    }
+
+    /// One `io_uring_enter`, without the state lock, submitting exactly the
+    /// SQEs `plan` counted and waiting for `wait` completions.
+    pub(super) fn enter(&self, plan: EnterPlan, wait: u32) -> io::Result<usize> {
+        loop {
+            // SAFETY: the SQEs being submitted each point into memory owned
+            // by their op until its CQE (see `push_locked`); no extra
+            // argument is passed (null, size 0).
+            let r = unsafe {
+                self.uring.submitter().enter::<libc::sigset_t>(
+                    plan.to_submit,
+                    wait,
+                    plan.flags | if wait > 0 { ENTER_GETEVENTS } else { 0 },
+                    None,
+                )
+            };
+            self.enters.fetch_add(1, Ordering::Relaxed);
+            match r {
+                Err(e) if errno(&e) == libc::EINTR => {}
+                r => return r,
+            }
+        }
+    }
+
+    /// io_uring_enter failed in a way retrying will not fix: stop taking
+    /// reads, and fail every read that never reached the kernel (backlog,
+    /// and the SQ too: from now on nothing enters with SQEs to submit, so
+    /// the kernel can never see them). Reads already in the kernel complete
+    /// as usual (their CQEs need no enter).
+    pub(super) fn break_ring(&self, e: &io::Error) {
+        let mut out = Deferred::default();
+        let mut st = lock(&self.state);
+        if matches!(st.closed, Some(Closed::Broken(_))) {
+            return;
+        }
+        st.closed = Some(Closed::Broken(e.to_string()));
+        self.fail_unsubmitted(&mut st, true, &mut out);
+        drop(st);
+        out.run();
+        self.permits.close();
+    }
+
+    /// Gives every op whose SQE is still in the backlog (and, with
+    /// `sq_too`, in the SQ) the `NOT_SUBMITTED` result: they will never be
+    /// submitted. Only sound for SQ entries if nothing ever enters with
+    /// `to_submit > 0` on this ring again (a broken ring) and no SQPOLL
+    /// thread can pick them up.
+    pub(super) fn fail_unsubmitted(&self, st: &mut State, sq_too: bool, out: &mut Deferred) {
+        let mut keys: Vec<u64> = st.backlog.drain(..).map(|e| e.get_user_data()).collect();
+        if sq_too && !self.sqpoll {
+            self.account_consumed(st);
+            keys.extend(st.in_sq.drain(..));
+        }
+        for key in keys {
+            apply_one(st, key, NOT_SUBMITTED, false, out);
+        }
+    }
+}
+
+/// The length field of a read SQE (callers cap reads at [`MAX_READ`]).
+fn read_len(len: usize) -> u32 {
+    u32::try_from(len.min(MAX_READ)).unwrap_or(u32::MAX)
+}
