@@ -12,6 +12,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use crate::buf::IoBufMut;
 use crate::fallback::Fallback;
 use crate::files::{FileRoute, FileTable, FixedFiles};
+use crate::inline;
 use crate::read::{Borrowed, Owned, ReadCore, UringReadFuture, UringReadOwnedFuture};
 use crate::ring::{Driver, Ring, RingConfig};
 use crate::sys;
@@ -452,15 +453,7 @@ impl Builder {
             ),
             files,
             inline_nowait: self.inline_nowait,
-            // A task woken on a current_thread runtime waits behind every
-            // ready task (one queue), so its stretches must be short; a
-            // multi-thread worker checks its injection queue, where timers
-            // and cross-thread wakes land, every 61 polls, so 50 µs
-            // stretches keep those within ~3 ms.
-            inline_stretch: match handle.runtime_flavor() {
-                RuntimeFlavor::CurrentThread => Duration::from_micros(8),
-                _ => Duration::from_micros(50),
-            },
+            inline_stretch: inline::stretch(&handle.runtime_flavor()),
             closed: AtomicBool::new(false),
             shutdown_timeout: self.shutdown_timeout,
             info,

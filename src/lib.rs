@@ -69,6 +69,7 @@ mod buf;
 mod context;
 mod fallback;
 mod files;
+mod inline;
 mod op;
 mod read;
 mod ring;

@@ -13,7 +13,6 @@
 //! until the CQE; in every other state nothing is in the kernel.
 
 use std::any::Any;
-use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -22,7 +21,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
 
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
@@ -31,39 +29,10 @@ use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{Backend, Inner};
 use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
+use crate::inline::{self, pread_nowait, Nowait};
 use crate::ring::{shut_down_error, Dst, MAX_READ};
-use crate::sys::{self, pread_nowait, Nowait};
+use crate::sys;
 use crate::FileId;
-
-/// Whether this thread should yield before its next inline read: it has
-/// spent `stretch` on inline (page-cache) reads since it last did.
-///
-/// Such reads complete without ever returning `Pending`, so a task looping
-/// over them would run a whole coop budget (128 reads) per poll, and a
-/// runtime full of such tasks would let a newly woken task (a timer, say)
-/// wait for a round of all of them (measured: 20 ms gaps in a 1 ms interval
-/// with 512 readers). Bounding the stretch keeps polls short. It is measured
-/// in time rather than reads so that fast reads are not taxed with a yield
-/// every few (see `Builder::build` for the values).
-fn inline_turn_over(stretch: Duration) -> bool {
-    thread_local! {
-        static STRETCH_START: Cell<Option<Instant>> = const { Cell::new(None) };
-    }
-    STRETCH_START.with(|start| {
-        let now = Instant::now();
-        match start.get() {
-            Some(t) if now.duration_since(t) < stretch => false,
-            Some(_) => {
-                start.set(None);
-                true
-            }
-            None => {
-                start.set(Some(now));
-                false
-            }
-        }
-    })
-}
 
 /// Largest piece of a borrowed read handed to the kernel at once: a
 /// borrowed read goes through a bounce buffer the op owns, so a larger read
@@ -241,8 +210,8 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         }
                     };
                     let ring = slot % rings.len();
-                    if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline_worth_trying() {
-                        if inline_turn_over(ctx.inline_stretch) {
+                    if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline.worth_trying() {
+                        if inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {
                                 self.bound = Some(file.clone());
@@ -260,19 +229,19 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             let at = self.offset + start as u64;
                             match pread_nowait(fd, &mut self.target.dest()[start..total], at) {
                                 Nowait::Read(0) => {
-                                    rings[ring].inline_hit();
+                                    rings[ring].inline.hit();
                                     return Poll::Ready(Ok(self.done));
                                 }
                                 Nowait::Read(n) => {
                                     self.done += n;
                                     if self.done == total {
-                                        rings[ring].inline_hit();
+                                        rings[ring].inline.hit();
                                         return Poll::Ready(Ok(self.done));
                                     }
                                 }
                                 Nowait::WouldBlock => {
                                     if self.done == 0 {
-                                        rings[ring].inline_miss();
+                                        rings[ring].inline.miss();
                                     }
                                     break;
                                 }

@@ -43,7 +43,7 @@ use std::fs::File;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::buf::BufferPool;
 use crate::files::{FileEntry, FixedFiles};
+use crate::inline;
 use crate::lock;
 use crate::op::OpTable;
 use crate::sys;
@@ -76,12 +77,6 @@ const NOT_SUBMITTED: i32 = i32::MIN;
 
 /// The kernel never transfers more than this in one read (`MAX_RW_COUNT`).
 pub(crate) const MAX_READ: usize = 0x7fff_f000;
-
-/// Inline page-cache misses in a row after which the fast path only probes.
-const MISS_STREAK: u32 = 16;
-
-/// While probing, one read in this many tries the page cache inline.
-const PROBE_EVERY: u32 = 16;
 
 /// How long the driver waits before retrying an enter that failed for a
 /// passing reason (EAGAIN, ENOMEM, EBUSY), or before looking again for room
@@ -206,9 +201,9 @@ pub(crate) struct Ring {
     done: AtomicBool,
     enters: AtomicU64,
     driver_polls: AtomicU64,
-    inline: AtomicU64,
-    /// Page-cache misses of the inline path in a row (see `inline_worth_trying`).
-    inline_misses: AtomicU32,
+    /// The page-cache fast path's record of this ring's reads (its policy
+    /// is in `inline.rs`).
+    pub(crate) inline: inline::Policy,
     coop_taskrun: bool,
     shutdown_timeout: Duration,
 }
@@ -314,8 +309,7 @@ impl Ring {
             done: AtomicBool::new(false),
             enters: AtomicU64::new(0),
             driver_polls: AtomicU64::new(0),
-            inline: AtomicU64::new(0),
-            inline_misses: AtomicU32::new(0),
+            inline: inline::Policy::default(),
             coop_taskrun: cfg.coop_taskrun,
             shutdown_timeout: cfg.shutdown_timeout,
         })
@@ -323,26 +317,6 @@ impl Ring {
 
     pub(crate) fn buffers_registered(&self) -> bool {
         self.pool_registered
-    }
-
-    /// Whether a read should try the page cache inline first. After
-    /// [`MISS_STREAK`] misses in a row (a cold working set), only every
-    /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
-    /// `preadv2` each; one hit turns the fast path fully back on.
-    pub(crate) fn inline_worth_trying(&self) -> bool {
-        self.inline_misses.load(Ordering::Relaxed) < MISS_STREAK
-            || self.inline_misses.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == 0
-    }
-
-    pub(crate) fn inline_hit(&self) {
-        self.inline.fetch_add(1, Ordering::Relaxed);
-        if self.inline_misses.load(Ordering::Relaxed) != 0 {
-            self.inline_misses.store(0, Ordering::Relaxed);
-        }
-    }
-
-    pub(crate) fn inline_miss(&self) {
-        self.inline_misses.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn counters(&self) -> RingCounters {
@@ -355,7 +329,7 @@ impl Ring {
             submitted,
             completed,
             enters: self.enters.load(Ordering::Relaxed),
-            inline: self.inline.load(Ordering::Relaxed),
+            inline: self.inline.hits(),
             driver_polls: self.driver_polls.load(Ordering::Relaxed),
         }
     }

@@ -1,0 +1,103 @@
+//! The page-cache fast path's policy: whether a read tries
+//! `preadv2(RWF_NOWAIT)` on its own thread before it goes to a ring
+//! ([`Policy`], per ring), and when a thread doing such reads yields
+//! ([`turn_over`], [`stretch`]).
+//!
+//! The syscall itself is [`pread_nowait`], with its outcome [`Nowait`]: it
+//! lives in `sys.rs` with every other raw syscall and is re-exported here,
+//! so the fast path is used from one place (`read.rs`).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::RuntimeFlavor;
+
+pub(crate) use crate::sys::{pread_nowait, Nowait};
+
+/// Inline page-cache misses in a row after which the fast path only probes.
+const MISS_STREAK: u32 = 16;
+
+/// While probing, one read in this many tries the page cache inline.
+const PROBE_EVERY: u32 = 16;
+
+/// One ring's record of its inline reads, and the decision it feeds: the
+/// ring keeps it (its hits are summed into `Stats::inline_completed`).
+#[derive(Debug, Default)]
+pub(crate) struct Policy {
+    /// Reads served inline.
+    hits: AtomicU64,
+    /// Page-cache misses of the inline path in a row (see `worth_trying`).
+    misses: AtomicU32,
+}
+
+impl Policy {
+    /// Whether a read should try the page cache inline first. After
+    /// [`MISS_STREAK`] misses in a row (a cold working set), only every
+    /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
+    /// `preadv2` each; one hit turns the fast path fully back on.
+    pub(crate) fn worth_trying(&self) -> bool {
+        self.misses.load(Ordering::Relaxed) < MISS_STREAK
+            || self.misses.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == 0
+    }
+
+    pub(crate) fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        if self.misses.load(Ordering::Relaxed) != 0 {
+            self.misses.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads served inline so far.
+    pub(crate) fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+}
+
+/// How long a thread may do inline reads before it yields (see
+/// [`turn_over`]), on a runtime of this flavour.
+///
+/// A task woken on a `current_thread` runtime waits behind every ready task
+/// (one queue), so its stretches must be short; a multi-thread worker
+/// checks its injection queue, where timers and cross-thread wakes land,
+/// every 61 polls, so 50 µs stretches keep those within ~3 ms.
+pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
+    match flavor {
+        RuntimeFlavor::CurrentThread => Duration::from_micros(8),
+        _ => Duration::from_micros(50),
+    }
+}
+
+/// Whether this thread should yield before its next inline read: it has
+/// spent `stretch` on inline (page-cache) reads since it last did.
+///
+/// Such reads complete without ever returning `Pending`, so a task looping
+/// over them would run a whole coop budget (128 reads) per poll, and a
+/// runtime full of such tasks would let a newly woken task (a timer, say)
+/// wait for a round of all of them (measured: 20 ms gaps in a 1 ms interval
+/// with 512 readers). Bounding the stretch keeps polls short. It is measured
+/// in time rather than reads so that fast reads are not taxed with a yield
+/// every few (see [`stretch`] for the values).
+pub(crate) fn turn_over(stretch: Duration) -> bool {
+    thread_local! {
+        static STRETCH_START: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    STRETCH_START.with(|start| {
+        let now = Instant::now();
+        match start.get() {
+            Some(t) if now.duration_since(t) < stretch => false,
+            Some(_) => {
+                start.set(None);
+                true
+            }
+            None => {
+                start.set(Some(now));
+                false
+            }
+        }
+    })
+}
