@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::runtime::{Handle, RuntimeFlavor};
 
 use crate::buf::IoBufMut;
+use crate::error::invalid;
 use crate::fallback::Fallback;
 use crate::files::{FileRoute, FileTable, FixedFiles};
 use crate::inline;
@@ -258,10 +259,6 @@ const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
 /// tokio's default `max_blocking_threads`: more routed reads than this would
 /// only queue inside tokio.
 const MAX_ROUTED_IN_FLIGHT: usize = 512;
-
-fn invalid<T>(msg: String) -> io::Result<T> {
-    Err(io::Error::new(io::ErrorKind::InvalidInput, msg))
-}
 
 impl Builder {
     /// Submission-queue entries per ring (1..=32768; default 256). More reads
@@ -870,7 +867,7 @@ impl UringContext {
     /// ```
     pub fn register_file(&self, file: File) -> io::Result<FileId> {
         if self.inner.closed.load(Ordering::Acquire) {
-            return Err(crate::ring::shut_down_error());
+            return Err(crate::error::shut_down_error());
         }
         self.inner.files.insert(file, self.inner.fixed())
     }

@@ -18,8 +18,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
+use crate::error::shut_down_error;
 use crate::files::FileEntry;
-use crate::ring::shut_down_error;
 
 #[derive(Debug)]
 pub(crate) struct Fallback {

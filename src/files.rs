@@ -15,6 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
+use crate::error;
 use crate::sys::{self, FileKind};
 use crate::FileId;
 
@@ -161,7 +162,7 @@ impl FilesGuard<'_> {
         self.0
             .get(fid.index() as usize)
             .and_then(Option::as_ref)
-            .ok_or_else(|| unknown(fid))
+            .ok_or_else(|| error::unknown_fid(fid))
     }
 }
 
@@ -289,7 +290,7 @@ impl FileTable {
         for slots in &mut shards {
             entry = slots.get_mut(fid.index() as usize).and_then(Option::take);
         }
-        let entry = entry.ok_or_else(|| unknown(fid))?;
+        let entry = entry.ok_or_else(|| error::unknown_fid(fid))?;
         // Clear the kernel's slot while still holding the write locks, so
         // that the index cannot be handed out again before the kernel forgot it.
         let res = fixed.update(entry.index, -1);
@@ -308,13 +309,6 @@ pub(crate) fn thread_slot() -> usize {
         static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     SLOT.with(|s| *s)
-}
-
-pub(crate) fn unknown(fid: FileId) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("{fid} is not registered with this UringContext"),
-    )
 }
 
 #[cfg(test)]

@@ -67,6 +67,7 @@
 
 mod buf;
 mod context;
+mod error;
 mod fallback;
 mod files;
 mod inline;

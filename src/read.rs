@@ -27,10 +27,11 @@ use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{Backend, Inner};
+use crate::error::{self, shut_down_error};
 use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
 use crate::inline::{self, pread_nowait, Nowait};
-use crate::ring::{shut_down_error, Dst, MAX_READ};
+use crate::ring::{Dst, MAX_READ};
 use crate::sys;
 use crate::FileId;
 
@@ -97,10 +98,7 @@ enum State<J> {
 fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
     let max = i64::MAX.unsigned_abs();
     if offset > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("offset {offset} of a read of {fid} is beyond i64::MAX"),
-        ));
+        return Err(error::offset_beyond_max(fid, offset));
     }
     Ok(usize::try_from(max - offset).map_or(len, |room| len.min(room)))
 }
@@ -304,11 +302,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         Err(join) if join.is_cancelled() => {
                             return Poll::Ready(Err(shut_down_error()))
                         }
-                        Err(join) => {
-                            return Poll::Ready(Err(io::Error::other(format!(
-                                "blocking read task failed: {join}"
-                            ))))
-                        }
+                        Err(join) => return Poll::Ready(Err(error::blocking_task_failed(&join))),
                     };
                     if let Some(res) = self.piece_done(n) {
                         return Poll::Ready(res);
@@ -338,18 +332,8 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// one is fine only if it stopped at the end of the file; anything else
     /// is an error that says so, never a short count mid-file.
     fn check_tainted(&mut self, res: io::Result<usize>) -> io::Result<usize> {
-        let gone = |what: String| {
-            // Not `Interrupted`: that means "retry", and a retry cannot
-            // succeed on a context whose home runtime is gone.
-            io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                format!(
-                    "a read of {} at offset {} was {what} because the thread that submitted it exited \
-                     (the UringContext's home runtime shut down); the context is shut down",
-                    self.fid, self.offset
-                ),
-            )
-        };
+        // Not `Interrupted` (see `error::submitter_exited`).
+        let gone = |what: String| error::submitter_exited(self.fid, self.offset, &what);
         let total = self.total.unwrap_or(0);
         let n = match res {
             Ok(n) => n,
@@ -403,10 +387,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// the kernel fails with EBADF; say so in terms of the caller's fid.
     fn explain(&self, e: io::Error) -> io::Error {
         if e.raw_os_error() == Some(libc::EBADF) && self.ctx.files.get(self.fid).is_err() {
-            return io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} was unregistered while this read was queued", self.fid),
-            );
+            return error::unregistered_while_queued(self.fid);
         }
         e
     }

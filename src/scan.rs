@@ -84,6 +84,7 @@ use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{FileId, UringContext};
+use crate::error::invalid;
 use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
@@ -158,7 +159,6 @@ impl ScanOptions {
         fid: impl Into<FileId>,
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
-        let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         if !self.align.is_power_of_two() {
             return invalid(format!(
                 "ScanOptions::align({}): must be a power of two",

@@ -22,7 +22,8 @@ use std::task::{Context, Poll, Waker};
 
 use io_uring::cqueue;
 
-use super::{shut_down_error, Closed, Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
+use super::{Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
+use crate::error::{self, shut_down_error, Closed};
 use crate::lock;
 use crate::op::{Abandoned, OnCqe, Op, OpBuf, Polled};
 
@@ -116,10 +117,7 @@ impl Ring {
             drop(st);
             drop((abandoned, replaced));
             return Poll::Ready(Completion {
-                res: Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "shutdown() stopped waiting for this read: the kernel did not complete or cancel it within the shutdown timeout",
-                )),
+                res: Err(error::gave_up()),
                 tainted: false,
             });
         }

@@ -22,7 +22,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::submit::{EnterPlan, ENTER_GETEVENTS};
-use super::{transient, Closed, Deferred, Ring, RETRY_AFTER};
+use super::{transient, Deferred, Ring, RETRY_AFTER};
+use crate::error::Closed;
 use crate::lock;
 use crate::sys;
 

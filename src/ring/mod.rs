@@ -54,6 +54,7 @@ use tokio::io::Interest;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::buf::BufferPool;
+use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
 use crate::lock;
@@ -116,32 +117,6 @@ pub(crate) enum Dst {
     /// Straight into caller memory that outlives the op (an owned buffer,
     /// parked in the op if the future is dropped).
     Caller(*mut u8, usize),
-}
-
-/// Why a ring takes no more reads.
-#[derive(Debug, Clone)]
-pub(crate) enum Closed {
-    /// `shutdown()` or the last handle dropped.
-    Shutdown,
-    /// The driver task was dropped: its (home) runtime shut down.
-    RuntimeGone,
-    /// `io_uring_enter` failed in a way retrying cannot fix.
-    Broken(String),
-}
-
-impl Closed {
-    pub(crate) fn error(&self) -> io::Error {
-        match self {
-            Closed::Shutdown => shut_down_error(),
-            Closed::RuntimeGone => io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the UringContext is shut down: the tokio runtime it was created on (its home runtime) has shut down",
-            ),
-            Closed::Broken(why) => io::Error::other(format!(
-                "the io_uring ring is broken (io_uring_enter failed: {why}); this read never reached the kernel"
-            )),
-        }
-    }
 }
 
 #[allow(
@@ -229,10 +204,6 @@ fn transient(e: &io::Error) -> bool {
         errno(e),
         libc::EINTR | libc::EAGAIN | libc::ENOMEM | libc::EBUSY
     )
-}
-
-pub(crate) fn shut_down_error() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the UringContext is shut down")
 }
 
 impl Ring {

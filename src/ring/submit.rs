@@ -26,8 +26,9 @@ use io_uring::{opcode, squeue, types};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::complete::{apply_one, Deferred};
-use super::{errno, Closed, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
+use super::{errno, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
+use crate::error::Closed;
 use crate::files::FileEntry;
 use crate::lock;
 use crate::op::OpBuf;

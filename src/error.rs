@@ -1,0 +1,100 @@
+//! The errors the crate words itself: what a read (or a call on the
+//! context) returns when the context is shut down, a ring is closed or
+//! broken, `shutdown()` gave up waiting, the submitting thread exited, a file
+//! id is unknown or was unregistered, or a setting is out of range. The
+//! design document's failure model lists when each is returned; the call
+//! sites decide when, this module only what each one says.
+//!
+//! Errors raised in one place only, about that place's own input (a file
+//! of the wrong kind, a full file table, an allocation the allocator
+//! refused, the io_uring setup), stay with their check.
+
+use std::io;
+
+use tokio::task::JoinError;
+
+use crate::FileId;
+
+/// Why a ring takes no more reads.
+#[derive(Debug, Clone)]
+pub(crate) enum Closed {
+    /// `shutdown()` or the last handle dropped.
+    Shutdown,
+    /// The driver task was dropped: its (home) runtime shut down.
+    RuntimeGone,
+    /// `io_uring_enter` failed in a way retrying cannot fix.
+    Broken(String),
+}
+
+impl Closed {
+    pub(crate) fn error(&self) -> io::Error {
+        match self {
+            Closed::Shutdown => shut_down_error(),
+            Closed::RuntimeGone => io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the UringContext is shut down: the tokio runtime it was created on (its home runtime) has shut down",
+            ),
+            Closed::Broken(why) => io::Error::other(format!(
+                "the io_uring ring is broken (io_uring_enter failed: {why}); this read never reached the kernel"
+            )),
+        }
+    }
+}
+
+pub(crate) fn shut_down_error() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the UringContext is shut down")
+}
+
+/// A borrowed read still in the kernel when `shutdown()` stopped waiting.
+pub(crate) fn gave_up() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "shutdown() stopped waiting for this read: the kernel did not complete or cancel it within the shutdown timeout",
+    )
+}
+
+/// A read the kernel cancelled or cut short (`what`) because the thread
+/// that submitted it exited. Not `Interrupted`: that means "retry", and a
+/// retry cannot succeed on a context whose home runtime is gone.
+pub(crate) fn submitter_exited(fid: FileId, offset: u64, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        format!(
+            "a read of {fid} at offset {offset} was {what} because the thread that submitted it exited \
+             (the UringContext's home runtime shut down); the context is shut down"
+        ),
+    )
+}
+
+pub(crate) fn unknown_fid(fid: FileId) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{fid} is not registered with this UringContext"),
+    )
+}
+
+/// A ring read of a file unregistered before its SQE reached the kernel
+/// (which failed it with EBADF), in terms of the caller's fid.
+pub(crate) fn unregistered_while_queued(fid: FileId) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{fid} was unregistered while this read was queued"),
+    )
+}
+
+pub(crate) fn offset_beyond_max(fid: FileId, offset: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("offset {offset} of a read of {fid} is beyond i64::MAX"),
+    )
+}
+
+/// A blocking-pool read whose task panicked.
+pub(crate) fn blocking_task_failed(join: &JoinError) -> io::Error {
+    io::Error::other(format!("blocking read task failed: {join}"))
+}
+
+/// A setting out of range (`msg` names it and its limit).
+pub(crate) fn invalid<T>(msg: String) -> io::Result<T> {
+    Err(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
