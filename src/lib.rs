@@ -66,6 +66,7 @@
 #![warn(clippy::pedantic)]
 
 mod buf;
+mod builder;
 mod context;
 mod error;
 mod fallback;
@@ -93,7 +94,8 @@ pub mod design {}
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
-pub use context::{BackendChoice, BackendInfo, BackendKind, Builder, FileId, Stats, UringContext};
+pub use builder::Builder;
+pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringContext};
 pub use files::FileRoute;
 pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};

@@ -1,0 +1,530 @@
+//! [`Builder`]: the settings of a [`UringContext`], their checks against
+//! the documented limits and the kernel's, and the choice of backend
+//! (io_uring, or the `pread` fallback and why) when the context is built.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::context::{Backend, BackendChoice, BackendInfo, BackendKind, Inner, UringContext};
+use crate::error::invalid;
+use crate::fallback::Fallback;
+use crate::files::FileTable;
+use crate::inline;
+use crate::ring::{Driver, Ring, RingConfig};
+use crate::sys;
+
+/// Configures a [`UringContext`]. Start from [`UringContext::builder`].
+///
+/// Every setting is checked when [`build`](Builder::build) runs: a value out
+/// of range is an `InvalidInput` error that names the setting and its limit,
+/// never a panic, a silent change or a silent switch to the fallback.
+///
+/// ```
+/// use std::time::Duration;
+/// use uring_positioned_io::{BackendChoice, UringContext};
+///
+/// # fn main() -> std::io::Result<()> {
+/// # let rt = tokio::runtime::Runtime::new()?;
+/// # rt.block_on(async {
+/// let file = tempfile::tempfile()?;
+/// let ctx = UringContext::builder()
+///     .rings(2)
+///     .max_in_flight(256)            // over both rings
+///     .ring_entries(128)
+///     .buffer_pool(128, 8192)        // per ring
+///     .shutdown_timeout(Duration::from_secs(2))
+///     .backend(BackendChoice::Auto)  // io_uring, or pread where it is missing
+///     .build(vec![file])?;
+/// println!("{}", ctx.backend());
+///
+/// // A setting out of range is an error that names it.
+/// let err = UringContext::builder().max_in_flight(0).build(vec![]).unwrap_err();
+/// assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+/// assert!(err.to_string().contains("max_in_flight"));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    ring_entries: u32,
+    rings: Option<usize>,
+    max_in_flight: Option<usize>,
+    sqpoll: Option<Duration>,
+    coop_taskrun: bool,
+    pool: Option<(usize, usize)>,
+    inline_nowait: bool,
+    backend: BackendChoice,
+    max_files: Option<u32>,
+    shutdown_timeout: Duration,
+    fuse_via_blocking_pool: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            ring_entries: 256,
+            rings: None,
+            max_in_flight: None,
+            sqpoll: None,
+            coop_taskrun: false,
+            pool: None,
+            inline_nowait: true,
+            backend: BackendChoice::Auto,
+            max_files: None,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            fuse_via_blocking_pool: true,
+        }
+    }
+}
+
+const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
+/// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`); each
+/// ring's CQ holds all its in-flight reads, so this bounds them per ring.
+pub(crate) const MAX_IN_FLIGHT_PER_RING: usize = 65_536;
+/// The fallback's bound: each of its reads may occupy a thread.
+const MAX_FALLBACK_IN_FLIGHT: usize = 65_536;
+const MAX_RINGS: usize = 256;
+const MAX_RING_ENTRIES: u32 = 32_768;
+const DEFAULT_POOL_BUF: usize = 16 * 1024;
+/// Largest bounce buffer of the pool (a read larger than the pool's buffers
+/// gets a one-off buffer of at most `read::BORROWED_CHUNK`).
+const MAX_POOL_BUF: usize = 64 << 20;
+const MAX_POOL_COUNT: usize = 65_536;
+/// Largest pool per ring, in bytes.
+const MAX_POOL_BYTES: usize = 4 << 30;
+/// The kernel's largest fixed-file table (`IORING_MAX_FIXED_FILES`).
+const MAX_FIXED_FILES: u32 = 1 << 20;
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each fallback read occupies a blocking-pool thread: more than a few dozen
+/// runnable threads only add context switches (and starve the runtime's own
+/// threads) without adding device parallelism worth having.
+const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
+/// tokio's default `max_blocking_threads`: more routed reads than this would
+/// only queue inside tokio.
+const MAX_ROUTED_IN_FLIGHT: usize = 512;
+
+impl Builder {
+    /// Submission-queue entries per ring (1..=32768; default 256). More reads
+    /// than this may be queued: the rest wait in a backlog and go out with
+    /// the next enter.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn ring_entries(mut self, entries: u32) -> Self {
+        self.ring_entries = entries;
+        self
+    }
+
+    /// Number of rings (1..=256; default: the runtime's worker count, but no
+    /// more than `max_in_flight`). Each worker thread submits to its own
+    /// ring, so the kernel work of submitting is spread over the threads.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn rings(mut self, rings: usize) -> Self {
+        self.rings = Some(rings);
+        self
+    }
+
+    /// Reads in the kernel at once, over all rings (default 512 per ring).
+    /// Further reads wait asynchronously for a slot. The limit is split over
+    /// the rings exactly (the first `max_in_flight % rings` rings get one
+    /// more), so it must be at least the number of rings set with
+    /// [`rings`](Self::rings), and at most 65536 per ring (the kernel's
+    /// largest completion queue); on the fallback, at most 65536.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn max_in_flight(mut self, reads: usize) -> Self {
+        self.max_in_flight = Some(reads);
+        self
+    }
+
+    /// Use a kernel submission-polling thread that sleeps after `idle`
+    /// (`None`: off, the default). Costs a kernel thread spinning while busy.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn sqpoll(mut self, idle: Option<Duration>) -> Self {
+        self.sqpoll = idle;
+        self
+    }
+
+    /// `IORING_SETUP_COOP_TASKRUN`: the kernel does not interrupt the thread
+    /// to run completion work; the driver re-enters every 200 µs while reads
+    /// are out instead (on a timerfd: no time driver needed). Only accepted
+    /// on a `current_thread` runtime, where that keeps every completion
+    /// reachable, and not with SQPOLL.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn coop_taskrun(mut self, on: bool) -> Self {
+        self.coop_taskrun = on;
+        self
+    }
+
+    /// Bounce buffers per ring for [`UringContext::read`]: `count` buffers of
+    /// `size` bytes (rounded up to 4 KiB), registered with the ring when
+    /// RLIMIT_MEMLOCK allows. Default: one per in-flight read, 16 KiB each.
+    /// Limits: `count` ≤ 65536, `size` 1..=64 MiB, `count × size` ≤ 4 GiB
+    /// per ring; `count` 0 means no pool (every borrowed read gets a
+    /// one-off buffer). Larger reads get a one-off buffer.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn buffer_pool(mut self, count: usize, size: usize) -> Self {
+        self.pool = Some((count, size));
+        self
+    }
+
+    /// Try `preadv2(RWF_NOWAIT)` inline first: a read the page cache can
+    /// serve completes in the calling task, on its own thread, with no ring
+    /// round trip; anything else goes to the ring. Default: on.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn inline_nowait(mut self, on: bool) -> Self {
+        self.inline_nowait = on;
+        self
+    }
+
+    /// Which backend to use (default [`BackendChoice::Auto`]).
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn backend(mut self, backend: BackendChoice) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Capacity of the file table (default: twice the initial files, at
+    /// least 1024, at most RLIMIT_NOFILE). Set explicitly, it must hold the
+    /// initial files and be at most the smaller of RLIMIT_NOFILE and the
+    /// kernel's 1048576.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn max_files(mut self, files: u32) -> Self {
+        self.max_files = Some(files);
+        self
+    }
+
+    /// How long [`UringContext::shutdown`] (and the teardown of a ring whose
+    /// runtime went away) waits for the kernel to return reads it was asked
+    /// to cancel (default 10 s). Past it, shutdown returns, borrowed reads
+    /// still waiting fail with `TimedOut`, and the buffers the kernel may
+    /// still write into are kept (leaked at teardown) rather than freed.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Read files on FUSE file systems with `pread` on the blocking pool
+    /// instead of the rings (default: on). On FUSE, io_uring returns wrong
+    /// bytes when the server replies short to a `FOPEN_DIRECT_IO` read, and
+    /// a request the server never answers blocks `io_uring_enter` on a
+    /// runtime worker (see the design document's storage model). Turn it off
+    /// only for a FUSE file system known to use the page cache and to
+    /// answer every request.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn fuse_via_blocking_pool(mut self, on: bool) -> Self {
+        self.fuse_via_blocking_pool = on;
+        self
+    }
+
+    /// Creates the context. Must be called inside a tokio runtime with IO
+    /// enabled (io_uring backend); spawns one driver task per ring on it.
+    /// The context can be used from any runtime or thread, but its drivers
+    /// run on this one (its *home* runtime): a `current_thread` home runtime
+    /// must be running for reads to complete, and when the home runtime
+    /// shuts down, so does the context.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a setting out of range (naming it), for a file that
+    /// is not a regular file or block device, and for settings the kernel
+    /// rejects; an error when no tokio runtime is running or it has IO
+    /// disabled; with [`BackendChoice::IoUring`], the reason io_uring cannot
+    /// be set up. [`BackendChoice::Auto`] falls back to the `pread` backend
+    /// only when io_uring itself is unavailable here (ENOSYS, EPERM/EACCES,
+    /// ENOMEM from RLIMIT_MEMLOCK, or a kernel too old for the features
+    /// used), never because of a setting.
+    pub fn build(self, files: Vec<File>) -> io::Result<UringContext> {
+        let handle = Handle::try_current().map_err(|_| {
+            io::Error::other(
+                "UringContext must be created inside a tokio runtime (no runtime is running on this thread)",
+            )
+        })?;
+        let plan = self.validate(&handle, files.len())?;
+        let files = FileTable::new(
+            files,
+            plan.capacity,
+            plan.rings,
+            self.fuse_via_blocking_pool,
+        )?;
+        let (backend, info) = match self.backend {
+            BackendChoice::Fallback => {
+                fallback("forced by Builder::backend(BackendChoice::Fallback)".into())
+            }
+            choice => match setup_rings(&plan, &files) {
+                Ok(rings) => (
+                    Backend::Uring(rings),
+                    BackendInfo {
+                        kind: BackendKind::IoUring,
+                        reason: None,
+                    },
+                ),
+                Err(e) => match (choice, unavailable_here(&e)) {
+                    (BackendChoice::Auto, Some(why)) => {
+                        fallback(format!("io_uring could not be set up: {why}"))
+                    }
+                    (_, why) => {
+                        return Err(io::Error::new(
+                            if why.is_some() {
+                                e.kind()
+                            } else {
+                                io::ErrorKind::InvalidInput
+                            },
+                            format!(
+                                "io_uring setup failed: {e}{}",
+                                if why.is_some() {
+                                    ""
+                                } else {
+                                    " (the kernel rejected these settings; a minimal ring works here)"
+                                }
+                            ),
+                        ))
+                    }
+                },
+            },
+        };
+        let backend_kind = info.kind;
+        let inner = Arc::new(Inner {
+            backend,
+            blocking: Fallback::new(
+                match backend_kind {
+                    BackendKind::Fallback => plan.fallback_in_flight,
+                    BackendKind::IoUring => plan.routed_in_flight,
+                },
+                handle.clone(),
+            ),
+            files,
+            inline_nowait: self.inline_nowait,
+            inline_stretch: inline::stretch(&handle.runtime_flavor()),
+            closed: AtomicBool::new(false),
+            shutdown_timeout: self.shutdown_timeout,
+            info,
+        });
+        if let Backend::Uring(rings) = &inner.backend {
+            for ring in rings {
+                handle.spawn(Driver::new(ring.clone()));
+            }
+        }
+        Ok(UringContext { inner })
+    }
+
+    /// Checks every setting and resolves the defaults.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one check per setting, in the order the docs list them"
+    )]
+    fn validate(&self, handle: &Handle, nfiles: usize) -> io::Result<Plan> {
+        if !(1..=MAX_RING_ENTRIES).contains(&self.ring_entries) {
+            return invalid(format!(
+                "ring_entries must be 1..={MAX_RING_ENTRIES}, got {}",
+                self.ring_entries
+            ));
+        }
+        if let Some(r) = self.rings {
+            if !(1..=MAX_RINGS).contains(&r) {
+                return invalid(format!("rings must be 1..={MAX_RINGS}, got {r}"));
+            }
+        }
+        if self.max_in_flight == Some(0) {
+            return invalid("max_in_flight must be at least 1".into());
+        }
+        let workers = handle.metrics().num_workers().clamp(1, MAX_RINGS);
+        let rings = match (self.rings, self.max_in_flight) {
+            (Some(r), Some(m)) if m < r => {
+                return invalid(format!(
+                    "max_in_flight ({m}) is less than rings ({r}): every ring needs at least one read in flight"
+                ))
+            }
+            (Some(r), _) => r,
+            // Documented clamp: no more rings than reads in flight.
+            (None, Some(m)) => workers.min(m),
+            (None, None) => workers,
+        };
+        let max_in_flight = self
+            .max_in_flight
+            .unwrap_or(DEFAULT_IN_FLIGHT_PER_RING * rings);
+        if self.backend != BackendChoice::Fallback && max_in_flight > MAX_IN_FLIGHT_PER_RING * rings
+        {
+            return invalid(format!(
+                "max_in_flight ({max_in_flight}) exceeds {MAX_IN_FLIGHT_PER_RING} per ring \
+                 ({rings} rings: at most {}), the kernel's largest completion queue",
+                MAX_IN_FLIGHT_PER_RING * rings
+            ));
+        }
+        let fallback_in_flight = self.max_in_flight.unwrap_or(DEFAULT_FALLBACK_IN_FLIGHT);
+        if fallback_in_flight > MAX_FALLBACK_IN_FLIGHT && self.backend == BackendChoice::Fallback {
+            return invalid(format!(
+                "max_in_flight ({fallback_in_flight}) exceeds the fallback's limit of {MAX_FALLBACK_IN_FLIGHT}"
+            ));
+        }
+        let base = max_in_flight / rings;
+        let (pool_count, pool_size) = self.pool.unwrap_or((base + 1, DEFAULT_POOL_BUF));
+        if pool_count > MAX_POOL_COUNT {
+            return invalid(format!(
+                "buffer_pool count must be at most {MAX_POOL_COUNT}, got {pool_count}"
+            ));
+        }
+        if !(1..=MAX_POOL_BUF).contains(&pool_size) {
+            return invalid(format!(
+                "buffer_pool size must be 1..={MAX_POOL_BUF} bytes, got {pool_size}"
+            ));
+        }
+        let rounded = pool_size.next_multiple_of(crate::buf::BOUNCE_ALIGN);
+        if rounded
+            .checked_mul(pool_count)
+            .is_none_or(|total| total > MAX_POOL_BYTES)
+        {
+            return invalid(format!(
+                "buffer_pool({pool_count}, {pool_size}) needs more than {MAX_POOL_BYTES} bytes per ring"
+            ));
+        }
+        if self.coop_taskrun && self.sqpoll.is_some() {
+            return invalid(
+                "coop_taskrun and sqpoll exclude each other: with SQPOLL the kernel thread runs completion work"
+                    .into(),
+            );
+        }
+        if self.coop_taskrun
+            && self.backend != BackendChoice::Fallback
+            && handle.runtime_flavor() != RuntimeFlavor::CurrentThread
+        {
+            return invalid(
+                "coop_taskrun needs a current_thread runtime: on a multi-thread runtime the \
+                 submitting worker may sleep with completion work pending"
+                    .into(),
+            );
+        }
+        let nofile = u32::try_from(sys::nofile_limit()).unwrap_or(u32::MAX);
+        let limit = nofile.min(MAX_FIXED_FILES);
+        let nfiles_u32 = u32::try_from(nfiles).unwrap_or(u32::MAX);
+        let capacity = match self.max_files {
+            Some(m) if m < nfiles_u32 => {
+                return invalid(format!(
+                    "max_files ({m}) is less than the {nfiles} files given"
+                ))
+            }
+            Some(m) if m > limit => {
+                return invalid(format!(
+                    "max_files ({m}) exceeds the limit of {limit} (RLIMIT_NOFILE {nofile}, kernel {MAX_FIXED_FILES})"
+                ))
+            }
+            Some(m) => m.max(1),
+            None if nfiles_u32 > limit => {
+                return invalid(format!(
+                    "{nfiles} files exceed the limit of {limit} (RLIMIT_NOFILE {nofile}, kernel {MAX_FIXED_FILES})"
+                ))
+            }
+            None => nfiles_u32.saturating_mul(2).clamp(1024, limit.max(1)).max(nfiles_u32).max(1),
+        };
+        let rem = max_in_flight % rings;
+        Ok(Plan {
+            rings,
+            capacity,
+            fallback_in_flight,
+            routed_in_flight: max_in_flight.clamp(1, MAX_ROUTED_IN_FLIGHT),
+            ring_cfgs: (0..rings)
+                .map(|i| RingConfig {
+                    entries: self.ring_entries,
+                    in_flight: base + usize::from(i < rem),
+                    sqpoll_idle: self.sqpoll,
+                    coop_taskrun: self.coop_taskrun,
+                    pool_count,
+                    pool_size,
+                    file_capacity: capacity,
+                    shutdown_timeout: self.shutdown_timeout,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// The resolved settings.
+#[derive(Debug)]
+struct Plan {
+    rings: usize,
+    capacity: u32,
+    fallback_in_flight: usize,
+    /// Blocking-pool reads at once for files routed off the rings: such
+    /// reads mostly wait on slow storage, so they get the context's whole
+    /// in-flight limit, up to tokio's default of 512 blocking threads.
+    routed_in_flight: usize,
+    ring_cfgs: Vec<RingConfig>,
+}
+
+fn fallback(reason: String) -> (Backend, BackendInfo) {
+    (
+        Backend::Fallback,
+        BackendInfo {
+            kind: BackendKind::Fallback,
+            reason: Some(reason),
+        },
+    )
+}
+
+/// Whether a setup error means "no io_uring here" (the environment), as
+/// opposed to "not with these settings"; `Some(reason)` for the former.
+/// An EINVAL is ambiguous (an old kernel lacking a feature, or a setting
+/// the kernel rejects), so a minimal ring with the same features decides.
+fn unavailable_here(e: &io::Error) -> Option<String> {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS | libc::EPERM | libc::EACCES | libc::ENOMEM) => Some(e.to_string()),
+        Some(libc::EINVAL | libc::EOPNOTSUPP) => {
+            let minimal = RingConfig {
+                entries: 1,
+                in_flight: 1,
+                sqpoll_idle: None,
+                coop_taskrun: false,
+                pool_count: 1,
+                pool_size: 4096,
+                file_capacity: 1,
+                shutdown_timeout: Duration::ZERO,
+            };
+            match Ring::new(&minimal, &[]) {
+                Ok(_) => None,
+                Err(probe) => Some(format!("{e} (a minimal ring fails too: {probe})")),
+            }
+        }
+        _ => None,
+    }
+}
+
+fn setup_rings(plan: &Plan, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
+    let fds = files.raw_fds();
+    io_driver_present()?;
+    plan.ring_cfgs
+        .iter()
+        .map(|cfg| Ring::new(cfg, &fds).map(Arc::new))
+        .collect()
+}
+
+/// Registering the ring's eventfd with tokio's reactor panics inside tokio
+/// when the runtime was built without IO, and tokio offers no way to ask
+/// beforehand. Under `panic = "unwind"` the panic is caught here, before
+/// anything else is set up, and becomes an error.
+#[cfg(panic = "unwind")]
+fn io_driver_present() -> io::Result<()> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let probe = sys::eventfd()?;
+    // SAFETY: the AsyncFd owns `probe` for its whole (short) life.
+    let registered = catch_unwind(AssertUnwindSafe(|| unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(probe, tokio::io::Interest::READABLE)
+    }));
+    match registered {
+        Ok(_) => Ok(()),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the tokio runtime has IO disabled; build it with enable_io() or enable_all()",
+        )),
+    }
+}
+
+/// Under `panic = "abort"` a panic cannot be caught: a runtime without IO
+/// aborts in tokio, as any tokio IO resource would (documented on `build`).
+#[cfg(not(panic = "unwind"))]
+fn io_driver_present() -> io::Result<()> {
+    Ok(())
+}
