@@ -16,6 +16,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::ops::Deref;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -31,7 +32,7 @@ use crate::error::{self, shut_down_error};
 use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
 use crate::inline::{self, pread_nowait, Nowait};
-use crate::ring::{Dst, MAX_READ};
+use crate::ring::{Dst, Ring, MAX_READ};
 use crate::sys;
 use crate::FileId;
 
@@ -74,16 +75,32 @@ pub(crate) trait Target {
 
 type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
-enum State<J> {
+/// One of the context's rings, as a read holds it: borrowed for the
+/// future's lifetime (the context outlives its futures), with its index in
+/// the context only to name it in `Debug`.
+#[derive(Clone, Copy)]
+struct RingRef<'a> {
+    index: usize,
+    ring: &'a Ring,
+}
+
+impl Deref for RingRef<'_> {
+    type Target = Ring;
+    fn deref(&self) -> &Ring {
+        self.ring
+    }
+}
+
+enum State<'a, J> {
     Start,
     /// Waiting for an in-flight slot of a ring (`Some`) or of the fallback.
     Acquire {
-        ring: Option<usize>,
+        ring: Option<RingRef<'a>>,
         file: Arc<FileEntry>,
         permit: Acquire,
     },
     InFlight {
-        ring: usize,
+        ring: RingRef<'a>,
         key: usize,
     },
     Blocking(JoinHandle<J>),
@@ -122,7 +139,7 @@ pub(crate) struct ReadCore<'a, T: Target> {
     /// A ring read came back short before the end of the file and the rest
     /// is being read: a later failure is then an error, not a short count.
     resumed: bool,
-    state: State<T::Blocking>,
+    state: State<'a, T::Blocking>,
     pub(crate) target: T,
 }
 
@@ -207,8 +224,12 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             continue;
                         }
                     };
-                    let ring = slot % rings.len();
-                    if ctx.inline_nowait && file.nowait_ok() && rings[ring].inline.worth_trying() {
+                    let index = slot % rings.len();
+                    let ring = RingRef {
+                        index,
+                        ring: &rings[index],
+                    };
+                    if ctx.inline_nowait && file.nowait_ok() && ring.inline.worth_trying() {
                         if inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {
@@ -227,19 +248,19 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             let at = self.offset + start as u64;
                             match pread_nowait(fd, &mut self.target.dest()[start..total], at) {
                                 Nowait::Read(0) => {
-                                    rings[ring].inline.hit();
+                                    ring.inline.hit();
                                     return Poll::Ready(Ok(self.done));
                                 }
                                 Nowait::Read(n) => {
                                     self.done += n;
                                     if self.done == total {
-                                        rings[ring].inline.hit();
+                                        ring.inline.hit();
                                         return Poll::Ready(Ok(self.done));
                                     }
                                 }
                                 Nowait::WouldBlock => {
                                     if self.done == 0 {
-                                        rings[ring].inline.miss();
+                                        ring.inline.miss();
                                     }
                                     break;
                                 }
@@ -253,23 +274,19 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     }
                     let file = file.clone();
                     drop(files);
-                    self.acquire(&rings[ring].permits, Some(ring), file)?;
+                    self.acquire(&ring.permits, Some(ring), file)?;
                 }
                 State::Acquire { ring, file, permit } => {
                     let (ring, acquired) = (*ring, ready!(permit.as_mut().poll(cx)));
                     let Ok(permit) = acquired else {
-                        return Poll::Ready(Err(self.closed_error(ring)));
+                        return Poll::Ready(Err(Self::closed_error(ring)));
                     };
                     let file = file.clone();
                     self.start(ring, file, permit)?;
                 }
                 State::InFlight { ring, key } => {
                     let (ring, key) = (*ring, *key);
-                    let Backend::Uring(rings) = &self.ctx.backend else {
-                        unreachable!("in flight on a ring without rings")
-                    };
-                    let done =
-                        ready!(rings[ring].poll_complete(key, cx, self.target.copy_to(self.done)));
+                    let done = ready!(ring.poll_complete(key, cx, self.target.copy_to(self.done)));
                     self.state = State::Done;
                     if done.tainted {
                         return Poll::Ready(self.check_tainted(done.res));
@@ -376,10 +393,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
 
     /// The error of a closed ring or fallback (reads waiting for a permit
     /// learn of it when the semaphore closes).
-    fn closed_error(&self, ring: Option<usize>) -> io::Error {
-        match (&self.ctx.backend, ring) {
-            (Backend::Uring(rings), Some(r)) => rings[r].closed_error(),
-            _ => shut_down_error(),
+    fn closed_error(ring: Option<RingRef<'_>>) -> io::Error {
+        match ring {
+            Some(r) => r.closed_error(),
+            None => shut_down_error(),
         }
     }
 
@@ -396,7 +413,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
     fn acquire(
         &mut self,
         permits: &Arc<Semaphore>,
-        ring: Option<usize>,
+        ring: Option<RingRef<'a>>,
         file: Arc<FileEntry>,
     ) -> io::Result<()> {
         match permits.clone().try_acquire_owned() {
@@ -406,7 +423,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                 self.state = State::Acquire { ring, file, permit };
                 Ok(())
             }
-            Err(TryAcquireError::Closed) => Err(self.closed_error(ring)),
+            Err(TryAcquireError::Closed) => Err(Self::closed_error(ring)),
         }
     }
 
@@ -414,7 +431,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// pool (`None`).
     fn start(
         &mut self,
-        ring: Option<usize>,
+        ring: Option<RingRef<'a>>,
         file: Arc<FileEntry>,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
@@ -426,21 +443,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
         let remaining = self.total.unwrap_or(0) - self.done;
         self.piece = remaining.min(self.target.max_piece()).min(MAX_READ);
         let offset = self.offset + self.done as u64;
-        let rings = match (&self.ctx.backend, ring) {
-            (Backend::Uring(rings), Some(_)) => rings,
-            (_, None) => {
-                let fb = &self.ctx.blocking;
-                let h = self
-                    .target
-                    .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
-                self.state = State::Blocking(h);
-                return Ok(());
-            }
-            (Backend::Fallback, Some(_)) => unreachable!("a ring read on the fallback backend"),
+        let Some(ring) = ring else {
+            let fb = &self.ctx.blocking;
+            let h = self
+                .target
+                .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
+            self.state = State::Blocking(h);
+            return Ok(());
         };
-        let ring = ring.unwrap_or_default();
         let dst = self.target.ring_dst(self.done, self.piece);
-        let key = rings[ring].submit_read(file, permit, offset, dst)?;
+        let key = ring.submit_read(file, permit, offset, dst)?;
         self.state = State::InFlight { ring, key };
         Ok(())
     }
@@ -449,19 +461,21 @@ impl<'a, T: Target> ReadCore<'a, T> {
 impl<T: Target> Drop for ReadCore<'_, T> {
     fn drop(&mut self) {
         if let State::InFlight { ring, key } = self.state {
-            if let Backend::Uring(rings) = &self.ctx.backend {
-                rings[ring].abandon(key, self.target.park());
-            }
+            ring.abandon(key, self.target.park());
         }
     }
 }
 
-impl<J> fmt::Debug for State<J> {
+impl<J> fmt::Debug for State<'_, J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             State::Start => f.write_str("Start"),
-            State::Acquire { ring, .. } => write!(f, "Acquire {{ ring: {ring:?} }}"),
-            State::InFlight { ring, key } => write!(f, "InFlight {{ ring: {ring}, key: {key} }}"),
+            State::Acquire { ring, .. } => {
+                write!(f, "Acquire {{ ring: {:?} }}", ring.map(|r| r.index))
+            }
+            State::InFlight { ring, key } => {
+                write!(f, "InFlight {{ ring: {}, key: {key} }}", ring.index)
+            }
             State::Blocking(_) => f.write_str("Blocking"),
             State::Done => f.write_str("Done"),
         }
@@ -651,3 +665,25 @@ impl<B: IoBufMut> fmt::Debug for UringReadOwnedFuture<'_, B> {
         self.core.fmt(f)
     }
 }
+
+// The read futures' auto traits are part of the API, and holding their ring
+// (a `RingRef`) must not change them: they are `Send` and `Unpin` (spawned,
+// polled through `&mut`), and today not `Sync` (each is polled by one task;
+// making them `Sync` would be a deliberate API addition, not a side effect).
+const _: fn() = || {
+    fn send_unpin<T: Send + Unpin>() {}
+    // Resolves only if exactly one impl applies, i.e. if `T` is not `Sync`.
+    trait AmbiguousIfSync<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+    impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+
+    send_unpin::<UringReadFuture<'static>>();
+    send_unpin::<UringReadOwnedFuture<'static, Vec<u8>>>();
+    send_unpin::<UringReadOwnedFuture<'static, AlignedBuf>>();
+    send_unpin::<crate::Scan<'static>>();
+    <UringReadFuture<'static> as AmbiguousIfSync<_>>::check();
+    <UringReadOwnedFuture<'static, Vec<u8>> as AmbiguousIfSync<_>>::check();
+    <crate::Scan<'static> as AmbiguousIfSync<_>>::check();
+};
