@@ -59,6 +59,7 @@ pub struct Builder {
     coop_taskrun: bool,
     pool: Option<(usize, usize)>,
     inline_nowait: bool,
+    inline_stretch: Option<Duration>,
     backend: BackendChoice,
     max_files: Option<u32>,
     shutdown_timeout: Duration,
@@ -75,6 +76,7 @@ impl Default for Builder {
             coop_taskrun: false,
             pool: None,
             inline_nowait: true,
+            inline_stretch: None,
             backend: BackendChoice::Auto,
             max_files: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
@@ -84,6 +86,9 @@ impl Default for Builder {
 }
 
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
+/// Longest `inline_stretch`: beyond it a poll could hold a worker for
+/// seconds, which no setting should allow.
+const MAX_INLINE_STRETCH: Duration = Duration::from_secs(1);
 /// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`); each
 /// ring's CQ holds all its in-flight reads, so this bounds them per ring.
 pub(crate) const MAX_IN_FLIGHT_PER_RING: usize = 65_536;
@@ -177,6 +182,25 @@ impl Builder {
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn inline_nowait(mut self, on: bool) -> Self {
         self.inline_nowait = on;
+        self
+    }
+
+    /// How long a worker thread may serve page-cache hits inline before the
+    /// task doing the next one yields to the rest of the runtime (default:
+    /// 50 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
+    /// 1 s).
+    ///
+    /// Inline reads never return `Pending`, so without a bound one task
+    /// reading cached data would hold its worker for a whole coop budget.
+    /// The stretch trades throughput for tail latency when many tasks read
+    /// cached data at once: with N tasks per worker, the read that yields
+    /// waits about N × stretch for its turn. Shorter stretches cut that
+    /// wait, and cost a yield every few reads. `Duration::ZERO` yields
+    /// before every inline read but the first of a poll. See the design
+    /// document's fairness section for measurements.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn inline_stretch(mut self, stretch: Duration) -> Self {
+        self.inline_stretch = Some(stretch);
         self
     }
 
@@ -299,7 +323,9 @@ impl Builder {
             ),
             files,
             inline_nowait: self.inline_nowait,
-            inline_stretch: inline::stretch(&handle.runtime_flavor()),
+            inline_stretch: self
+                .inline_stretch
+                .unwrap_or_else(|| inline::stretch(&handle.runtime_flavor())),
             closed: AtomicBool::new(false),
             shutdown_timeout: self.shutdown_timeout,
             info,
@@ -331,6 +357,11 @@ impl Builder {
         }
         if self.max_in_flight == Some(0) {
             return invalid("max_in_flight must be at least 1".into());
+        }
+        if let Some(s) = self.inline_stretch.filter(|s| *s > MAX_INLINE_STRETCH) {
+            return invalid(format!(
+                "inline_stretch must be at most {MAX_INLINE_STRETCH:?}, got {s:?}"
+            ));
         }
         let workers = handle.metrics().num_workers().clamp(1, MAX_RINGS);
         let rings = match (self.rings, self.max_in_flight) {

@@ -90,12 +90,16 @@ pub struct Stats {
     pub submitted: u64,
     /// Of those, how many the kernel has completed.
     pub completed: u64,
-    /// `io_uring_enter` calls made to submit them (with SQPOLL: submit
-    /// rounds, some of which need no syscall).
+    /// `io_uring_enter` calls made (by the drivers, and by readers that
+    /// submitted while their ring's driver was idle). With SQPOLL only the
+    /// calls that were needed (to wake the kernel thread) are made and
+    /// counted.
     pub enters: u64,
     /// Reads served at once from the page cache (`RWF_NOWAIT`), no ring involved.
     pub inline_completed: u64,
-    /// Reads the kernel holds right now (`submitted - completed`).
+    /// Reads the kernel holds right now (`submitted - completed`; with
+    /// SQPOLL a completion can be seen before its submission is, so this
+    /// never goes below 0).
     pub in_flight: u64,
     /// Times a ring's background driver task ran (io_uring backend): a
     /// measure of wake-ups, to set against `submitted`.
@@ -408,7 +412,7 @@ impl UringContext {
         let blocking = Stats {
             submitted: c.submitted,
             completed: c.completed,
-            in_flight: c.submitted - c.completed,
+            in_flight: c.submitted.saturating_sub(c.completed),
             ..Stats::default()
         };
         rings
@@ -419,7 +423,7 @@ impl UringContext {
                 completed: s.completed + c.completed,
                 enters: s.enters + c.enters,
                 inline_completed: s.inline_completed + c.inline,
-                in_flight: s.in_flight + (c.submitted - c.completed),
+                in_flight: s.in_flight + c.submitted.saturating_sub(c.completed),
                 driver_polls: s.driver_polls + c.driver_polls,
             })
     }

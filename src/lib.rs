@@ -36,11 +36,11 @@
 //!
 //! A [`UringContext`] owns one io_uring ring per runtime worker (by default)
 //! and spawns one background *driver* task per ring. A read first tries the
-//! page cache inline with `preadv2(RWF_NOWAIT)`; on a miss it queues an SQE and
-//! wakes the driver, which submits everything queued with one
-//! `io_uring_enter`, reaps every completion and wakes the reading tasks. An
-//! idle driver sleeps on an eventfd the kernel signals: an idle context costs
-//! no CPU. See [the design document](design) for the full design, the
+//! page cache inline with `preadv2(RWF_NOWAIT)`; on a miss it queues an SQE
+//! and either submits it itself (the driver is idle) or wakes the driver,
+//! which submits everything queued with one `io_uring_enter`, reaps every
+//! completion and wakes the reading tasks. An idle driver sleeps in tokio's
+//! reactor on the ring's own file descriptor: an idle context costs no CPU. See [the design document](design) for the full design, the
 //! failure model and measurements.
 //!
 //! # Ownership and cancellation

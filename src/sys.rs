@@ -141,6 +141,15 @@ pub(crate) fn eventfd() -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// A close-on-exec duplicate of `fd` (`F_DUPFD_CLOEXEC`), owned by the caller.
+pub(crate) fn dup_cloexec(fd: i32) -> io::Result<File> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) has no memory arguments; an invalid fd
+    // is an error return.
+    let new = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }, -1)?;
+    // SAFETY: `new` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(new) })
+}
+
 /// Reads (and so resets) an eventfd's or timerfd's counter; `Ok(false)` if
 /// it was zero (EAGAIN).
 pub(crate) fn drain_counter(fd: &File) -> io::Result<bool> {

@@ -42,7 +42,7 @@ fn assert_invalid(r: io::Result<UringContext>, mentions: &str, what: &str) {
 fn f01_buffer_pool_sizes_are_checked() {
     let set = common::FileSet::new(0x601, &[100_000]);
     let file = set.files[0].clone();
-    let opened: Vec<Vec<File>> = (0..12).map(|_| set.open_all()).collect();
+    let opened: Vec<Vec<File>> = (0..14).map(|_| set.open_all()).collect();
     common::run("f01", Flavor::Multi, 60, move || async move {
         let mut opened = opened.into_iter();
         // count * size wraps around usize (this corrupted the heap), or is
@@ -71,6 +71,18 @@ fn f01_buffer_pool_sizes_are_checked() {
                 r,
                 "max_in_flight",
                 &format!("{choice:?} max_in_flight(MAX)"),
+            );
+        }
+        // A stretch of inline reads long enough to hold a worker for seconds.
+        for choice in BOTH {
+            let r = UringContext::builder()
+                .backend(choice)
+                .inline_stretch(Duration::from_secs(2))
+                .build(opened.next().unwrap());
+            assert_invalid(
+                r,
+                "inline_stretch",
+                &format!("{choice:?} inline_stretch(2 s)"),
             );
         }
         // A large but legal pool works, and so do reads through it.

@@ -60,25 +60,34 @@ impl Ring {
     /// Takes every CQE off the queue, completes its op and wakes its future.
     /// Returns how many there were.
     pub(super) fn reap(&self) -> usize {
-        let _only_reaper = lock(&self.reap_lock);
         let mut total = 0;
         let mut space = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
         loop {
-            // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
-            let cqes = unsafe { self.uring.completion_shared() }.fill(&mut space);
-            if cqes.is_empty() {
-                return total;
-            }
-            total += cqes.len();
             let mut out = Deferred::default();
             {
+                let _only_reaper = lock(&self.reap_lock);
+                // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
+                let cqes = unsafe { self.uring.completion_shared() }.fill(&mut space);
+                if cqes.is_empty() {
+                    return total;
+                }
+                total += cqes.len();
                 let mut st = lock(&self.state);
                 for cqe in &*cqes {
                     apply_one(&mut st, cqe.user_data(), cqe.result(), true, &mut out);
                 }
             }
+            // Wakers and parked buffers are user code: run them with neither
+            // lock held (a waker may poll a future that reaps in turn).
             out.run();
         }
+    }
+
+    /// Whether the completion queue holds no CQE right now.
+    pub(super) fn cq_is_empty(&self) -> bool {
+        let _only_reaper = lock(&self.reap_lock);
+        // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
+        unsafe { self.uring.completion_shared() }.is_empty()
     }
 
     /// Polls op `key` from its future. On completion the op is removed, the

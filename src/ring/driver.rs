@@ -37,7 +37,8 @@ const COOP_TICK: Duration = Duration::from_micros(200);
 /// The background poll future of one ring, spawned on tokio by
 /// `UringContext::new`. It submits every queued SQE with one
 /// `io_uring_enter`, reaps every CQE, wakes the futures waiting for them, and
-/// sleeps on the ring's eventfd when there is nothing to do.
+/// sleeps on the ring's file descriptor (in the reactor) when there is
+/// nothing to do.
 pub(crate) struct Driver {
     ring: Arc<Ring>,
     timer: DriverTimer,
@@ -114,17 +115,40 @@ impl Drop for Driver {
 enum Drive {
     /// Closed and every op is back from the kernel.
     Done,
-    /// Nothing to do: woken by the eventfd, a reader or the timer.
+    /// Nothing to do: woken by the ring fd, a reader or the timer.
     Sleep,
     /// Reads are being queued: come back once the ready tasks have run.
     Batch,
 }
 
 impl Ring {
+    /// Polls the ring fd's readiness: `Ready` when there may be CQEs to
+    /// reap (or the reactor failed, which breaks the ring), `Pending` with
+    /// the driver's waker registered otherwise.
+    fn poll_cq_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.cq_ready.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                // Readiness is edge-triggered: clear it only once the CQ is
+                // seen empty (a CQE posted after this check raises a new
+                // edge, which `clear_ready` does not erase).
+                if self.cq_is_empty() {
+                    guard.clear_ready();
+                }
+                Poll::Ready(())
+            }
+            Poll::Ready(Err(e)) => {
+                self.break_ring(&e);
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
     /// The body of the background poll future (see [`Driver`]).
     fn poll_drive(&self, cx: &mut Context<'_>, timer: &mut DriverTimer) -> Drive {
         self.driver_waker.register(cx.waker());
         self.driver_polls.fetch_add(1, Ordering::Relaxed);
+        self.idle.store(false, Ordering::SeqCst);
         for _ in 0..ROUNDS {
             self.submit_pending.store(false, Ordering::SeqCst);
             let mut retry_later = false;
@@ -158,6 +182,14 @@ impl Ring {
                 self.drained.notify_waiters();
                 return Drive::Done;
             }
+            if reaped > 1 {
+                // The futures just woken are likely to queue their next
+                // reads: let them run first, then submit those in one enter.
+                // (Not for a single CQE: a yield makes tokio wake another
+                // worker, which at low depth costs more than it batches.)
+                self.submit_pending.store(true, Ordering::SeqCst);
+                return Drive::Batch;
+            }
             if reaped > 0 {
                 continue;
             }
@@ -172,22 +204,12 @@ impl Ring {
             if stuck && !retry_later && !self.sqpoll {
                 continue;
             }
-            // Sleep until the kernel posts a CQE (eventfd), a reader queues
-            // an SQE (driver_waker) or the timer fires. Never with SQEs
-            // left unsubmitted and nothing to wake us: then the timer is armed.
-            match self.eventfd.poll_read_ready(cx) {
-                Poll::Ready(Ok(mut guard)) => {
-                    if let Err(e) = sys::drain_counter(self.eventfd.get_ref()) {
-                        self.break_ring(&e);
-                    }
-                    guard.clear_ready();
-                    continue;
-                }
-                Poll::Ready(Err(e)) => {
-                    self.break_ring(&e);
-                    continue;
-                }
-                Poll::Pending => {}
+            // Sleep until the kernel posts a CQE (the ring fd turns
+            // readable), a reader queues an SQE (driver_waker) or the timer
+            // fires. Never with SQEs left unsubmitted and nothing to wake
+            // us: then the timer is armed.
+            if self.poll_cq_ready(cx).is_ready() {
+                continue;
             }
             let due = if retry_later || (stuck && self.sqpoll) {
                 Some(RETRY_AFTER)
@@ -227,6 +249,14 @@ impl Ring {
                     }
                 }
                 TimerPoll::Pending => {}
+            }
+            if !stuck && !retry_later && !broken && closed.is_none() && !self.coop_taskrun {
+                // Nothing queued, nothing to retry: the next reader to queue
+                // an SQE may submit it itself (see `submit_read`). Not with
+                // COOP_TASKRUN: its completions need the driver's tick (an
+                // enter every 200 µs while reads are out), which only a
+                // driver that knows of the read arms.
+                self.idle.store(true, Ordering::SeqCst);
             }
             return Drive::Sleep;
         }
@@ -290,8 +320,7 @@ impl Ring {
                     0,
                 );
             }
-            sys::wait_readable(self.eventfd.get_ref(), Duration::from_millis(50));
-            let _ = sys::drain_counter(self.eventfd.get_ref());
+            sys::wait_readable(self.cq_ready.get_ref(), Duration::from_millis(50));
             self.reap();
         }
     }

@@ -167,8 +167,13 @@ pub(crate) struct Ring {
     pool_registered: bool,
     pub(crate) permits: Arc<Semaphore>,
     submit_pending: AtomicBool,
+    /// The driver is asleep with nothing queued: the next reader to queue
+    /// an SQE claims this and submits it itself (see `submit_read`).
+    pub(super) idle: AtomicBool,
     driver_waker: AtomicWaker,
-    eventfd: AsyncFd<File>,
+    /// A duplicate of the ring's descriptor in the reactor: readable while
+    /// the CQ holds entries (io_uring's poll), so the idle driver sleeps on it.
+    pub(super) cq_ready: AsyncFd<File>,
     /// One-shot timer of the driver: retry back-off, COOP tick, and the
     /// deadline of `shutdown()`.
     timer: AsyncFd<File>,
@@ -208,7 +213,7 @@ fn transient(e: &io::Error) -> bool {
 
 impl Ring {
     /// Sets up a ring with `fds` as its fixed files. Must run inside a tokio
-    /// runtime with IO enabled (the eventfd is registered with its reactor).
+    /// runtime with IO enabled (the ring fd is registered with its reactor).
     pub(crate) fn new(cfg: &RingConfig, fds: &[i32]) -> io::Result<Ring> {
         // Bounded by the builder: entries <= 32768, in_flight <= 65536.
         let cq_entries = (cfg.entries.saturating_mul(2))
@@ -243,9 +248,10 @@ impl Ring {
             // (or leaked); closing the ring fd unregisters them.
             && unsafe { submitter.register_buffers(&iovecs) }.is_ok();
 
-        let efd = sys::eventfd()?;
-        submitter.register_eventfd(efd.as_raw_fd())?;
-        let eventfd = register(efd)?;
+        // The ring's own descriptor is readable while CQEs wait: the idle
+        // driver sleeps on a duplicate of it in the reactor (no eventfd to
+        // signal and drain).
+        let cq_ready = register(sys::dup_cloexec(uring.as_raw_fd())?)?;
         let timer = register(sys::timerfd()?)?;
         let free_bufs = (0..u32::try_from(pool.count()).unwrap_or(u32::MAX))
             .rev()
@@ -273,8 +279,9 @@ impl Ring {
             pool_registered,
             permits: Arc::new(Semaphore::new(cfg.in_flight)),
             submit_pending: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
             driver_waker: AtomicWaker::new(),
-            eventfd,
+            cq_ready,
             timer,
             drained: Notify::new(),
             done: AtomicBool::new(false),
@@ -444,10 +451,9 @@ impl Drop for Ring {
                 );
             }
             sys::wait_readable(
-                self.eventfd.get_ref(),
+                self.cq_ready.get_ref(),
                 (deadline - now).min(Duration::from_millis(100)),
             );
-            let _ = sys::drain_counter(self.eventfd.get_ref());
         }
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if st.live == 0 {

@@ -26,7 +26,7 @@ use io_uring::{opcode, squeue, types};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::complete::{apply_one, Deferred};
-use super::{errno, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
+use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::error::Closed;
 use crate::files::FileEntry;
@@ -127,8 +127,39 @@ impl Ring {
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
-        self.notify_driver();
+        if self.idle.swap(false, Ordering::AcqRel) {
+            // The driver is asleep with nothing queued: submit now, from
+            // this thread, rather than wake it for one SQE (at low depth the
+            // hop costs more than the enter). Readers after this one find
+            // `idle` false and batch through the driver.
+            self.submit_now();
+        } else {
+            self.notify_driver();
+        }
         Ok(key)
+    }
+
+    /// Submits what is queued with one enter from the calling thread.
+    /// Whatever that enter could not move (a backlog behind a full SQ, SQEs
+    /// a SQPOLL thread has yet to take, an enter to retry after EAGAIN) is
+    /// handed to the driver, which has the timer to wait for it.
+    fn submit_now(&self) {
+        let mut entered = true;
+        if let Some(plan) = self.plan_enter(false) {
+            match self.enter(plan, 0) {
+                Ok(_) => {}
+                Err(e) if transient(&e) => entered = false,
+                Err(e) => return self.break_ring(&e),
+            }
+        }
+        let left = {
+            let mut st = lock(&self.state);
+            self.account_consumed(&mut st);
+            !st.backlog.is_empty() || !st.in_sq.is_empty()
+        };
+        if !entered || left {
+            self.notify_driver();
+        }
     }
 
     /// Pushes an SQE, or parks it in the backlog when the queue is full.
