@@ -15,29 +15,119 @@ use crate::files::{FileRoute, FileTable, FixedFiles};
 use crate::read::{Borrowed, Owned, ReadCore, UringReadFuture, UringReadOwnedFuture};
 use crate::ring::Ring;
 
-/// Index of a file registered with a [`UringContext`]: its position in the
-/// `Vec` given to [`UringContext::new`], or what
-/// [`UringContext::register_file`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId(u32);
+/// A file registered with a [`UringContext`]: its index in the context's
+/// file table, and — for ids the context hands out — a tag saying which
+/// context and which registration it belongs to.
+///
+/// There are two kinds of id:
+///
+/// - **Checked ids**, handed out by a context: [`UringContext::register_file`]
+///   returns one, and [`UringContext::file_id`] / [`UringContext::file_ids`]
+///   give them for the files passed to [`UringContext::new`] (or any file
+///   registered now). A checked id carries a process-unique number of the
+///   context that issued it and the generation of its registration. Used with
+///   another context, or after its file was unregistered (even if the index
+///   now holds another file), every call taking it fails with `InvalidInput`
+///   saying so; it never reads another file.
+/// - **Plain indices**, made with `FileId::from(index)` (every API takes
+///   `impl Into<FileId>`, so `ctx.read(0u32, ..)` works): the index in
+///   whichever context you pass it to, whatever is registered there now —
+///   the origin of a plain index is not checked.
+///
+/// The check costs two integer compares per read, on the entry the read
+/// looks up anyway. A checked and a plain id for the same file are not
+/// equal (`==` compares the tag too); compare [`index`](Self::index)es to
+/// ignore it.
+///
+/// ```
+/// use std::io::ErrorKind;
+/// use uring_positioned_io::{FileId, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let a = UringContext::new(vec![tempfile::tempfile()?])?;
+/// let b = UringContext::new(vec![tempfile::tempfile()?])?;
+/// let fid = a.file_id(0)?; // checked: file #0 of `a`
+/// assert!(fid.is_tagged() && fid.index() == 0);
+/// let mut buf = [0u8; 16];
+/// assert_eq!(a.read(fid, 0, &mut buf).await?, 0); // an empty file
+/// // The same id on another context is an error, not a read of b's file #0.
+/// let err = b.read(fid, 0, &mut buf).await.unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidInput);
+/// // A plain index means "file #0 of whichever context": not checked.
+/// assert_eq!(b.read(FileId::from(0), 0, &mut buf).await?, 0);
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    index: u32,
+    /// Generation of the registration at `index` (checked ids only).
+    gen: u32,
+    /// The issuing context's process-unique number; 0 for a plain index.
+    ctx: u64,
+}
 
 impl FileId {
     /// The raw index.
     #[must_use]
     pub fn index(self) -> u32 {
-        self.0
+        self.index
+    }
+
+    /// Whether this id was handed out by a context and is checked against
+    /// it (see the [type's documentation](FileId)); false for
+    /// `FileId::from(index)`.
+    #[must_use]
+    pub fn is_tagged(self) -> bool {
+        self.ctx != 0
+    }
+
+    /// A checked id: file `index`, registration `gen`, of context `ctx` (≠ 0).
+    pub(crate) fn tagged(index: u32, gen: u32, ctx: u64) -> FileId {
+        FileId { index, gen, ctx }
+    }
+
+    /// The issuing context's number (0 for a plain index).
+    pub(crate) fn ctx(self) -> u64 {
+        self.ctx
+    }
+
+    /// The registration generation (checked ids only).
+    pub(crate) fn gen(self) -> u32 {
+        self.gen
     }
 }
 
 impl From<u32> for FileId {
+    /// A plain index: file `index` of whichever context it is used with,
+    /// unchecked (see [`FileId`]).
     fn from(index: u32) -> Self {
-        FileId(index)
+        FileId {
+            index,
+            gen: 0,
+            ctx: 0,
+        }
     }
 }
 
 impl fmt::Display for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file #{}", self.0)
+        write!(f, "file #{}", self.index)
+    }
+}
+
+impl fmt::Debug for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_tagged() {
+            write!(
+                f,
+                "FileId({}, context {}, generation {})",
+                self.index, self.ctx, self.gen
+            )
+        } else {
+            write!(f, "FileId({})", self.index)
+        }
     }
 }
 
@@ -189,8 +279,10 @@ impl fmt::Debug for UringContext {
 }
 
 impl UringContext {
-    /// A context with default settings over `files` (their [`FileId`]s are
-    /// their indices). Must be called inside a tokio runtime.
+    /// A context with default settings over `files`. Each file's index in
+    /// the `Vec` names it (`ctx.read(0u32, ..)`); [`file_ids`](Self::file_ids)
+    /// gives checked ids for them (see [`FileId`]). Must be called inside a
+    /// tokio runtime.
     ///
     /// # Errors
     ///
@@ -216,8 +308,10 @@ impl UringContext {
     /// at most that size; the caller still sees one read. Bytes read before
     /// a later piece fails are returned (`Ok`, short), as `read(2)` would.
     ///
-    /// Errors: `InvalidInput` for an unknown `fid` or an offset beyond
-    /// `i64::MAX`; the kernel's error otherwise; an error naming the cause
+    /// Errors: `InvalidInput` for an unknown `fid` (or a checked one of
+    /// another context or of an unregistered file, see [`FileId`]) or an
+    /// offset beyond `i64::MAX`; the kernel's error otherwise; an error
+    /// naming the cause
     /// when the context is shut down, its ring broke, or its home runtime
     /// shut down while the read was in the kernel.
     ///
@@ -328,9 +422,12 @@ impl UringContext {
         }
     }
 
-    /// Adds a file at run time and returns its id. An id freed by
+    /// Adds a file at run time and returns its id, a checked one (see
+    /// [`FileId`]): it works only with this context and only until the file
+    /// is unregistered. An index freed by
     /// [`unregister_file`](Self::unregister_file) is reused only once no read
-    /// of the old file is left.
+    /// of the old file is left, and then under a new generation, so the old
+    /// id stays an error.
     ///
     /// # Errors
     ///
@@ -348,6 +445,10 @@ impl UringContext {
     /// assert_eq!(ctx.read(fid, 0, &mut buf).await?, 0); // an empty file
     /// ctx.unregister_file(fid)?;
     /// assert!(ctx.read(fid, 0, &mut buf).await.is_err()); // InvalidInput
+    /// // Its index may be reused; the old id still names only the old file.
+    /// let again = ctx.register_file(tempfile::tempfile()?)?;
+    /// assert!(ctx.read(fid, 0, &mut buf).await.is_err());
+    /// assert_eq!(ctx.read(again, 0, &mut buf).await?, 0);
     /// // Only files that support positioned reads are accepted.
     /// let dir = std::fs::File::open(std::env::temp_dir())?;
     /// assert!(ctx.register_file(dir).is_err());
@@ -368,10 +469,60 @@ impl UringContext {
     ///
     /// # Errors
     ///
-    /// `InvalidInput` if `fid` is not registered; the kernel's error if it
-    /// refuses to clear the file from a ring's table.
+    /// `InvalidInput` if `fid` is not registered, or is a checked id of
+    /// another context or of a file already unregistered (nothing is
+    /// removed then); the kernel's error if it refuses to clear the file
+    /// from a ring's table.
     pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
         self.inner.files.remove(fid.into(), self.inner.fixed())
+    }
+
+    /// The checked id (see [`FileId`]) of the file registered at `index` now:
+    /// for the files given to [`new`](Self::new) or
+    /// [`Builder::build`], `index` is their position in the `Vec`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if no file is registered at `index`.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?, tempfile::tempfile()?])?;
+    /// let second = ctx.file_id(1)?;
+    /// assert_eq!((second.index(), second.is_tagged()), (1, true));
+    /// assert!(ctx.file_id(2).is_err());
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn file_id(&self, index: u32) -> io::Result<FileId> {
+        self.inner.files.get(FileId::from(index)).map(|e| e.id())
+    }
+
+    /// The checked ids (see [`FileId`]) of every file registered now, in
+    /// index order: right after [`new`](Self::new), one per file of the
+    /// `Vec`, in its order.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?, tempfile::tempfile()?])?;
+    /// let fids = ctx.file_ids();
+    /// assert_eq!(fids.iter().map(|f| f.index()).collect::<Vec<_>>(), [0, 1]);
+    /// let mut buf = [0u8; 8];
+    /// for fid in fids {
+    ///     assert_eq!(ctx.read(fid, 0, &mut buf).await?, 0); // empty files
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn file_ids(&self) -> Vec<FileId> {
+        self.inner.files.ids()
     }
 
     /// Which backend runs, and why.

@@ -1,9 +1,10 @@
 //! The errors the crate words itself: what a read (or a call on the
 //! context) returns when the context is shut down, a ring is closed or
 //! broken, `shutdown()` gave up waiting, the submitting thread exited, a file
-//! id is unknown or was unregistered, or a setting is out of range. The
-//! design document's failure model lists when each is returned; the call
-//! sites decide when, this module only what each one says.
+//! id is unknown, of another context or stale (its file unregistered), or a
+//! setting is out of range. The design document's failure model lists when
+//! each is returned; the call sites decide when, this module only what each
+//! one says.
 //!
 //! Errors raised in one place only, about that place's own input (a file
 //! of the wrong kind, a full file table, an allocation the allocator
@@ -71,6 +72,25 @@ pub(crate) fn unknown_fid(fid: FileId) -> io::Error {
         io::ErrorKind::InvalidInput,
         format!("{fid} is not registered with this UringContext"),
     )
+}
+
+/// `fid` names no entry of table `table` that it may name: `found` is the
+/// generation registered at its index, if any. A plain index is simply not
+/// registered; a checked id is of another context, or stale.
+pub(crate) fn bad_fid(fid: FileId, table: u64, found: Option<u32>) -> io::Error {
+    if !fid.is_tagged() {
+        return unknown_fid(fid);
+    }
+    let why = if fid.ctx() != table {
+        "belongs to another UringContext: a FileId handed out by one context is \
+         refused by every other (use FileId::from(index) for an unchecked index)"
+    } else if found.is_some() {
+        "is stale: that file was unregistered, and its index now holds a file \
+         registered later"
+    } else {
+        "is stale: that file was unregistered from this UringContext"
+    };
+    io::Error::new(io::ErrorKind::InvalidInput, format!("{fid} {why}"))
 }
 
 /// A ring read of a file unregistered before its SQE reached the kernel

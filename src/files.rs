@@ -7,12 +7,19 @@
 //! last reference drops. So an SQE that names index `i` can only ever refer
 //! to the file registered under `i` when the read was issued (or fail with
 //! `EBADF` if that file was unregistered meanwhile), never to a newcomer.
+//!
+//! Ids handed out by a context are *checked* (`FileId::tagged`): they carry
+//! the table's process-unique number and the generation of the registration
+//! at their index, and a lookup compares both with the entry it finds. A
+//! reused index gets the next generation (carried in the free list), so an
+//! id of an unregistered file never matches the newcomer; an index whose
+//! generation would wrap is retired instead of reused.
 
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use crate::error;
@@ -53,6 +60,10 @@ fn route_for(file: &File, fuse_via_blocking_pool: bool) -> FileRoute {
 pub(crate) struct FileEntry {
     pub(crate) file: File,
     pub(crate) index: u32,
+    /// Generation of this registration at `index`.
+    gen: u32,
+    /// The table's process-unique number.
+    table: u64,
     /// Opened with `O_DIRECT`: no page-cache fast path.
     pub(crate) direct: bool,
     /// A regular file or a block device (nothing else is accepted).
@@ -61,10 +72,30 @@ pub(crate) struct FileEntry {
     pub(crate) route: FileRoute,
     /// `preadv2(RWF_NOWAIT)` works on this file (cleared on EOPNOTSUPP).
     pub(crate) nowait_ok: AtomicBool,
-    free: Weak<Mutex<Vec<u32>>>,
+    free: Weak<Mutex<Vec<Freed>>>,
+}
+
+/// An index back on the free list, with the generation of the registration
+/// that last used it.
+#[derive(Debug, Clone, Copy)]
+struct Freed {
+    index: u32,
+    gen: u32,
 }
 
 impl FileEntry {
+    /// The checked id of this registration.
+    pub(crate) fn id(&self) -> FileId {
+        FileId::tagged(self.index, self.gen, self.table)
+    }
+
+    /// Whether `fid` may name this entry: a plain index always may; a
+    /// checked id only if it was issued for this very registration.
+    #[inline]
+    fn answers_to(&self, fid: FileId) -> bool {
+        fid.ctx() == 0 || (fid.ctx() == self.table && fid.gen() == self.gen)
+    }
+
     pub(crate) fn nowait_ok(&self) -> bool {
         !self.direct && self.nowait_ok.load(Ordering::Relaxed)
     }
@@ -77,9 +108,16 @@ impl FileEntry {
 
 impl Drop for FileEntry {
     fn drop(&mut self) {
-        // Every op that named this index is done: the index may be reused.
+        // Every op that named this index is done: the index may be reused,
+        // under the next generation (retired if there is none).
+        if self.gen == u32::MAX {
+            return;
+        }
         if let Some(free) = self.free.upgrade() {
-            crate::lock(&free).push(self.index);
+            crate::lock(&free).push(Freed {
+                index: self.index,
+                gen: self.gen,
+            });
         }
     }
 }
@@ -89,6 +127,7 @@ impl fmt::Debug for FileEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FileEntry")
             .field("index", &self.index)
+            .field("gen", &self.gen)
             .field("fd", &self.file.as_raw_fd())
             .field("direct", &self.direct)
             .finish()
@@ -132,7 +171,10 @@ impl Shard {
 #[derive(Debug)]
 pub(crate) struct FileTable {
     shards: Box<[Shard]>,
-    free: Arc<Mutex<Vec<u32>>>,
+    free: Arc<Mutex<Vec<Freed>>>,
+    /// Process-unique number of this table (of its context), never 0: the
+    /// tag of the ids it hands out.
+    id: u64,
     capacity: u32,
     /// `Builder::fuse_via_blocking_pool`.
     fuse_via_blocking_pool: bool,
@@ -154,17 +196,29 @@ fn check_kind(file: &File, name: &dyn fmt::Display) -> io::Result<FileKind> {
     }
 }
 
+/// The entry `fid` names in `slots` (of table `table`), or why none.
+#[inline]
+fn find(slots: &Slots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
+    match slots.get(fid.index() as usize).and_then(Option::as_ref) {
+        Some(e) if e.answers_to(fid) => Ok(e),
+        found => Err(error::bad_fid(fid, table, found.map(|e| e.gen))),
+    }
+}
+
 /// A read lock on one shard; `lookup` borrows entries from it.
-pub(crate) struct FilesGuard<'a>(RwLockReadGuard<'a, Slots>);
+pub(crate) struct FilesGuard<'a> {
+    slots: RwLockReadGuard<'a, Slots>,
+    table: u64,
+}
 
 impl FilesGuard<'_> {
     pub(crate) fn lookup(&self, fid: FileId) -> io::Result<&Arc<FileEntry>> {
-        self.0
-            .get(fid.index() as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| error::unknown_fid(fid))
+        find(&self.slots, self.table, fid)
     }
 }
+
+/// Numbers tables (contexts) in the process: the tag of their checked ids.
+static NEXT_TABLE: AtomicU64 = AtomicU64::new(1);
 
 impl FileTable {
     pub(crate) fn new(
@@ -183,6 +237,7 @@ impl FileTable {
             ));
         }
         let free = Arc::new(Mutex::new(Vec::new()));
+        let id = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
         let slots = files
             .into_iter()
             .zip(0u32..)
@@ -191,7 +246,7 @@ impl FileTable {
                 Ok(Some(Self::entry(
                     file,
                     kind,
-                    i,
+                    (i, 0, id),
                     &free,
                     fuse_via_blocking_pool,
                 )))
@@ -202,16 +257,18 @@ impl FileTable {
                 .map(|_| Shard(RwLock::new(slots.clone())))
                 .collect(),
             free,
+            id,
             capacity,
             fuse_via_blocking_pool,
         })
     }
 
+    /// A new entry; `(index, gen, table)` say where and which registration.
     fn entry(
         file: File,
         kind: FileKind,
-        index: u32,
-        free: &Arc<Mutex<Vec<u32>>>,
+        (index, gen, table): (u32, u32, u64),
+        free: &Arc<Mutex<Vec<Freed>>>,
         fuse_via_blocking_pool: bool,
     ) -> Arc<FileEntry> {
         Arc::new(FileEntry {
@@ -220,6 +277,8 @@ impl FileTable {
             direct: sys::is_direct(&file),
             file,
             index,
+            gen,
+            table,
             nowait_ok: AtomicBool::new(true),
             free: Arc::downgrade(free),
         })
@@ -236,7 +295,16 @@ impl FileTable {
 
     /// Read-locks the shard of thread slot `slot`.
     pub(crate) fn shard(&self, slot: usize) -> FilesGuard<'_> {
-        FilesGuard(self.shards[slot % self.shards.len()].read())
+        FilesGuard {
+            slots: self.shards[slot % self.shards.len()].read(),
+            table: self.id,
+        }
+    }
+
+    /// The checked ids of every registered file, in index order.
+    pub(crate) fn ids(&self) -> Vec<FileId> {
+        let guard = self.shard(thread_slot());
+        guard.slots.iter().flatten().map(|e| e.id()).collect()
     }
 
     pub(crate) fn get(&self, fid: FileId) -> io::Result<Arc<FileEntry>> {
@@ -255,9 +323,9 @@ impl FileTable {
         let mut shards = self.write_all();
         let len = shards[0].len();
         let recycled = crate::lock(&self.free).pop();
-        let index = match recycled {
-            Some(i) => i,
-            None if len < self.capacity as usize => u32::try_from(len).unwrap_or(u32::MAX),
+        let (index, gen) = match recycled {
+            Some(Freed { index, gen }) => (index, gen + 1),
+            None if len < self.capacity as usize => (u32::try_from(len).unwrap_or(u32::MAX), 0),
             None => {
                 return Err(io::Error::other(format!(
                     "file table is full ({} files); raise Builder::max_files or unregister files",
@@ -266,12 +334,18 @@ impl FileTable {
             }
         };
         if let Err(e) = fixed.update(index, file.as_raw_fd()) {
-            if recycled.is_some() {
-                crate::lock(&self.free).push(index);
+            if let Some(freed) = recycled {
+                crate::lock(&self.free).push(freed);
             }
             return Err(e);
         }
-        let entry = Self::entry(file, kind, index, &self.free, self.fuse_via_blocking_pool);
+        let entry = Self::entry(
+            file,
+            kind,
+            (index, gen, self.id),
+            &self.free,
+            self.fuse_via_blocking_pool,
+        );
         for slots in &mut shards {
             if index as usize == slots.len() {
                 slots.push(Some(entry.clone()));
@@ -279,13 +353,16 @@ impl FileTable {
                 slots[index as usize] = Some(entry.clone());
             }
         }
-        Ok(FileId::from(index))
+        Ok(entry.id())
     }
 
     /// Removes `fid`. Reads already holding the entry finish (or fail with
     /// EBADF if not yet submitted); its index is reused only after them.
     pub(crate) fn remove(&self, fid: FileId, fixed: &dyn FixedFiles) -> io::Result<()> {
         let mut shards = self.write_all();
+        // A checked id of another context, or of an earlier registration at
+        // this index, removes nothing.
+        find(&shards[0], self.id, fid)?;
         let mut entry = None;
         for slots in &mut shards {
             entry = slots.get_mut(fid.index() as usize).and_then(Option::take);
@@ -333,9 +410,55 @@ mod tests {
         t.remove(FileId::from(1), &NoRings).unwrap();
         assert!(t.get(FileId::from(1)).is_err());
         // Index 1 is still held by an "in-flight op": a new file gets index 2.
-        assert_eq!(t.insert(tmp(), &NoRings).unwrap(), FileId::from(2));
+        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 2);
         drop(held);
-        assert_eq!(t.insert(tmp(), &NoRings).unwrap(), FileId::from(1));
+        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 1);
+    }
+
+    #[test]
+    fn checked_ids_name_one_registration_of_one_table() {
+        let a = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
+        let b = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
+        let ids = a.ids();
+        assert_eq!(ids.len(), 2);
+        assert!(ids.iter().all(|f| f.is_tagged()));
+        assert_eq!(a.get(ids[1]).unwrap().index, 1);
+        // Another table refuses it, by name, and removes nothing.
+        let e = b.get(ids[1]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("file #1 belongs to another"), "{e}");
+        assert!(b.remove(ids[1], &NoRings).is_err());
+        assert!(b.get(FileId::from(1)).is_ok(), "b's file #1 is still there");
+        // Stale after unregistering, also once the index is reused.
+        a.remove(ids[1], &NoRings).unwrap();
+        let e = a.get(ids[1]).unwrap_err();
+        assert!(e.to_string().contains("stale"), "{e}");
+        let again = a.insert(tmp(), &NoRings).unwrap();
+        assert_eq!(again.index(), 1, "the index is reused");
+        assert_ne!(again, ids[1]);
+        let e = a.get(ids[1]).unwrap_err();
+        assert!(e.to_string().contains("now holds a file"), "{e}");
+        assert!(a.remove(ids[1], &NoRings).is_err());
+        assert!(a.get(again).is_ok(), "the stale id removed nothing");
+        // A plain index means whatever is there now.
+        assert!(Arc::ptr_eq(
+            &a.get(FileId::from(1)).unwrap(),
+            &a.get(again).unwrap()
+        ));
+    }
+
+    #[test]
+    fn an_index_whose_generation_would_wrap_is_retired() {
+        let t = FileTable::new(vec![], 4, 1, true).unwrap();
+        crate::lock(&t.free).push(Freed {
+            index: 0,
+            gen: u32::MAX - 1,
+        });
+        let last = t.insert(tmp(), &NoRings).unwrap();
+        assert_eq!((last.index(), last.gen()), (0, u32::MAX));
+        t.remove(last, &NoRings).unwrap();
+        assert!(crate::lock(&t.free).is_empty(), "index 0 retired");
+        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 1);
     }
 
     #[test]
