@@ -12,7 +12,9 @@ use crate::buf::IoBufMut;
 use crate::builder::Builder;
 use crate::fallback::Fallback;
 use crate::files::{FileRoute, FileTable, FixedFiles};
-use crate::read::{Borrowed, Owned, ReadCore, UringReadFuture, UringReadOwnedFuture};
+use crate::read::{
+    Borrowed, Ctx, ReadCore, UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture,
+};
 use crate::ring::Ring;
 
 /// A file registered with a [`UringContext`]: its index in the context's
@@ -250,8 +252,9 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // No read future can outlive the last handle (they borrow it), but
-        // abandoned reads may still be in the kernel: the drivers reap them
+        // No read future can outlive the last handle (they borrow it, or
+        // hold one: the `*_static` ones), but abandoned reads may still be
+        // in the kernel: the drivers reap them
         // and exit; each ring is freed only after that (see `Ring::drop`).
         if let Backend::Uring(rings) = &self.backend {
             rings.iter().for_each(|r| r.orphan());
@@ -325,7 +328,12 @@ impl UringContext {
         buf: &'a mut [u8],
     ) -> UringReadFuture<'a> {
         UringReadFuture {
-            core: ReadCore::new(&self.inner, fid.into(), offset, Borrowed(buf)),
+            core: ReadCore::new(
+                Ctx::Borrowed(&self.inner),
+                fid.into(),
+                offset,
+                Borrowed(buf),
+            ),
         }
     }
 
@@ -385,28 +393,53 @@ impl UringContext {
     }
 
     /// Reads into an owned buffer with no copy: the kernel writes straight
-    /// into `buf`, which is handed back with the result. `buf` may be a
-    /// [`Vec<u8>`] (its `len()` bytes are filled), a `Box<[u8]>` or an
-    /// [`AlignedBuf`](crate::AlignedBuf) (for `O_DIRECT`).
+    /// into `buf`'s **spare capacity**, `bytes_init()..bytes_total()` (a
+    /// `Vec`'s `len()..capacity()`), and `buf` is handed back with the
+    /// result, its initialised length grown by the bytes read (`Vec::set_len`).
+    /// `buf` may be a [`Vec<u8>`], an [`AlignedBuf`](crate::AlignedBuf)
+    /// (for `O_DIRECT`), a `bytes::BytesMut` (with the `bytes` feature), a
+    /// [`Slice`](crate::Slice) of any of them (a window, filled from its
+    /// start: [`IoBufMut::slice`]), or your own [`IoBufMut`].
     ///
-    /// Dropping the future while the read is in the kernel parks `buf` in
-    /// the context until the kernel is done with it; forgetting the future
-    /// ([`mem::forget`](std::mem::forget)) leaks `buf` and the read's slot.
+    /// Returns the number of bytes read, as [`read`](Self::read) does:
+    /// `Ok(0)` at or past the end of the file, with the buffer unchanged;
+    /// fewer bytes than the spare capacity at the end of the file. A buffer
+    /// with *no* spare capacity (`bytes_init() == bytes_total() > 0`, e.g.
+    /// `vec![0u8; n]`) is refused with `InvalidInput` rather than read into
+    /// nothing, which would look like the end of the file; an empty one
+    /// (`Vec::new()`) reads `Ok(0)`. Errors are those of `read`; if an error
+    /// comes after some bytes were read, the buffer still grows by them.
+    ///
+    /// The future borrows the context; [`read_owned_static`](Self::read_owned_static)
+    /// makes one that can be spawned. Dropping the future while the read is
+    /// in the kernel parks `buf` in the context until the kernel is done
+    /// with it; forgetting the future ([`mem::forget`](std::mem::forget))
+    /// leaks `buf` and the read's slot.
     ///
     /// ```
     /// # use std::io::Write;
-    /// use uring_positioned_io::{AlignedBuf, UringContext};
+    /// use uring_positioned_io::{AlignedBuf, IoBufMut, UringContext};
     /// # fn main() -> std::io::Result<()> {
     /// # let mut file = tempfile::tempfile()?;
     /// # file.write_all(&[1u8; 8192])?;
     /// # tokio::runtime::Runtime::new()?.block_on(async {
     /// let ctx = UringContext::new(vec![file])?;
-    /// // A Vec is filled up to its len(), and handed back with the result.
-    /// let (n, buf) = ctx.read_owned(0, 0, vec![0u8; 4096]).await;
-    /// assert_eq!((n?, buf[0]), (4096, 1));
+    /// // A Vec is filled from len() up to its capacity, and handed back.
+    /// let (n, buf) = ctx.read_owned(0, 0, Vec::with_capacity(4096)).await;
+    /// assert_eq!((n?, buf.len(), buf[0]), (4096, 4096, 1));
+    /// // Reading again appends; at the end of the file nothing changes.
+    /// let mut buf = buf;
+    /// buf.reserve_exact(4096);
+    /// let (n, buf) = ctx.read_owned(0, 4096, buf).await;
+    /// assert_eq!((n?, buf.len()), (4096, 8192));
+    /// let (n, buf) = ctx.read_owned(0, 8192, buf.slice(..10)).await; // a window
+    /// assert_eq!((n?, buf.into_inner().len()), (0, 8192));
     /// // An aligned buffer, as O_DIRECT files need, works the same way.
-    /// let (n, buf) = ctx.read_owned(0, 4096, AlignedBuf::new(4096, 4096)).await;
-    /// assert_eq!((n?, buf.align()), (4096, 4096));
+    /// let (n, buf) = ctx.read_owned(0, 4096, AlignedBuf::with_capacity(4096, 4096)).await;
+    /// assert_eq!((n?, buf.len(), buf.align()), (4096, 4096, 4096));
+    /// // A full buffer has no room: an error, not a read of nothing.
+    /// let (n, _) = ctx.read_owned(0, 0, vec![0u8; 16]).await;
+    /// assert_eq!(n.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
     /// # Ok(())
     /// # })
     /// # }
@@ -417,9 +450,118 @@ impl UringContext {
         offset: u64,
         buf: B,
     ) -> UringReadOwnedFuture<'_, B> {
-        UringReadOwnedFuture {
-            core: ReadCore::new(&self.inner, fid.into(), offset, Owned::new(buf)),
-        }
+        UringReadOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, buf)
+    }
+
+    /// [`read_owned`](Self::read_owned) as a `'static` future, which holds
+    /// a handle to the context instead of borrowing it: pass it to
+    /// `tokio::spawn` as it is. It keeps the context alive (as a clone of
+    /// this handle would) until it is done or dropped. The handle costs a
+    /// reference-count update per read (and one on the ring it goes to),
+    /// shared between threads, which `read_owned` avoids — hence two
+    /// methods.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[3u8; 8192])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let reads: Vec<_> = (0..2u64)
+    ///     .map(|i| tokio::spawn(ctx.read_owned_static(0, i * 4096, Vec::with_capacity(4096))))
+    ///     .collect();
+    /// drop(ctx); // the spawned reads keep the context alive
+    /// for read in reads {
+    ///     let (n, buf) = read.await?;
+    ///     assert_eq!((n?, buf[0]), (4096, 3));
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_owned_static<B: IoBufMut>(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        buf: B,
+    ) -> UringReadOwnedFuture<'static, B> {
+        UringReadOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
+    }
+
+    /// Fills `buf`'s whole spare capacity (`bytes_init()..bytes_total()`,
+    /// see [`read_owned`](Self::read_owned)) from file `fid` at `offset`,
+    /// continuing short reads; `buf` is handed back either way, its
+    /// initialised length grown by every byte read.
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` if the file ends first (the buffer then holds what
+    /// was there); `InvalidInput` for a buffer with no spare capacity (and
+    /// `bytes_total() > 0`); otherwise as [`read`](Self::read)
+    /// (`Interrupted` is retried). All pieces read the same file, the one
+    /// `fid` named at the first poll.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{AlignedBuf, IoBufMut, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[5u8; 10_000])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let (res, block) = ctx.read_exact_owned(0, 4096, AlignedBuf::with_capacity(4096, 4096)).await;
+    /// res?;
+    /// assert_eq!(block.len(), 4096);
+    /// // 8192 + 4096 is past the end (10 000): the bytes up to it are kept.
+    /// let (res, buf) = ctx.read_exact_owned(0, 8192, Vec::with_capacity(4096)).await;
+    /// assert_eq!(res.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
+    /// assert_eq!(buf.len(), 10_000 - 8192);
+    /// // A window of a buffer: exactly bytes 2..6.
+    /// let (res, s) = ctx.read_exact_owned(0, 0, vec![0u8; 8].slice(2..6)).await;
+    /// res?;
+    /// assert_eq!(s.into_inner(), [0, 0, 5, 5, 5, 5, 0, 0]);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_exact_owned<B: IoBufMut>(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        buf: B,
+    ) -> UringReadExactOwnedFuture<'_, B> {
+        UringReadExactOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, buf)
+    }
+
+    /// [`read_exact_owned`](Self::read_exact_owned) as a `'static` future
+    /// holding a handle to the context, for `tokio::spawn` (see
+    /// [`read_owned_static`](Self::read_owned_static)).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[4u8; 4096])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let task = tokio::spawn(ctx.read_exact_owned_static(0, 0, Vec::with_capacity(4096)));
+    /// let (res, buf) = task.await?;
+    /// res?;
+    /// assert_eq!(buf, vec![4u8; 4096]);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_exact_owned_static<B: IoBufMut>(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        buf: B,
+    ) -> UringReadExactOwnedFuture<'static, B> {
+        UringReadExactOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
     }
 
     /// Adds a file at run time and returns its id, a checked one (see

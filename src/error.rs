@@ -102,6 +102,32 @@ pub(crate) fn unregistered_while_queued(fid: FileId) -> io::Error {
     )
 }
 
+/// An owned read into a buffer with no spare capacity (`bytes_init() ==
+/// bytes_total() > 0`): most likely a buffer made full (`vec![0; n]`) for
+/// the old contract, which would read nothing and look like end of file.
+pub(crate) fn no_spare_capacity(fid: FileId, total: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "read of {fid} into a full buffer ({total} of {total} bytes initialised): owned reads \
+             fill the spare capacity bytes_init()..bytes_total() — pass an empty buffer \
+             (Vec::with_capacity, AlignedBuf::with_capacity, or clear() it), or buf.slice(..) \
+             to overwrite its bytes"
+        ),
+    )
+}
+
+/// An exact read that reached the end of the file after `n` of `want` bytes.
+pub(crate) fn ends_before(fid: FileId, offset: u64, n: usize, want: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!(
+            "{fid} ends before offset {} (read {n} of {want} bytes at offset {offset})",
+            offset.saturating_add(want as u64)
+        ),
+    )
+}
+
 pub(crate) fn offset_beyond_max(fid: FileId, offset: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,

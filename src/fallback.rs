@@ -7,6 +7,7 @@
 //! dropped future merely detaches a task that finishes on its own.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,7 +96,8 @@ impl Fallback {
         }))
     }
 
-    /// A read into bytes `range` of the caller's owned buffer, lent to the
+    /// A read into bytes `range` of the caller's owned buffer (its spare
+    /// capacity, which may be uninitialised), lent to the
     /// blocking task through `lent` and put back there when the read is over.
     pub(crate) fn read_owned<B: IoBufMut>(
         &self,
@@ -114,9 +116,15 @@ impl Fallback {
                 .expect("owned buffer lent to the blocking read");
             let len = buf.bytes_total();
             // SAFETY: IoBufMut promises `len` writable bytes at this pointer
-            // while `buf` lives; the lock keeps it in place for the call.
-            let dst = unsafe { std::slice::from_raw_parts_mut(buf.stable_mut_ptr(), len) };
-            file.file.read_at(&mut dst[range], offset)
+            // while `buf` lives (not necessarily initialised, hence
+            // `MaybeUninit`); the lock keeps it in place for the call.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(), len)
+            };
+            let dst = dst.get_mut(range).ok_or_else(|| {
+                io::Error::other("owned read out of the buffer's bounds (a bug in the crate)")
+            })?;
+            crate::sys::pread(&file.file, dst, offset)
         }))
     }
 

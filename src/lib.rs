@@ -23,8 +23,9 @@
 //!     let n = ctx.read(0, 7, &mut buf).await?;
 //!     assert_eq!(&buf[..n], b"positioned");
 //!
-//!     // Owned buffers avoid the copy: the kernel writes straight into them.
-//!     let (res, buf) = ctx.read_owned(0, 0, vec![0u8; 5]).await;
+//!     // Owned buffers avoid the copy: the kernel writes straight into
+//!     // their spare capacity, and they come back grown by the bytes read.
+//!     let (res, buf) = ctx.read_owned(0, 0, Vec::with_capacity(5)).await;
 //!     assert_eq!((res?, &buf[..]), (5, &b"hello"[..]));
 //!     println!("backend: {}, {:?}", ctx.backend(), ctx.stats());
 //!     Ok(())
@@ -50,9 +51,20 @@
 //! operation and copies the bytes out on completion. Dropping a read future
 //! at any point is therefore safe: an operation still in the kernel is marked
 //! *ignored* and its buffer is recycled only when its completion arrives.
-//! [`UringContext::read_owned`] takes the buffer by value instead (no copy); a
-//! dropped owned read parks the buffer in the context until the kernel is
-//! done with it.
+//! [`UringContext::read_owned`] takes the buffer by value instead (no copy)
+//! and fills its spare capacity — a `Vec`'s `len()..capacity()`, an
+//! [`AlignedBuf`]'s, a `BytesMut`'s with the `bytes` feature, or a window of
+//! any of them ([`IoBufMut::slice`]); [`UringContext::read_exact_owned`]
+//! fills all of it. A dropped owned read parks the buffer in the context
+//! until the kernel is done with it.
+//!
+//! # `'static` futures
+//!
+//! The read futures borrow the context, which costs nothing per read. To
+//! pass an owned read to `tokio::spawn` as it is, use
+//! [`UringContext::read_owned_static`] or
+//! [`UringContext::read_exact_owned_static`]: their futures hold a handle to
+//! the context (a reference count per read) and are `'static`.
 //!
 //! # Fallback
 //!
@@ -78,7 +90,7 @@ mod ring;
 mod scan;
 mod sys;
 
-pub use buf::{AlignedBuf, IoBufMut};
+pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,
 /// the op lifecycle and why cancellation is sound, wakeups, the failure
@@ -97,5 +109,5 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub use builder::Builder;
 pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringContext};
 pub use files::FileRoute;
-pub use read::{UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
+pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};

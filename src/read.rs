@@ -1,5 +1,8 @@
-//! The read futures: [`UringReadFuture`] (borrowed buffer) and
-//! [`UringReadOwnedFuture`] (owned buffer), sharing one state machine.
+//! The read futures: [`UringReadFuture`] (borrowed buffer),
+//! [`UringReadOwnedFuture`] and [`UringReadExactOwnedFuture`] (owned
+//! buffer), sharing one state machine. Each borrows its context, or — the
+//! `'static` futures of the `*_static` methods — holds a handle to it
+//! (`Ctx`).
 //!
 //! ```text
 //! Start ──fid/len checks──► (page-cache fast path: preadv2 RWF_NOWAIT) ──hit──► Ready
@@ -16,6 +19,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
@@ -43,15 +47,22 @@ use crate::FileId;
 /// owned reads need no bounce buffer and are not split.
 pub const BORROWED_CHUNK: usize = 1 << 20;
 
-/// Where a read's bytes end up; the one difference between the two futures.
+/// Where a read's bytes end up; the one difference between the futures.
 pub(crate) trait Target {
     /// What a fallback (blocking pool) read returns.
     type Blocking: Send + 'static;
+    /// Bytes the destination has room for.
     fn len(&self) -> usize;
+    /// Whether a read into this destination may start (checked on the
+    /// first poll, after the file id).
+    fn check(&self, _fid: FileId) -> io::Result<()> {
+        Ok(())
+    }
     /// Largest piece handed to the kernel at once.
     fn max_piece(&self) -> usize;
-    /// The destination, for a synchronous read straight into it.
-    fn dest(&mut self) -> &mut [u8];
+    /// The destination, for a synchronous read straight into it (possibly
+    /// uninitialised: an owned buffer's spare capacity).
+    fn dest(&mut self) -> &mut [MaybeUninit<u8>];
     /// The destination of a ring read of `len` bytes starting at `done`.
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst;
     /// Where a bounce buffer is copied on completion (`None`: no bounce).
@@ -75,19 +86,75 @@ pub(crate) trait Target {
 
 type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
-/// One of the context's rings, as a read holds it: borrowed for the
-/// future's lifetime (the context outlives its futures), with its index in
-/// the context only to name it in `Debug`.
-#[derive(Clone, Copy)]
+/// The context a read belongs to: borrowed for the future's lifetime (the
+/// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
+/// is touched per read), or a handle the future holds (the `'static`
+/// futures of the `*_static` methods, which keep the context alive).
+pub(crate) enum Ctx<'a> {
+    Borrowed(&'a Inner),
+    Shared(Arc<Inner>),
+}
+
+impl Deref for Ctx<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        match self {
+            Ctx::Borrowed(inner) => inner,
+            Ctx::Shared(inner) => inner,
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// The ring a read issued from thread slot `slot` goes to, as the read
+    /// holds it; `None` on the fallback backend.
+    fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
+        match self {
+            Ctx::Borrowed(inner) => {
+                let inner: &'a Inner = inner;
+                let Backend::Uring(rings) = &inner.backend else {
+                    return None;
+                };
+                let index = slot % rings.len();
+                Some(RingRef {
+                    index,
+                    ring: Held::Borrowed(&rings[index]),
+                })
+            }
+            Ctx::Shared(inner) => {
+                let Backend::Uring(rings) = &inner.backend else {
+                    return None;
+                };
+                let index = slot % rings.len();
+                Some(RingRef {
+                    index,
+                    ring: Held::Shared(rings[index].clone()),
+                })
+            }
+        }
+    }
+}
+
+/// One of the context's rings, as a read holds it — borrowed like its
+/// context, or shared — with its index in the context only to name it in
+/// `Debug`.
 struct RingRef<'a> {
     index: usize,
-    ring: &'a Ring,
+    ring: Held<'a>,
+}
+
+enum Held<'a> {
+    Borrowed(&'a Ring),
+    Shared(Arc<Ring>),
 }
 
 impl Deref for RingRef<'_> {
     type Target = Ring;
     fn deref(&self) -> &Ring {
-        self.ring
+        match &self.ring {
+            Held::Borrowed(ring) => ring,
+            Held::Shared(ring) => ring,
+        }
     }
 }
 
@@ -121,7 +188,7 @@ fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
 }
 
 pub(crate) struct ReadCore<'a, T: Target> {
-    ctx: &'a Inner,
+    ctx: Ctx<'a>,
     fid: FileId,
     offset: u64,
     /// Bytes this read may return: the destination's length, clamped (see
@@ -139,12 +206,16 @@ pub(crate) struct ReadCore<'a, T: Target> {
     /// A ring read came back short before the end of the file and the rest
     /// is being read: a later failure is then an error, not a short count.
     resumed: bool,
+    /// Fill the whole destination (`read_exact_owned`): every short piece
+    /// is continued until the end of the file, and a failure after some
+    /// bytes is an error, not a short count.
+    exact: bool,
     state: State<'a, T::Blocking>,
     pub(crate) target: T,
 }
 
 impl<'a, T: Target> ReadCore<'a, T> {
-    pub(crate) fn new(ctx: &'a Inner, fid: FileId, offset: u64, target: T) -> Self {
+    pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, target: T) -> Self {
         ReadCore {
             ctx,
             fid,
@@ -154,9 +225,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
             piece: 0,
             bound: None,
             resumed: false,
+            exact: false,
             state: State::Start,
             target,
         }
+    }
+
+    /// Makes this read fill its whole destination (see `exact`).
+    pub(crate) fn exact(mut self) -> Self {
+        self.exact = true;
+        self
     }
 
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
@@ -171,13 +249,22 @@ impl<'a, T: Target> ReadCore<'a, T> {
             }
             return Poll::Pending;
         };
-        let res = ready!(self.poll_inner(cx));
+        let res = loop {
+            match ready!(self.poll_inner(cx)) {
+                // An exact read retries what was interrupted, as
+                // `read_exact` does (nothing is in flight after an error).
+                Err(e) if self.exact && e.kind() == io::ErrorKind::Interrupted => {
+                    self.state = State::Start;
+                }
+                res => break res,
+            }
+        };
         coop.made_progress();
         self.state = State::Done;
         // Bytes already read are never lost to a later failure: the caller
         // gets them, as read(2) would give them (see also `tainted`).
         Poll::Ready(match res {
-            Err(_) if self.done > 0 && !self.resumed => Ok(self.done),
+            Err(_) if self.done > 0 && !self.resumed && !self.exact => Ok(self.done),
             res => res,
         })
     }
@@ -190,7 +277,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
         loop {
             match &mut self.state {
                 State::Start => {
-                    let ctx = self.ctx;
+                    let ctx: &Inner = &self.ctx;
                     if ctx.closed.load(Ordering::Acquire) {
                         return Poll::Ready(Err(shut_down_error()));
                     }
@@ -204,30 +291,27 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         Some(file) => file,
                         None => files.insert(ctx.files.shard(slot)).lookup(self.fid)?,
                     };
-                    let total = match self.total {
-                        Some(t) => t,
-                        None => {
-                            *self
-                                .total
-                                .insert(clamp_len(self.fid, self.offset, self.target.len())?)
-                        }
+                    let total = if let Some(t) = self.total {
+                        t
+                    } else {
+                        self.target.check(self.fid)?;
+                        *self
+                            .total
+                            .insert(clamp_len(self.fid, self.offset, self.target.len())?)
                     };
                     if self.done >= total {
                         return Poll::Ready(Ok(self.done));
                     }
-                    let rings = match &ctx.backend {
-                        Backend::Uring(rings) if file.on_ring() => rings,
-                        _ => {
-                            let file = file.clone();
-                            drop(files);
-                            self.acquire(&ctx.blocking.permits, None, file)?;
-                            continue;
-                        }
+                    let ring = if file.on_ring() {
+                        self.ctx.ring(slot)
+                    } else {
+                        None
                     };
-                    let index = slot % rings.len();
-                    let ring = RingRef {
-                        index,
-                        ring: &rings[index],
+                    let Some(ring) = ring else {
+                        let file = file.clone();
+                        drop(files);
+                        self.acquire(None, file)?;
+                        continue;
                     };
                     if ctx.inline_nowait && file.nowait_ok() && ring.inline.worth_trying() {
                         if inline::turn_over(ctx.inline_stretch) {
@@ -274,18 +358,18 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     }
                     let file = file.clone();
                     drop(files);
-                    self.acquire(&ring.permits, Some(ring), file)?;
+                    self.acquire(Some(ring), file)?;
                 }
                 State::Acquire { ring, file, permit } => {
-                    let (ring, acquired) = (*ring, ready!(permit.as_mut().poll(cx)));
+                    let acquired = ready!(permit.as_mut().poll(cx));
                     let Ok(permit) = acquired else {
-                        return Poll::Ready(Err(Self::closed_error(ring)));
+                        return Poll::Ready(Err(Self::closed_error(ring.as_ref())));
                     };
-                    let file = file.clone();
+                    let (ring, file) = (ring.take(), file.clone());
                     self.start(ring, file, permit)?;
                 }
                 State::InFlight { ring, key } => {
-                    let (ring, key) = (*ring, *key);
+                    let key = *key;
                     let done = ready!(ring.poll_complete(key, cx, self.target.copy_to(self.done)));
                     self.state = State::Done;
                     if done.tainted {
@@ -335,7 +419,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
     fn piece_done(&mut self, n: usize) -> Option<io::Result<usize>> {
         self.done += n;
         let total = self.total.unwrap_or(0);
-        if n == self.piece && n > 0 && self.done < total {
+        // A full piece is followed by the next; an exact read continues
+        // after any piece that read something.
+        if (n == self.piece || self.exact) && n > 0 && self.done < total {
             self.state = State::Start;
             None
         } else {
@@ -393,7 +479,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
 
     /// The error of a closed ring or fallback (reads waiting for a permit
     /// learn of it when the semaphore closes).
-    fn closed_error(ring: Option<RingRef<'_>>) -> io::Error {
+    fn closed_error(ring: Option<&RingRef<'_>>) -> io::Error {
         match ring {
             Some(r) => r.closed_error(),
             None => shut_down_error(),
@@ -409,21 +495,25 @@ impl<'a, T: Target> ReadCore<'a, T> {
         e
     }
 
-    /// Takes an in-flight slot and starts the read, or waits for a slot.
-    fn acquire(
-        &mut self,
-        permits: &Arc<Semaphore>,
-        ring: Option<RingRef<'a>>,
-        file: Arc<FileEntry>,
-    ) -> io::Result<()> {
-        match permits.clone().try_acquire_owned() {
+    /// The in-flight slots of `ring`, or of the blocking pool (`None`).
+    fn permits(&self, ring: Option<&RingRef<'_>>) -> Arc<Semaphore> {
+        match ring {
+            Some(r) => r.permits.clone(),
+            None => self.ctx.blocking.permits.clone(),
+        }
+    }
+
+    /// Takes an in-flight slot of ring `ring` (or of the blocking pool) and
+    /// starts the read, or waits for a slot.
+    fn acquire(&mut self, ring: Option<RingRef<'a>>, file: Arc<FileEntry>) -> io::Result<()> {
+        match self.permits(ring.as_ref()).try_acquire_owned() {
             Ok(permit) => self.start(ring, file, permit),
             Err(TryAcquireError::NoPermits) => {
-                let permit = Box::pin(permits.clone().acquire_owned());
+                let permit = Box::pin(self.permits(ring.as_ref()).acquire_owned());
                 self.state = State::Acquire { ring, file, permit };
                 Ok(())
             }
-            Err(TryAcquireError::Closed) => Err(Self::closed_error(ring)),
+            Err(TryAcquireError::Closed) => Err(Self::closed_error(ring.as_ref())),
         }
     }
 
@@ -460,8 +550,8 @@ impl<'a, T: Target> ReadCore<'a, T> {
 
 impl<T: Target> Drop for ReadCore<'_, T> {
     fn drop(&mut self) {
-        if let State::InFlight { ring, key } = self.state {
-            ring.abandon(key, self.target.park());
+        if let State::InFlight { ring, key } = &self.state {
+            ring.abandon(*key, self.target.park());
         }
     }
 }
@@ -471,7 +561,11 @@ impl<J> fmt::Debug for State<'_, J> {
         match self {
             State::Start => f.write_str("Start"),
             State::Acquire { ring, .. } => {
-                write!(f, "Acquire {{ ring: {:?} }}", ring.map(|r| r.index))
+                write!(
+                    f,
+                    "Acquire {{ ring: {:?} }}",
+                    ring.as_ref().map(|r| r.index)
+                )
             }
             State::InFlight { ring, key } => {
                 write!(f, "InFlight {{ ring: {}, key: {key} }}", ring.index)
@@ -505,8 +599,12 @@ impl Target for Borrowed<'_> {
     fn max_piece(&self) -> usize {
         BORROWED_CHUNK
     }
-    fn dest(&mut self) -> &mut [u8] {
-        self.0
+    fn dest(&mut self) -> &mut [MaybeUninit<u8>] {
+        let len = self.0.len();
+        // SAFETY: the same memory, viewed as possibly uninitialised; what is
+        // written through it (by the kernel) is initialised bytes only, so
+        // the `&mut [u8]` stays valid.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), len) }
     }
     fn ring_dst(&mut self, _done: usize, len: usize) -> Dst {
         Dst::Bounce(len)
@@ -536,19 +634,32 @@ impl Target for Borrowed<'_> {
     }
 }
 
-/// An owned destination: the kernel writes straight into it. On the
-/// fallback backend the buffer travels to the blocking pool through `lent`,
-/// so it comes back even if the blocking task is cancelled before it runs.
+/// An owned destination: the kernel writes straight into its spare
+/// capacity, `bytes_init()..bytes_total()` as they were when the read was
+/// made. On the fallback backend the buffer travels to the blocking pool
+/// through `lent`, so it comes back even if the blocking task is cancelled
+/// before it runs.
 pub(crate) struct Owned<B> {
     buf: Option<B>,
     lent: Option<Arc<Mutex<Option<B>>>>,
+    /// `bytes_init()` at the start: where the read writes.
+    init: usize,
+    /// The spare capacity: how many bytes the read may write.
+    room: usize,
+    /// `bytes_total()` at the start.
+    total: usize,
 }
 
 impl<B: IoBufMut> Owned<B> {
     pub(crate) fn new(buf: B) -> Self {
+        let total = buf.bytes_total();
+        let init = buf.bytes_init().min(total);
         Owned {
             buf: Some(buf),
             lent: None,
+            init,
+            room: total - init,
+            total,
         }
     }
 
@@ -556,38 +667,56 @@ impl<B: IoBufMut> Owned<B> {
         self.buf.as_mut().expect("owned buffer is at home")
     }
 
-    /// Hands the buffer back once the read is over.
-    pub(crate) fn take(&mut self) -> B {
+    /// Hands the buffer back once the read is over, with the `filled` bytes
+    /// the read wrote counted as initialised.
+    pub(crate) fn take(&mut self, filled: usize) -> B {
         if let Some(lent) = self.lent.take() {
             self.buf = crate::lock(&lent).take();
         }
-        self.buf
+        let mut buf = self
+            .buf
             .take()
-            .expect("the owned buffer was lost by a panicking blocking read")
+            .expect("the owned buffer was lost by a panicking blocking read");
+        if filled > 0 {
+            // SAFETY: the read wrote `filled` bytes (counted only after a
+            // successful syscall or CQE) right after the `init` bytes that
+            // were initialised already, and filled <= room.
+            unsafe { buf.set_init(self.init + filled.min(self.room)) };
+        }
+        buf
     }
 }
 
 impl<B: IoBufMut> Target for Owned<B> {
     type Blocking = io::Result<usize>;
     fn len(&self) -> usize {
-        self.buf
-            .as_ref()
-            .map_or(0, super::buf::IoBufMut::bytes_total)
+        self.room
+    }
+    fn check(&self, fid: FileId) -> io::Result<()> {
+        if self.room == 0 && self.total > 0 {
+            return Err(error::no_spare_capacity(fid, self.total));
+        }
+        Ok(())
     }
     fn max_piece(&self) -> usize {
         MAX_READ
     }
-    fn dest(&mut self) -> &mut [u8] {
+    fn dest(&mut self) -> &mut [MaybeUninit<u8>] {
+        let (init, room) = (self.init, self.room);
         let b = self.buf();
-        // SAFETY: IoBufMut promises bytes_total() writable bytes at the
-        // pointer while `b` lives; the slice does not outlive `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr(), b.bytes_total()) }
+        // SAFETY: IoBufMut promises bytes_total() = init + room writable
+        // bytes at the pointer while `b` lives, not necessarily
+        // initialised (hence MaybeUninit); the slice does not outlive
+        // `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr().add(init).cast(), room) }
     }
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst {
+        let init = self.init;
+        assert!(done + len <= self.room, "read piece out of bounds");
         let b = self.buf();
-        assert!(done + len <= b.bytes_total(), "read piece out of bounds");
-        // SAFETY: done + len <= bytes_total, so the pointer stays in bounds.
-        Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len)
+        // SAFETY: init + done + len <= bytes_total, so the pointer stays in
+        // bounds.
+        Dst::Caller(unsafe { b.stable_mut_ptr().add(init + done) }, len)
     }
     fn copy_to(&mut self, _done: usize) -> Option<&mut [u8]> {
         None
@@ -601,9 +730,10 @@ impl<B: IoBufMut> Target for Owned<B> {
         len: usize,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
+        let at = self.init + done;
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
-        fb.read_owned(file, offset, done..done + len, lent, permit)
+        fb.read_owned(file, offset, at..at + len, lent, permit)
     }
     fn finish_blocking(&mut self, res: Self::Blocking, _done: usize) -> io::Result<usize> {
         // Bring the buffer home now: a next piece needs it.
@@ -614,6 +744,14 @@ impl<B: IoBufMut> Target for Owned<B> {
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         self.buf.take().map(|b| Box::new(b) as Box<dyn Any + Send>)
+    }
+}
+
+impl<B: IoBufMut> ReadCore<'_, Owned<B>> {
+    /// The buffer, once the read is over, grown by the bytes read.
+    fn finish(&mut self) -> B {
+        let done = self.done;
+        self.target.take(done)
     }
 }
 
@@ -641,13 +779,24 @@ impl fmt::Debug for UringReadFuture<'_> {
     }
 }
 
-/// The future returned by [`UringContext::read_owned`](crate::UringContext::read_owned):
-/// the kernel writes straight into the buffer, which comes back with the
-/// result. Dropped while the read is in the kernel, the buffer is kept by the
-/// context until the kernel is done, then freed.
+/// The future returned by [`UringContext::read_owned`](crate::UringContext::read_owned)
+/// (borrowing the context) and
+/// [`read_owned_static`](crate::UringContext::read_owned_static)
+/// (`'static`): the kernel writes straight into the buffer's spare
+/// capacity, and the buffer comes back with the result, its initialised
+/// length grown by the bytes read. Dropped while the read is in the kernel,
+/// the buffer is kept by the context until the kernel is done, then freed.
 #[must_use = "futures do nothing unless polled"]
 pub struct UringReadOwnedFuture<'a, B: IoBufMut> {
     pub(crate) core: ReadCore<'a, Owned<B>>,
+}
+
+impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
+    pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, buf: B) -> Self {
+        UringReadOwnedFuture {
+            core: ReadCore::new(ctx, fid, offset, Owned::new(buf)),
+        }
+    }
 }
 
 impl<B: IoBufMut> Future for UringReadOwnedFuture<'_, B> {
@@ -655,8 +804,7 @@ impl<B: IoBufMut> Future for UringReadOwnedFuture<'_, B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let res = ready!(this.core.poll_read(cx));
-        let buf = this.core.target.take();
-        Poll::Ready((res, buf))
+        Poll::Ready((res, this.core.finish()))
     }
 }
 
@@ -666,10 +814,53 @@ impl<B: IoBufMut> fmt::Debug for UringReadOwnedFuture<'_, B> {
     }
 }
 
+/// The future returned by
+/// [`UringContext::read_exact_owned`](crate::UringContext::read_exact_owned)
+/// (borrowing the context) and
+/// [`read_exact_owned_static`](crate::UringContext::read_exact_owned_static)
+/// (`'static`): fills the buffer's whole spare capacity, continuing short
+/// reads, or fails with `UnexpectedEof` at the end of the file; the buffer
+/// comes back either way, grown by every byte read. Dropping it is as sound
+/// as dropping [`UringReadOwnedFuture`].
+#[must_use = "futures do nothing unless polled"]
+pub struct UringReadExactOwnedFuture<'a, B: IoBufMut> {
+    core: ReadCore<'a, Owned<B>>,
+}
+
+impl<'a, B: IoBufMut> UringReadExactOwnedFuture<'a, B> {
+    pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, buf: B) -> Self {
+        UringReadExactOwnedFuture {
+            core: ReadCore::new(ctx, fid, offset, Owned::new(buf)).exact(),
+        }
+    }
+}
+
+impl<B: IoBufMut> Future for UringReadExactOwnedFuture<'_, B> {
+    type Output = (io::Result<()>, B);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let res = ready!(this.core.poll_read(cx));
+        let (fid, offset, room) = (this.core.fid, this.core.offset, this.core.target.room);
+        let res = match res {
+            Ok(n) if n == room => Ok(()),
+            Ok(n) => Err(error::ends_before(fid, offset, n, room)),
+            Err(e) => Err(e),
+        };
+        Poll::Ready((res, this.core.finish()))
+    }
+}
+
+impl<B: IoBufMut> fmt::Debug for UringReadExactOwnedFuture<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
 // The read futures' auto traits are part of the API, and holding their ring
-// (a `RingRef`) must not change them: they are `Send` and `Unpin` (spawned,
-// polled through `&mut`), and today not `Sync` (each is polled by one task;
-// making them `Sync` would be a deliberate API addition, not a side effect).
+// (a `RingRef`) or a context handle must not change them: they are `Send`
+// and `Unpin` (spawned, polled through `&mut`), and today not `Sync` (each
+// is polled by one task; making them `Sync` would be a deliberate API
+// addition, not a side effect).
 const _: fn() = || {
     fn send_unpin<T: Send + Unpin>() {}
     // Resolves only if exactly one impl applies, i.e. if `T` is not `Sync`.
@@ -682,8 +873,10 @@ const _: fn() = || {
     send_unpin::<UringReadFuture<'static>>();
     send_unpin::<UringReadOwnedFuture<'static, Vec<u8>>>();
     send_unpin::<UringReadOwnedFuture<'static, AlignedBuf>>();
+    send_unpin::<UringReadExactOwnedFuture<'static, crate::Slice<AlignedBuf>>>();
     send_unpin::<crate::Scan<'static>>();
     <UringReadFuture<'static> as AmbiguousIfSync<_>>::check();
     <UringReadOwnedFuture<'static, Vec<u8>> as AmbiguousIfSync<_>>::check();
+    <UringReadExactOwnedFuture<'static, Vec<u8>> as AmbiguousIfSync<_>>::check();
     <crate::Scan<'static> as AmbiguousIfSync<_>>::check();
 };

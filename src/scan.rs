@@ -82,7 +82,7 @@ use std::task::{Context, Poll, Waker};
 
 use futures::Stream;
 
-use crate::buf::{AlignedBuf, IoBufMut};
+use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::{FileId, UringContext};
 use crate::error::invalid;
 use crate::read::UringReadOwnedFuture;
@@ -258,35 +258,10 @@ impl Pool {
     }
 }
 
-/// A window of an [`AlignedBuf`] handed to the kernel: the continuation of
-/// a short read fills the rest of the same buffer.
-struct Window {
-    buf: AlignedBuf,
-    start: usize,
-    len: usize,
-}
-
-// SAFETY: `start + len <= buf.len()` (checked where a Window is made), and
-// the AlignedBuf's heap allocation neither moves nor is freed while the
-// Window, which owns it, is alive.
-unsafe impl IoBufMut for Window {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.buf[self.start..].as_mut_ptr()
-    }
-    fn bytes_total(&self) -> usize {
-        self.len
-    }
-}
-
-impl Window {
-    fn new(buf: AlignedBuf, start: usize, len: usize) -> Window {
-        assert!(start + len <= buf.len(), "scan window out of bounds");
-        Window { buf, start, len }
-    }
-}
-
 enum SlotState<'a> {
-    Reading(UringReadOwnedFuture<'a, Window>),
+    /// Reading into a window of the buffer: the continuation of a short
+    /// read fills the rest of the same buffer.
+    Reading(UringReadOwnedFuture<'a, Slice<AlignedBuf>>),
     Done(AlignedBuf),
     Failed(io::Error),
     /// Transient, while the state is being replaced.
@@ -299,8 +274,10 @@ fn read_rest<'a>(
     fid: FileId,
     slot: &Slot<'a>,
     buf: AlignedBuf,
-) -> UringReadOwnedFuture<'a, Window> {
-    let win = Window::new(buf, slot.read_from, slot.want - slot.read_from);
+) -> UringReadOwnedFuture<'a, Slice<AlignedBuf>> {
+    // read_from <= want <= buf.len() (zeroed, all initialised), so the
+    // window fits.
+    let win = buf.slice(slot.read_from..slot.want);
     ctx.read_owned(fid, slot.offset + slot.read_from as u64, win)
 }
 
@@ -373,9 +350,8 @@ impl<'a> Scan<'a> {
                     .unwrap_or(chunk)
                     .next_multiple_of(align)
             };
-            let fut = self
-                .ctx
-                .read_owned(self.fid, self.next, Window::new(buf, 0, want));
+            // want <= chunk, the buffer's length.
+            let fut = self.ctx.read_owned(self.fid, self.next, buf.slice(..want));
             self.slots.push_back(Slot {
                 offset: self.next,
                 want,
@@ -395,7 +371,7 @@ impl<'a> Scan<'a> {
                 let Poll::Ready((res, win)) = Pin::new(fut).poll(cx) else {
                     break;
                 };
-                let buf = win.buf;
+                let buf = win.into_inner();
                 match res {
                     Ok(n) => {
                         slot.done = slot.read_from + n;

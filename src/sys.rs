@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
@@ -31,8 +32,10 @@ pub(crate) enum Nowait {
 
 /// `preadv2(fd, buf, offset, RWF_NOWAIT)`: reads only what the page cache
 /// already holds, never waiting for the device. The caller guarantees
-/// `offset + buf.len() <= i64::MAX` (see `read::clamp_len`).
-pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> Nowait {
+/// `offset + buf.len() <= i64::MAX` (see `read::clamp_len`). `buf` may be
+/// uninitialised (an owned buffer's spare capacity); the bytes read are
+/// initialised by the kernel.
+pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [MaybeUninit<u8>], offset: u64) -> Nowait {
     let iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -52,6 +55,18 @@ pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> Nowait {
         Some(libc::EOPNOTSUPP | libc::ENOSYS) => Nowait::Unsupported,
         _ => Nowait::Ring,
     }
+}
+
+/// `pread(fd, buf, offset)`, into memory that may be uninitialised (an
+/// owned buffer's spare capacity); the bytes read are initialised by the
+/// kernel. An offset beyond `i64::MAX` is clamped (the read then fails or
+/// reads nothing, as for any offset past the end).
+pub(crate) fn pread(file: &File, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole
+    // (synchronous) call; the kernel writes only bytes it read.
+    let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset) };
+    cvt(n, -1).map(isize::unsigned_abs)
 }
 
 /// What kind of file a descriptor refers to (only regular files and block

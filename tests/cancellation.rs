@@ -22,7 +22,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::{Flavor, Rng, TestFile};
-use uring_positioned_io::{BackendChoice, UringContext};
+use uring_positioned_io::{BackendChoice, IoBufMut, UringContext};
 
 const TOTAL_READS: u64 = 100_000;
 const WORKERS: u64 = 64;
@@ -129,7 +129,7 @@ async fn worker(
                         verify(file, fid, off, len, r, &buf, &what);
                     }
                     1 => {
-                        let (r, b) = ctx.read_owned(f32, off, buf).await;
+                        let (r, b) = ctx.read_owned(f32, off, buf.slice(..)).await;
                         verify(file, fid, off, len, r, &b, &what);
                     }
                     _ => {
@@ -212,7 +212,7 @@ async fn worker(
             85..=93 => {
                 let delay = Duration::from_micros(rng.below(1500));
                 let res = {
-                    let fut = ctx.read_owned(f32, off, vec![0u8; len]);
+                    let fut = ctx.read_owned(f32, off, Vec::with_capacity(len));
                     tokio::select! {
                         r = fut => Some(r),
                         () = tokio::time::sleep(delay) => None,
@@ -423,7 +423,7 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
                 let mut owned = Vec::new();
                 for _ in 0..8 {
                     let off = rng.below(files[0].len);
-                    let mut fut = Box::pin(ctx.read_owned(0u32, off, vec![0u8; 8192]));
+                    let mut fut = Box::pin(ctx.read_owned(0u32, off, Vec::with_capacity(8192)));
                     let _ = common::poll_once(fut.as_mut()).await;
                     owned.push(fut);
                 }
@@ -481,13 +481,22 @@ impl Drop for Tracked {
 
 // SAFETY: the bytes live in the Vec's heap allocation, which does not move
 // when `Tracked` moves and lives until `Tracked` is dropped.
+// It says none of its bytes are initialised (they all are: zeroed), so a
+// read fills it from the start; set_init need not record anything.
 unsafe impl uring_positioned_io::IoBufMut for Tracked {
+    fn stable_ptr(&self) -> *const u8 {
+        self.data.as_ptr()
+    }
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.data.as_mut_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        0
     }
     fn bytes_total(&self) -> usize {
         self.data.len()
     }
+    unsafe fn set_init(&mut self, _pos: usize) {}
 }
 
 fn parked_owned_buffers_are_released(choice: BackendChoice) {

@@ -47,7 +47,9 @@ async fn reader(ctx: UringContext, files: Arc<Vec<TestFile>>, task: u64) {
                 );
             }
         } else {
-            let (r, buf) = ctx.read_owned(fid as u32, off, vec![0u8; len]).await;
+            let (r, buf) = ctx
+                .read_owned(fid as u32, off, Vec::with_capacity(len))
+                .await;
             let n = r
                 .unwrap_or_else(|e| panic!("task {task}: read_owned fid {fid} @ {off}+{len}: {e}"));
             assert_eq!(
@@ -193,7 +195,7 @@ fn stats_consistent_under_load(choice: BackendChoice) {
                         let mut rng = Rng::new(t);
                         for _ in 0..300 {
                             let off = rng.below(file.len);
-                            let (r, b) = ctx.read_owned(0u32, off, vec![0u8; 4096]).await;
+                            let (r, b) = ctx.read_owned(0u32, off, Vec::with_capacity(4096)).await;
                             let n = r.expect("read");
                             assert_eq!(&b[..n], &file.expected(off, 4096)[..]);
                         }

@@ -1,5 +1,7 @@
 //! Differential tests: every read path of the library (`read`, `read_exact`,
-//! `read_owned`) against `pread(2)` (std's `FileExt::read_at`) and against the
+//! `read_owned` into a `Vec`'s spare capacity after existing bytes and into a
+//! window of a full buffer, `read_exact_owned`, `read_owned_static`)
+//! against `pread(2)` (std's `FileExt::read_at`) and against the
 //! known position-derived file content, on random files, offsets and lengths
 //! (EOF edges, past EOF, empty buffers), for both backends and both runtime
 //! flavours; plus large reads bigger than any internal bounce buffer, reads
@@ -14,7 +16,7 @@ use common::{Flavor, TestFile};
 use futures::future::join_all;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use uring_positioned_io::{BackendChoice, UringContext};
+use uring_positioned_io::{BackendChoice, IoBufMut, UringContext};
 
 const FILL: u8 = 0xEE;
 
@@ -22,7 +24,13 @@ const FILL: u8 = 0xEE;
 enum Method {
     Read,
     ReadExact,
+    /// Into a `Vec`'s spare capacity, after a few bytes already there.
     ReadOwned,
+    /// Into a window of a full `Vec` (`slice(..)`): written from its start.
+    ReadOwnedSlice,
+    ReadExactOwned,
+    /// The `'static` future, spawned.
+    ReadOwnedStatic,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +115,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     let method = prop_oneof![
         Just(Method::Read),
         Just(Method::ReadExact),
-        Just(Method::ReadOwned)
+        Just(Method::ReadOwned),
+        Just(Method::ReadOwnedSlice),
+        Just(Method::ReadExactOwned),
+        Just(Method::ReadOwnedStatic),
     ];
     (0usize..4, off, len, method).prop_map(|(file, off, len, method)| Op {
         file,
@@ -211,14 +222,59 @@ async fn run_op(
                 }
             }
         }
-        Method::ReadOwned => {
-            let buf = vec![FILL; len];
-            let (r, buf) = ctx.read_owned(fid, off, buf).await;
+        Method::ReadOwned | Method::ReadOwnedStatic => {
+            // Bytes already in the buffer are kept; the read appends.
+            let pre: &[u8] = if len == 0 { b"" } else { b"pre" };
+            let mut buf = Vec::with_capacity(pre.len() + len);
+            buf.extend_from_slice(pre);
+            let room = buf.capacity() - pre.len();
+            let want = file.expected(off, room);
+            let (r, buf) = if matches!(method, Method::ReadOwned) {
+                ctx.read_owned(fid, off, buf).await
+            } else {
+                tokio::spawn(ctx.read_owned_static(fid, off, buf))
+                    .await
+                    .map_err(|e| format!("{what}: task failed: {e}"))?
+            };
             let n = r.map_err(|e| format!("{what}: unexpected error {e}"))?;
+            if n != want.len() || buf.len() != pre.len() + n || &buf[..pre.len()] != pre {
+                return Err(format!(
+                    "{what}: returned {n} (pread: {}), buffer len {} (want {} + {n}), prefix kept: {}",
+                    want.len(),
+                    buf.len(),
+                    pre.len(),
+                    &buf[..pre.len().min(buf.len())] == pre
+                ));
+            }
+            check_returned(&what, file, off, n, &want, &buf[pre.len()..])?;
+        }
+        Method::ReadOwnedSlice => {
+            let (r, buf) = ctx.read_owned(fid, off, vec![FILL; len].slice(..)).await;
+            let n = r.map_err(|e| format!("{what}: unexpected error {e}"))?;
+            let buf = buf.into_inner();
             if buf.len() != len {
                 return Err(format!("{what}: returned buffer has len {}", buf.len()));
             }
             check_returned(&what, file, off, n, &want, &buf)?;
+        }
+        Method::ReadExactOwned => {
+            let (r, buf) = ctx
+                .read_exact_owned(fid, off, Vec::with_capacity(len))
+                .await;
+            let room = buf.capacity();
+            let want = file.expected(off, room);
+            match r {
+                Ok(()) if want.len() == room => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && want.len() < room => {}
+                other => {
+                    return Err(format!(
+                        "{what}: read_exact_owned of {room} ({} available) gave {other:?}",
+                        want.len()
+                    ))
+                }
+            }
+            // Either way the buffer holds every byte up to the end of file.
+            check_returned(&what, file, off, buf.len(), &want, &buf)?;
         }
     }
     Ok(())
@@ -347,7 +403,7 @@ fn large_reads(choice: BackendChoice) {
                 );
                 assert!(buf[..n] == want[..], "read fid {fid} @ {off}: data differs");
 
-                let (r, obuf) = ctx.read_owned(fid, off, vec![FILL; LEN]).await;
+                let (r, obuf) = ctx.read_owned(fid, off, vec![FILL; LEN].slice(..)).await;
                 let n = r.expect("large read_owned");
                 assert_eq!(
                     n,
@@ -443,7 +499,7 @@ fn partially_cached_reads(choice: BackendChoice) {
                         );
                     }
                     1 => {
-                        let (r, buf) = ctx.read_owned(0u32, off, vec![FILL; len]).await;
+                        let (r, buf) = ctx.read_owned(0u32, off, Vec::with_capacity(len)).await;
                         let n = r.unwrap_or_else(|e| panic!("{what}: {e}"));
                         assert_eq!(n, file.expected(off, len).len(), "{what}: length");
                         if let Err(m) = common::check_pattern(file.seed, off, &buf[..n]) {

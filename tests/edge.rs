@@ -4,7 +4,8 @@
 //! - a tiny bounce-buffer pool (`buffer_pool(2, 4096)`) with reads far bigger
 //!   than one pool buffer, many at once;
 //! - far more tasks than `max_in_flight` / ring entries: only waiting, no errors;
-//! - owned buffer types (`Vec<u8>`, `Box<[u8]>`, `AlignedBuf`), `O_DIRECT` files;
+//! - owned buffer types (`Vec<u8>`, `AlignedBuf`, and windows of `Box<[u8]>`
+//!   and of a full `AlignedBuf`), `O_DIRECT` files;
 //! - less common ring options (SQPOLL, COOP_TASKRUN, several rings) still read
 //!   correctly; invalid option values are an `Err` from `build`, never a panic
 //!   or a context whose reads hang.
@@ -20,7 +21,9 @@ use std::time::Duration;
 use common::{Flavor, Rng, TestFile};
 use futures::FutureExt;
 use std::os::unix::fs::OpenOptionsExt;
-use uring_positioned_io::{AlignedBuf, BackendChoice, BackendKind, UringContext, UringReadFuture};
+use uring_positioned_io::{
+    AlignedBuf, BackendChoice, BackendKind, IoBufMut, UringContext, UringReadFuture,
+};
 
 #[test]
 fn read_future_is_send() {
@@ -47,7 +50,7 @@ fn unpolled_futures_dropped(choice: BackendChoice) {
                     buf.iter().all(|&b| b == 0x11),
                     "never-polled read wrote into the buffer"
                 );
-                let fut = ctx.read_owned(0u32, 0, vec![0u8; 4096]);
+                let fut = ctx.read_owned(0u32, 0, Vec::with_capacity(4096));
                 drop(fut);
             }
             let after = ctx.stats();
@@ -99,7 +102,7 @@ fn polled_once_then_dropped(choice: BackendChoice) {
                         common::poll_once_noop(fut)
                     }
                     _ => {
-                        let fut = pin!(ctx.read_owned(0u32, off, vec![0u8; len]));
+                        let fut = pin!(ctx.read_owned(0u32, off, Vec::with_capacity(len)));
                         match common::poll_once_noop(fut) {
                             Poll::Ready((r, b)) => {
                                 buf = b;
@@ -276,16 +279,19 @@ fn owned_buffer_types(choice: BackendChoice) {
                 (file.len, 10),
             ] {
                 let want = file.expected(off, len);
-                let (r, b) = ctx.read_owned(0u32, off, vec![0u8; len]).await;
-                assert_eq!(&b[..r.expect("Vec")], &want[..], "Vec @ {off}+{len}");
+                let (r, b) = ctx.read_owned(0u32, off, Vec::with_capacity(len)).await;
+                assert_eq!(r.expect("Vec"), want.len(), "Vec @ {off}+{len}");
+                assert_eq!(b, want, "Vec @ {off}+{len}: len() grew by the bytes read");
 
+                // A boxed slice is always full: read into a window of it.
                 let boxed: Box<[u8]> = vec![0u8; len].into_boxed_slice();
-                let (r, b) = ctx.read_owned(0u32, off, boxed).await;
+                let (r, b) = ctx.read_owned(0u32, off, boxed.slice(..)).await;
+                let b = b.into_inner();
                 assert_eq!(b.len(), len);
                 assert_eq!(&b[..r.expect("Box<[u8]>")], &want[..], "Box @ {off}+{len}");
 
                 for align in [512usize, 4096] {
-                    let ab = AlignedBuf::new(len, align);
+                    let ab = AlignedBuf::with_capacity(len, align);
                     let ptr = ab.as_ptr();
                     let (r, b) = ctx.read_owned(0u32, off, ab).await;
                     assert_eq!(
@@ -293,13 +299,18 @@ fn owned_buffer_types(choice: BackendChoice) {
                         ptr,
                         "AlignedBuf came back as a different buffer"
                     );
-                    assert_eq!(b.len(), len);
+                    assert_eq!((b.len(), b.capacity()), (want.len(), len));
                     assert_eq!(b.as_ptr() as usize % align, 0);
-                    assert_eq!(
-                        &b[..r.expect("AlignedBuf")],
-                        &want[..],
-                        "AlignedBuf({align}) @ {off}+{len}"
-                    );
+                    assert_eq!(r.expect("AlignedBuf"), want.len());
+                    assert_eq!(b.as_slice(), &want[..], "AlignedBuf({align}) @ {off}+{len}");
+                    // A zeroed, full one, through a window: the old contract.
+                    let (r, s) = ctx
+                        .read_owned(0u32, off, AlignedBuf::new(len, align).slice(..))
+                        .await;
+                    let b = s.into_inner();
+                    assert_eq!(b.len(), len);
+                    assert_eq!(&b[..r.expect("AlignedBuf window")], &want[..]);
+                    assert!(b[want.len()..].iter().all(|&x| x == 0), "wrote past n");
                 }
             }
             drop(set);
@@ -331,7 +342,9 @@ fn o_direct_files(choice: BackendChoice) {
         // aligned is up to the allocator.
         for (off, len) in cases.iter().copied().cycle().take(cases.len() * 4) {
             let want = file.expected(off, len);
-            let (r, b) = ctx.read_owned(0u32, off, AlignedBuf::new(len, 4096)).await;
+            let (r, b) = ctx
+                .read_owned(0u32, off, AlignedBuf::with_capacity(len, 4096))
+                .await;
             let n =
                 r.unwrap_or_else(|e| panic!("O_DIRECT read_owned(AlignedBuf) @ {off}+{len}: {e}"));
             assert_eq!(&b[..n], &want[..], "O_DIRECT AlignedBuf @ {off}+{len}");

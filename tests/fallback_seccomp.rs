@@ -102,7 +102,7 @@ fn child_auto_falls_back() {
             let mut buf = vec![0u8; 1000];
             ctx.read_exact(0u32, off, &mut buf).await.unwrap();
             assert_eq!(buf, files[0].expected(off, 1000));
-            let (r, b) = ctx.read_owned(0u32, 0, vec![0u8; 5000]).await;
+            let (r, b) = ctx.read_owned(0u32, 0, Vec::with_capacity(5000)).await;
             assert_eq!(&b[..r.unwrap()], &files[0].expected(0, 5000)[..]);
             assert_eq!(ctx.read(0u32, files[0].len + 1, &mut buf).await.unwrap(), 0);
             // The builder's Auto is the same as new().

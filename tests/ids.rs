@@ -1,8 +1,8 @@
 //! Checked file ids (issue #12), on both backends, against `std` as the
 //! oracle: an id handed out by one context is refused by another, and an id
 //! of an unregistered file is refused even once its index holds a new file —
-//! by every API that takes a fid (read, read_exact, read_owned, scan,
-//! file_route, unregister_file) — while plain indices keep their meaning.
+//! by every API that takes a fid (read, read_exact, the owned reads and
+//! their `'static` forms, scan, file_route, unregister_file) — while plain indices keep their meaning.
 
 mod common;
 
@@ -37,6 +37,17 @@ async fn all_refuse(ctx: &UringContext, fid: FileId, why: &str) {
     let (r, b) = ctx.read_owned(fid, 0, vec![7u8; 64]).await;
     refused(r, fid, why, "read_owned");
     assert_eq!(b, vec![7u8; 64], "buffer handed back as it was");
+    let (r, b) = ctx.read_exact_owned(fid, 0, Vec::with_capacity(8)).await;
+    refused(r, fid, why, "read_exact_owned");
+    assert!(b.is_empty());
+    let (r, _) = tokio::spawn(ctx.read_owned_static(fid, 0, Vec::with_capacity(8)))
+        .await
+        .unwrap();
+    refused(r, fid, why, "read_owned_static");
+    let (r, _) = ctx
+        .read_exact_owned_static(fid, 0, Vec::with_capacity(8))
+        .await;
+    refused(r, fid, why, "read_exact_owned_static");
     refused(ctx.file_route(fid), fid, why, "file_route");
     refused(ctx.unregister_file(fid), fid, why, "unregister_file");
     let mut scan = ScanOptions::new()

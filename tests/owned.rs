@@ -1,0 +1,450 @@
+//! Owned buffers (issue #12), on both backends, with `std` (`pread`) as the
+//! oracle: reads fill the spare capacity (`bytes_init()..bytes_total()`) and
+//! grow the initialised length; windows (`slice`) are filled from their
+//! start; `read_exact_owned` fills everything or says `UnexpectedEof`; the
+//! `'static` futures can be spawned and dropped. Includes the read cases of
+//! tokio-uring's and tokio-epoll-uring's suites: read into spare capacity,
+//! read at EOF, read_exact, sub-slice reads.
+
+mod common;
+
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::task::Poll;
+
+use common::{Flavor, TestFile};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, TestRunner};
+use uring_positioned_io::{AlignedBuf, BackendChoice, IoBufMut, UringContext};
+
+const HELLO: &[u8] = b"hello world...";
+
+/// A context over `files`, built on a runtime of `flavor`; runs `f`.
+fn with_files<F, Fut>(name: &str, choice: BackendChoice, files: Vec<std::fs::File>, f: F)
+where
+    F: FnOnce(UringContext) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    common::run(name, Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(choice, files, |b| b);
+        f(ctx).await;
+    });
+}
+
+fn hello_file() -> std::fs::File {
+    use std::io::Write;
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(HELLO).unwrap();
+    f
+}
+
+/// tokio-uring `basic_read`: a `Vec::with_capacity(1024)` gets the file,
+/// and its `len()` says how much.
+fn read_into_spare_capacity(choice: BackendChoice) {
+    with_files(
+        "spare_capacity",
+        choice,
+        vec![hello_file()],
+        |ctx| async move {
+            let (r, buf) = ctx.read_owned(0u32, 0, Vec::with_capacity(1024)).await;
+            assert_eq!(r.unwrap(), HELLO.len());
+            assert_eq!(buf, HELLO);
+            // Existing bytes are kept; the read appends after them.
+            let mut buf = Vec::with_capacity(64);
+            buf.extend_from_slice(b">>");
+            let (r, buf) = ctx.read_owned(0u32, 6, buf).await;
+            assert_eq!(r.unwrap(), HELLO.len() - 6);
+            assert_eq!(buf, b">>world...");
+            // An AlignedBuf the same way.
+            let (r, buf) = ctx
+                .read_owned(0u32, 0, AlignedBuf::with_capacity(4096, 4096))
+                .await;
+            assert_eq!((r.unwrap(), buf.as_slice()), (HELLO.len(), HELLO));
+            // Only the spare capacity is written: a small one limits the read.
+            let mut buf = Vec::with_capacity(8);
+            buf.extend_from_slice(b"abcde");
+            let room = buf.capacity() - 5;
+            let (r, buf) = ctx.read_owned(0u32, 0, buf).await;
+            assert_eq!(r.unwrap(), room);
+            assert_eq!(&buf[..5], b"abcde");
+            assert_eq!(&buf[5..], &HELLO[..room]);
+        },
+    );
+}
+
+/// tokio-epoll-uring's "read at EOF": `Ok(0)`, the buffer unchanged.
+fn read_at_eof_leaves_the_buffer(choice: BackendChoice) {
+    with_files("eof", choice, vec![hello_file()], |ctx| async move {
+        for off in [HELLO.len() as u64, HELLO.len() as u64 + 1, 1 << 40] {
+            let mut buf = Vec::with_capacity(32);
+            buf.extend_from_slice(b"kept");
+            let (r, buf) = ctx.read_owned(0u32, off, buf).await;
+            assert_eq!(r.unwrap(), 0, "read_owned @ {off}");
+            assert_eq!(buf, b"kept", "read_owned @ {off} changed the buffer");
+            let (r, s) = ctx
+                .read_owned(0u32, off, b"window".to_vec().slice(1..4))
+                .await;
+            assert_eq!(r.unwrap(), 0);
+            assert_eq!(s.into_inner(), b"window");
+        }
+        // An empty buffer reads nothing, like read(&mut []).
+        let (r, b) = ctx.read_owned(0u32, 0, Vec::new()).await;
+        assert_eq!((r.unwrap(), b.len()), (0, 0));
+        let (r, _) = ctx.read_exact_owned(0u32, 0, Vec::new()).await;
+        r.unwrap();
+    });
+}
+
+/// A full buffer has no spare capacity: an error naming the fix, never an
+/// `Ok(0)` that looks like the end of the file. The buffer comes back.
+fn full_buffers_are_refused(choice: BackendChoice) {
+    with_files("full", choice, vec![hello_file()], |ctx| async move {
+        let (r, b) = ctx.read_owned(0u32, 0, vec![1u8; 16]).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("spare capacity"), "{e}");
+        assert_eq!(b, vec![1u8; 16]);
+        let (r, b) = ctx
+            .read_exact_owned(0u32, 0, AlignedBuf::new(512, 512))
+            .await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(b.len(), 512);
+        let (r, _) = ctx.read_owned_static(0u32, 0, vec![0u8; 1]).await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    });
+}
+
+/// tokio-uring `basic_read_exact`, plus the end of the file.
+fn read_exact_owned_fills_or_says_eof(choice: BackendChoice) {
+    let set = common::FileSet::new(0x0e1, &[3 * 65536 + 1234]);
+    let file = set.files[0].clone();
+    with_files(
+        "read_exact_owned",
+        choice,
+        set.open_all(),
+        move |ctx| async move {
+            let len = file.len as usize;
+            let (r, buf) = ctx.read_exact_owned(0u32, 0, Vec::with_capacity(len)).await;
+            r.unwrap();
+            assert_eq!(buf, file.pread(0, len));
+            // Appends after what is there, exactly up to the capacity.
+            let mut buf = Vec::with_capacity(10_000);
+            buf.extend_from_slice(b"xy");
+            let room = buf.capacity() - 2;
+            let (r, buf) = ctx.read_exact_owned(0u32, 777, buf).await;
+            r.unwrap();
+            assert_eq!(&buf[..2], b"xy");
+            assert_eq!(&buf[2..], &file.pread(777, room)[..]);
+            // Across the end of the file: UnexpectedEof, every byte kept.
+            for off in [file.len - 10, file.len, file.len + 5] {
+                let (r, buf) = ctx
+                    .read_exact_owned(0u32, off, Vec::with_capacity(100))
+                    .await;
+                let e = r.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+                assert!(e.to_string().contains("file #0 ends before"), "{e}");
+                assert_eq!(buf, file.pread(off, 100), "bytes up to EOF @ {off}");
+            }
+            // A window, exactly.
+            let (r, s) = ctx
+                .read_exact_owned(0u32, 5, vec![0u8; 64].slice(8..40))
+                .await;
+            r.unwrap();
+            let v = s.into_inner();
+            assert_eq!(&v[8..40], &file.pread(5, 32)[..]);
+            assert!(v[..8].iter().chain(&v[40..]).all(|&b| b == 0));
+            // Larger than a borrowed piece (1 MiB) works the same: one owned read.
+            let (r, buf) = ctx
+                .read_exact_owned(0u32, 0, AlignedBuf::with_capacity(len, 4096))
+                .await;
+            r.unwrap();
+            assert_eq!(buf.as_slice(), &file.pread(0, len)[..]);
+        },
+    );
+}
+
+/// tokio-uring `test_subslice_read` and friends: a window is written from
+/// its start, bytes outside it are kept, and the whole buffer comes back.
+fn windows_target_part_of_a_buffer(choice: BackendChoice) {
+    let set = common::FileSet::new(0x511c, &[100]);
+    let file = set.files[0].clone();
+    with_files("windows", choice, set.open_all(), move |ctx| async move {
+        let data = file.pread(0, 100);
+        for (begin, end) in [
+            (0usize, 30usize),
+            (10, 30),
+            (5, 15),
+            (0, 15),
+            (29, 30),
+            (30, 30),
+        ] {
+            let buf = vec![b'.'; 30];
+            let (r, s) = ctx.read_owned(0u32, 40, buf.slice(begin..end)).await;
+            let n = r.unwrap();
+            assert_eq!(n, end - begin);
+            assert_eq!(&s[..n], &data[40..40 + n]);
+            let v = s.into_inner();
+            assert_eq!(&v[begin..end], &data[40..40 + n]);
+            assert!(v[..begin].iter().chain(&v[end..]).all(|&b| b == b'.'));
+        }
+        // Re-slicing is relative to the window.
+        let s = vec![0u8; 30].slice(5..25).slice(5..10);
+        assert_eq!((s.begin(), s.end()), (10, 15));
+        let (r, s) = ctx.read_owned(0u32, 0, s).await;
+        assert_eq!(r.unwrap(), 5);
+        assert_eq!(&s.into_inner()[10..15], &data[..5]);
+        // A window of an empty Vec grows its len to the bytes read.
+        let (r, s) = ctx
+            .read_owned(0u32, 95, Vec::with_capacity(64).slice(..20))
+            .await;
+        assert_eq!(r.unwrap(), 5);
+        assert_eq!(s.into_inner(), &data[95..]);
+        // A window starting right after the initialised bytes extends them.
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(b"head");
+        let (r, s) = ctx.read_owned(0u32, 0, v.slice(4..14)).await;
+        assert_eq!(r.unwrap(), 10);
+        let v = s.into_inner();
+        assert_eq!((&v[..4], &v[4..]), (&b"head"[..], &data[..10]));
+        // Windows that cannot be: an error with the buffer handed back.
+        let e = Vec::<u8>::with_capacity(8).try_slice(1..4).unwrap_err();
+        assert!(e.to_string().contains("initialised"), "{e}");
+        let e = vec![0u8; 8].try_slice(4..20).unwrap_err();
+        assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);
+    });
+}
+
+/// Files opened with O_DIRECT: aligned buffers with spare capacity, and
+/// windows of them at aligned offsets.
+fn o_direct_owned(choice: BackendChoice) {
+    let set = common::FileSet::new(0xd1, &[(1 << 20) + 4096]);
+    set.sync_all();
+    let file: TestFile = set.files[0].clone();
+    let direct = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file.path)
+    {
+        Ok(f) => f,
+        Err(e) => return eprintln!("skipped: O_DIRECT refused here: {e}"),
+    };
+    with_files(
+        "o_direct_owned",
+        choice,
+        vec![direct],
+        move |ctx| async move {
+            let (r, buf) = ctx
+                .read_exact_owned(0u32, 8192, AlignedBuf::with_capacity(65536, 4096))
+                .await;
+            r.unwrap();
+            assert_eq!(buf.as_slice(), &file.pread(8192, 65536)[..]);
+            let mut buf = buf;
+            buf.clear();
+            let (r, buf) = ctx.read_owned(0u32, 1 << 20, buf).await;
+            assert_eq!(r.unwrap(), 4096, "to the end of the file");
+            assert_eq!(buf.as_slice(), &file.pread(1 << 20, 4096)[..]);
+            // Block 1 of a zeroed two-block buffer.
+            let (r, s) = ctx
+                .read_owned(0u32, 4096, AlignedBuf::new(8192, 4096).slice(4096..))
+                .await;
+            assert_eq!(r.unwrap(), 4096);
+            let b = s.into_inner();
+            assert!(b[..4096].iter().all(|&x| x == 0));
+            assert_eq!(&b[4096..], &file.pread(4096, 4096)[..]);
+        },
+    );
+}
+
+/// `BytesMut` (feature `bytes`): reads fill `len()..capacity()`.
+#[cfg(feature = "bytes")]
+fn bytes_mut(choice: BackendChoice) {
+    let set = common::FileSet::new(0xb7e, &[50_000]);
+    let file = set.files[0].clone();
+    with_files("bytes_mut", choice, set.open_all(), move |ctx| async move {
+        let (r, b) = ctx
+            .read_owned(0u32, 100, bytes::BytesMut::with_capacity(4096))
+            .await;
+        assert_eq!(r.unwrap(), 4096);
+        assert_eq!(&b[..], &file.pread(100, 4096)[..]);
+        // Split off what was read; the rest of the capacity is read next.
+        let mut b = bytes::BytesMut::with_capacity(8192);
+        b.extend_from_slice(b"hdr");
+        let (r, mut b) = ctx.read_exact_owned(0u32, 0, b).await;
+        r.unwrap();
+        let head = b.split_to(3);
+        assert_eq!(&head[..], b"hdr");
+        assert_eq!(&b[..], &file.pread(0, b.len())[..]);
+        let (r, b) = ctx.read_owned(0u32, 49_990, b.slice(..)).await;
+        assert_eq!(r.unwrap(), 10);
+        assert_eq!(&b[..10], &file.pread(49_990, 10)[..]);
+    });
+}
+
+/// The `'static` futures go to `tokio::spawn` as they are, outlive every
+/// other handle, and are sound to drop (or abort) in flight.
+fn static_futures_spawn_and_drop(choice: BackendChoice) {
+    let set = common::FileSet::new(0x57a7, &[4 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run("static_futures", Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(choice, opened, |b| b.inline_nowait(false));
+        let reads: Vec<_> = (0..64u64)
+            .map(|i| {
+                let off = i * 65_000;
+                let fut = ctx.read_owned_static(0u32, off, Vec::with_capacity(4096));
+                (off, tokio::spawn(fut))
+            })
+            .collect();
+        let exact = tokio::spawn(ctx.read_exact_owned_static(
+            0u32,
+            7,
+            AlignedBuf::with_capacity(1 << 20, 4096),
+        ));
+        drop(ctx); // the spawned reads hold the context
+        for (off, h) in reads {
+            let (r, b) = h.await.unwrap();
+            assert_eq!(r.unwrap(), 4096);
+            assert_eq!(b, file.pread(off, 4096), "@ {off}");
+        }
+        let (r, b) = exact.await.unwrap();
+        r.unwrap();
+        assert_eq!(b.as_slice(), &file.pread(7, 1 << 20)[..]);
+
+        // Dropped in flight — the last handle going with them — and aborted.
+        for round in 0..4u64 {
+            file.drop_cache();
+            let ctx = common::build_ctx(choice, vec![file.open()], |b| b.inline_nowait(false));
+            let mut futs: Vec<_> = (0..32u64)
+                .map(|i| {
+                    let off = (round * 32 + i) * 100_003 % file.len;
+                    Box::pin(ctx.read_owned_static(0u32, off, Vec::with_capacity(65536)))
+                })
+                .collect();
+            for f in &mut futs {
+                if let Poll::Ready((r, _)) = common::poll_once(f.as_mut()).await {
+                    r.unwrap();
+                }
+            }
+            let aborted: Vec<_> = (0..8u64)
+                .map(|i| {
+                    tokio::spawn(ctx.read_owned_static(0u32, i * 4096, Vec::with_capacity(1 << 20)))
+                })
+                .collect();
+            drop(ctx);
+            tokio::task::yield_now().await;
+            aborted.iter().for_each(tokio::task::JoinHandle::abort);
+            drop(futs);
+            for h in aborted {
+                let _ = h.await;
+            }
+        }
+    });
+}
+
+/// Random windows and prefixes against pread: a read writes exactly
+/// `begin..begin + n` of the buffer with the file's bytes, keeps everything
+/// else, and leaves `len() == max(old len, begin + n)`.
+fn proptest_windows_against_pread(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9a9, &[70_000, 0, 4097]);
+    let files = set.files.clone();
+    let opened = set.open_all();
+    common::run("proptest_windows", Flavor::Multi, 120, move || async move {
+        let ctx = common::build_ctx(choice, opened, |b| b);
+        let mut runner = TestRunner::new(Config {
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let strategy = (
+            0usize..3,
+            0u64..80_000,
+            0usize..9000,
+            prop_oneof![Just(0usize), 0usize..9000],
+            any::<u64>(),
+            0u8..3,
+        );
+        let cases: Vec<_> = (0..256)
+            .map(|_| strategy.new_tree(&mut runner).unwrap().current())
+            .collect();
+        for (fi, off, init, cap_extra, pick, kind) in cases {
+            let file = &files[fi];
+            let cap = init + cap_extra;
+            let mut buf = Vec::with_capacity(cap);
+            buf.extend((0..init).map(|i| (i % 251) as u8));
+            let cap = buf.capacity();
+            let begin = if init == 0 {
+                0
+            } else {
+                (pick as usize) % (init + 1)
+            };
+            let end = begin + ((pick >> 32) as usize) % (cap - begin + 1);
+            let what = format!(
+                "fid {fi} @ {off}, init {init} cap {cap}, window {begin}..{end}, kind {kind}"
+            );
+            let before = buf.clone();
+            let (n, after) = match kind {
+                0 => {
+                    let (r, s) = ctx.read_owned(fi as u32, off, buf.slice(begin..end)).await;
+                    (r.unwrap_or_else(|e| panic!("{what}: {e}")), s.into_inner())
+                }
+                1 => {
+                    let (r, s) = ctx
+                        .read_exact_owned(fi as u32, off, buf.slice(begin..end))
+                        .await;
+                    let want = file.pread(off, end - begin).len();
+                    match r {
+                        Ok(()) => assert_eq!(want, end - begin, "{what}"),
+                        Err(e) => assert!(
+                            e.kind() == io::ErrorKind::UnexpectedEof && want < end - begin,
+                            "{what}: {e}"
+                        ),
+                    }
+                    (want, s.into_inner())
+                }
+                _ => {
+                    // The whole spare capacity (no window): begin = init.
+                    let (r, b) = ctx.read_owned(fi as u32, off, buf).await;
+                    if cap == init && cap > 0 {
+                        // No spare capacity: refused, the buffer unchanged.
+                        let e = r.expect_err(&what);
+                        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{what}: {e}");
+                        assert_eq!(b, before, "{what}");
+                        continue;
+                    }
+                    let n = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(n, file.pread(off, cap - init).len(), "{what}");
+                    assert_eq!(b.len(), init + n, "{what}");
+                    assert_eq!(&b[..init], &before[..], "{what}");
+                    assert_eq!(&b[init..], &file.pread(off, n)[..], "{what}");
+                    continue;
+                }
+            };
+            let want = file.pread(off, end - begin);
+            assert_eq!(n, want.len(), "{what}: count differs from pread");
+            assert_eq!(&after[begin..begin + n], &want[..], "{what}: data");
+            assert_eq!(after.len(), init.max(begin + n), "{what}: len");
+            let kept = init.min(after.len());
+            for i in (0..begin.min(kept)).chain((begin + n).min(kept)..kept) {
+                assert_eq!(
+                    after[i], before[i],
+                    "{what}: byte {i} outside the read changed"
+                );
+            }
+        }
+    });
+}
+
+#[cfg(feature = "bytes")]
+backend_tests!(bytes_mut);
+
+backend_tests!(
+    read_into_spare_capacity,
+    read_at_eof_leaves_the_buffer,
+    full_buffers_are_refused,
+    read_exact_owned_fills_or_says_eof,
+    windows_target_part_of_a_buffer,
+    o_direct_owned,
+    static_futures_spawn_and_drop,
+    proptest_windows_against_pread,
+);
