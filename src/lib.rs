@@ -52,7 +52,10 @@
 //! *ignored* and its buffer is recycled only when its completion arrives.
 //! [`UringContext::read_owned`] takes the buffer by value instead (no copy); a
 //! dropped owned read parks the buffer in the context until the kernel is
-//! done with it.
+//! done with it. Dropping a read the kernel holds also sends it a cancel
+//! (`IORING_OP_ASYNC_CANCEL`): a read the kernel can still stop (queued for
+//! a blocked io-wq worker) comes back at once and frees its in-flight slot;
+//! one the device already has completes as usual.
 //!
 //! # Fallback
 //!

@@ -123,7 +123,8 @@ impl Ring {
                 _permit: permit,
             },
         );
-        let entry = entry.user_data(key as u64);
+        let user_data = st.ops.user_data(key).expect("op just inserted");
+        let entry = entry.user_data(user_data);
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
