@@ -195,6 +195,18 @@ pub struct Args {
     #[arg(long)]
     pub fio_jobs: Option<usize>,
 
+    /// Timer-lateness probe: a task looping `tokio::time::sleep(1 ms)` on
+    /// the engine's tokio runtime during each cell (uring, tokio-fs,
+    /// tokio-uring), reporting p99/max lateness.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub timer_probe: OnOff,
+
+    /// Count the process's system calls over each cell's window
+    /// (perf_event_open on the raw_syscalls:sys_enter tracepoint; n/a when
+    /// unavailable) and report them per read.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub count_syscalls: OnOff,
+
     /// Skip charts (SVG).
     #[arg(long)]
     pub no_charts: bool,

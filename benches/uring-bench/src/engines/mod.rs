@@ -18,6 +18,7 @@ pub mod uring_raw;
 use crate::buf::AlignedBlock;
 use crate::cli::{OnOff, Regime};
 use crate::dataset::Dataset;
+use crate::probes::{self, SyscallCounter};
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::future::Future;
@@ -104,6 +105,27 @@ pub struct CellSpec<'a> {
     pub fio_jobs: usize,
     /// Populate mmap mappings before hot cells.
     pub mmap_populate: bool,
+    /// Which probes to run (timer lateness, syscall count).
+    pub probes: ProbeOpts,
+    /// The syscall counter of this cell: set by [`run`] (leave `None`), read
+    /// by [`Clock`] at the start and end of the measured window.
+    pub syscalls: Option<std::sync::Arc<SyscallCounter>>,
+}
+
+/// The per-cell probes of issue #8 (see [`crate::probes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeOpts {
+    /// A 1 ms sleep loop on the engine's tokio runtime, recording lateness.
+    pub timer: bool,
+    /// Count the process's syscalls over the measured window.
+    pub syscalls: bool,
+}
+
+impl ProbeOpts {
+    pub const OFF: ProbeOpts = ProbeOpts {
+        timer: false,
+        syscalls: false,
+    };
 }
 
 impl CellSpec<'_> {
@@ -292,6 +314,13 @@ pub struct Measured {
     pub cdf: Option<Vec<(f64, f64)>>,
     /// Whether every read was verified.
     pub verified: bool,
+    /// System calls of the process over the measured window (None: not counted).
+    pub syscalls: Option<u64>,
+    /// Lateness (ns) of the 1 ms timer probe's wake-ups (None: no probe).
+    pub timer_lateness: Option<Histogram<u64>>,
+    /// `io_uring_enter` calls and driver task polls over the window (uring).
+    pub enters: Option<u64>,
+    pub driver_polls: Option<u64>,
 }
 
 /// The timed window of a cell: starts the clock and CPU accounting, and a
@@ -299,10 +328,13 @@ pub struct Measured {
 pub struct Clock {
     t0: Instant,
     cpu0: Cpu,
+    /// The cell's syscall counter and its reading at the start.
+    syscalls0: Option<(std::sync::Arc<SyscallCounter>, u64)>,
 }
 
 impl Clock {
-    pub fn start(duration: Duration, stop: &std::sync::Arc<Stop>) -> Clock {
+    pub fn start(spec: &CellSpec<'_>, stop: &std::sync::Arc<Stop>) -> Clock {
+        let duration = spec.duration;
         let stop = stop.clone();
         let t0 = Instant::now();
         std::thread::spawn(move || {
@@ -315,9 +347,18 @@ impl Clock {
                 std::thread::sleep(left.min(Duration::from_millis(20)));
             }
         });
+        let cpu0 = cpu_now();
+        let syscalls0 = spec.syscalls.as_ref().and_then(|c| match c.read() {
+            Ok(n) => Some((c.clone(), n)),
+            Err(e) => {
+                probes::warn_once_unavailable(&e);
+                None
+            }
+        });
         Clock {
             t0,
-            cpu0: cpu_now(),
+            cpu0,
+            syscalls0,
         }
     }
 
@@ -325,6 +366,13 @@ impl Clock {
     pub fn finish(self, workers: Vec<Worker>, stop: &Stop) -> Result<Measured, String> {
         let elapsed = self.t0.elapsed();
         let cpu1 = cpu_now();
+        let syscalls = self.syscalls0.and_then(|(c, n0)| match c.read() {
+            Ok(n1) => Some(n1.saturating_sub(n0)),
+            Err(e) => {
+                probes::warn_once_unavailable(&e);
+                None
+            }
+        });
         stop.stop();
         if let Some(e) = stop.error() {
             return Err(e);
@@ -348,6 +396,10 @@ impl Clock {
             notes: Vec::new(),
             cdf: None,
             verified: true,
+            syscalls,
+            timer_lateness: None,
+            enters: None,
+            driver_polls: None,
         })
     }
 }
@@ -432,7 +484,7 @@ where
         if let Some(e) = spawn_error {
             stop.fail(e);
         }
-        let clock = Clock::start(spec.duration, &stop);
+        let clock = Clock::start(spec, &stop);
         gate.open();
         let workers: Vec<Worker> = handles
             .into_iter()
@@ -466,6 +518,24 @@ where
 /// Runs one cell of an engine (the regime has already been applied).
 pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let name = spec.engine.name();
+    // Opened here, on the thread that runs the cell, before the engine makes
+    // its runtime or threads, so that they inherit it. fio is a separate
+    // process whose set-up is outside our window: not counted.
+    let counter = if spec.probes.syscalls && spec.engine != EngineKind::Fio {
+        match SyscallCounter::open() {
+            Ok(c) => Some(std::sync::Arc::new(c)),
+            Err(why) => {
+                probes::warn_once_unavailable(&why);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let spec = &CellSpec {
+        syscalls: counter,
+        ..spec.clone()
+    };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match spec.engine {
         EngineKind::Uring => uring::run(spec),
         EngineKind::Mmap => mmap::run(spec),
@@ -512,7 +582,11 @@ where
 {
     let wl = spec.workload();
     let stop = std::sync::Arc::new(Stop::default());
-    let clock = Clock::start(spec.duration, &stop);
+    let clock = Clock::start(spec, &stop);
+    let probe = spec
+        .probes
+        .timer
+        .then(|| rt.spawn(probes::timer_probe(stop.clone())));
     let handles: Vec<_> = (0..spec.depth)
         .map(|id| rt.spawn(spawn_task(Worker::new(wl, id as u64), stop.clone())))
         .collect();
@@ -526,7 +600,12 @@ where
         }
         out
     });
-    clock.finish(workers, &stop)
+    let m = clock.finish(workers, &stop);
+    // the stop flag is up: the probe ends after its current sleep
+    let lateness = probe.and_then(|p| rt.block_on(p).ok());
+    let mut m = m?;
+    m.timer_lateness = lateness;
+    Ok(m)
 }
 
 /// A tokio runtime: multi-thread with `workers` workers, or current_thread

@@ -45,6 +45,8 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let enters = s1.enters.saturating_sub(s0.enters);
     let submitted = s1.submitted.saturating_sub(s0.submitted);
     let inline = s1.inline_completed.saturating_sub(s0.inline_completed);
+    m.enters = Some(enters);
+    m.driver_polls = Some(s1.driver_polls.saturating_sub(s0.driver_polls));
     if enters > 0 {
         m.reads_per_enter = Some(submitted as f64 / enters as f64);
     }

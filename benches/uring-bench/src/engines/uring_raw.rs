@@ -50,7 +50,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         unsafe { sq.push(&e) }.expect("submission queue has room for every slot");
     };
 
-    let clock = Clock::start(spec.duration, &stop);
+    let clock = Clock::start(spec, &stop);
     for (i, slot) in slots.iter_mut().enumerate() {
         let t = w.next();
         push(&mut sq, slot, i, t);
