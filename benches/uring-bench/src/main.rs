@@ -338,9 +338,9 @@ fn run(args: &Args) -> Result<bool, String> {
             mmap_populate: args.mmap_populate == cli::OnOff::On,
             probes: ProbeOpts {
                 timer: args.timer_probe == cli::OnOff::On,
-                syscalls: args.count_syscalls == cli::OnOff::On,
+                syscall_window: (args.syscall_window > 0.0)
+                    .then(|| Duration::from_secs_f64(args.syscall_window)),
             },
-            syscalls: None,
             fio_jobs: args.fio_jobs.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
             }),
@@ -419,7 +419,7 @@ fn run(args: &Args) -> Result<bool, String> {
             total_seconds: 0.0,
             loadavg_start: load_start,
             loadavg_end: loadavg(),
-            syscall_probe: probes::syscall_probe_description(args.count_syscalls == cli::OnOff::On),
+            syscall_probe: probes::syscall_probe_description(args.syscall_window > 0.0),
         },
         cells,
         targets: Vec::new(),

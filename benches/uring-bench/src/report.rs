@@ -58,8 +58,14 @@ pub struct Cell {
     /// during the window (None: the engine runs no tokio runtime, or the
     /// probe was off).
     pub timer_lateness: Option<TimerLateness>,
-    /// System calls of the process during the window (None: not counted).
+    /// System calls of the process in the syscall window that follows the
+    /// measured one, the reads completed in it, its length, and the threads
+    /// counted (None: not counted).
     pub syscalls: Option<u64>,
+    pub syscall_window_reads: Option<u64>,
+    pub syscall_window_s: Option<f64>,
+    pub syscall_window_threads: Option<usize>,
+    /// `syscalls` / `syscall_window_reads`.
     pub syscalls_per_read: Option<f64>,
     /// `io_uring_enter` calls / reads (uring, from `ctx.stats()`).
     pub enters_per_read: Option<f64>,
@@ -103,6 +109,9 @@ impl Cell {
             runs_reads_per_sec: Vec::new(),
             timer_lateness: None,
             syscalls: None,
+            syscall_window_reads: None,
+            syscall_window_s: None,
+            syscall_window_threads: None,
             syscalls_per_read: None,
             enters_per_read: None,
             driver_polls_per_read: None,
@@ -204,8 +213,14 @@ impl Cell {
                 .timer_lateness
                 .as_ref()
                 .and_then(TimerLateness::from_histogram),
-            syscalls: m.syscalls,
-            syscalls_per_read: per_read(m.syscalls),
+            syscalls: m.syscalls.map(|w| w.counts.syscalls),
+            syscall_window_reads: m.syscalls.map(|w| w.reads),
+            syscall_window_s: m.syscalls.map(|w| w.counts.seconds),
+            syscall_window_threads: m.syscalls.map(|w| w.counts.threads),
+            syscalls_per_read: m
+                .syscalls
+                .filter(|w| w.reads > 0)
+                .map(|w| w.counts.syscalls as f64 / w.reads as f64),
             enters_per_read: per_read(m.enters),
             driver_polls_per_read: per_read(m.driver_polls),
             verified: m.verified,
@@ -600,10 +615,12 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
          CPU/read = (user+sys CPU of the process) / reads. `cached` = page-cache residency \
          of the files read, measured just before the cell. \
          `timer p99/max` = lateness (ms) of a task looping `tokio::time::sleep(1 ms)` on the \
-         engine's own runtime during the window (tokio's 1 ms timer granularity alone makes \
-         up to ~1 ms; n/a: the engine runs no tokio runtime). `syscalls/read` = system calls \
-         of the whole process in the window / reads ({}). `enters/read`, `polls/read` = \
-         `io_uring_enter` calls and ring driver task polls / reads (uring, `ctx.stats()`).\n",
+         engine's own runtime during the measured window (tokio's 1 ms timer granularity alone \
+         makes up to ~1 ms; n/a: the engine runs no tokio runtime). `syscalls/read` = system \
+         calls of the whole process / reads, counted in a short window after the measured one \
+         in which the same work goes on ({}). `enters/read`, `polls/read` = `io_uring_enter` \
+         calls and ring driver task polls / reads in the measured window (uring, \
+         `ctx.stats()`).\n",
         r.info.syscall_probe
     );
     s.push_str(&details(r, Style::Markdown));

@@ -6,6 +6,11 @@
 //! verify the block, record the latency. Thread engines use [`run_threads`],
 //! async engines [`read_loop`]; `uring-raw` and `fio` drive their own loops
 //! but use the same [`Worker`] (or report fio's own figures).
+//!
+//! A cell has up to two windows (see [`Clock`]): the measured window
+//! (throughput, latency, CPU, the timer probe), then, when syscalls are
+//! counted, a short syscall window in which the same work goes on with
+//! per-thread perf counters open; its reads are counted apart.
 
 pub mod fio;
 pub mod mmap;
@@ -18,13 +23,13 @@ pub mod uring_raw;
 use crate::buf::AlignedBlock;
 use crate::cli::{OnOff, Regime};
 use crate::dataset::Dataset;
-use crate::probes::{self, SyscallCounter};
+use crate::probes;
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -107,24 +112,23 @@ pub struct CellSpec<'a> {
     pub mmap_populate: bool,
     /// Which probes to run (timer lateness, syscall count).
     pub probes: ProbeOpts,
-    /// The syscall counter of this cell: set by [`run`] (leave `None`), read
-    /// by [`Clock`] at the start and end of the measured window.
-    pub syscalls: Option<std::sync::Arc<SyscallCounter>>,
 }
 
 /// The per-cell probes of issue #8 (see [`crate::probes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeOpts {
-    /// A 1 ms sleep loop on the engine's tokio runtime, recording lateness.
+    /// A 1 ms sleep loop on the engine's tokio runtime during the measured
+    /// window, recording lateness.
     pub timer: bool,
-    /// Count the process's syscalls over the measured window.
-    pub syscalls: bool,
+    /// Length of the syscall window after the measured one (None: syscalls
+    /// are not counted).
+    pub syscall_window: Option<Duration>,
 }
 
 impl ProbeOpts {
     pub const OFF: ProbeOpts = ProbeOpts {
         timer: false,
-        syscalls: false,
+        syscall_window: None,
     };
 }
 
@@ -181,8 +185,12 @@ pub fn new_histogram() -> Histogram<u64> {
 pub struct Worker {
     rng: u64,
     wl: Workload,
+    /// Latency of the reads of the measured window.
     pub hist: Histogram<u64>,
+    /// Reads completed in the measured window.
     pub reads: u64,
+    /// Reads completed in the syscall window.
+    pub syscall_window_reads: u64,
 }
 
 impl Worker {
@@ -196,6 +204,7 @@ impl Worker {
             wl,
             hist: new_histogram(),
             reads: 0,
+            syscall_window_reads: 0,
         }
     }
 
@@ -219,7 +228,7 @@ impl Worker {
     }
 
     /// Checks the result of a read of `t` into `buf` started at `started`
-    /// and records its latency.
+    /// and records it in the window `phase` says (every read is verified).
     #[inline]
     pub fn complete(
         &mut self,
@@ -227,6 +236,7 @@ impl Worker {
         res: io::Result<usize>,
         buf: &[u8],
         started: Instant,
+        phase: Phase,
     ) -> Result<(), String> {
         let ns = started.elapsed().as_nanos() as u64;
         let n = res.map_err(|e| {
@@ -243,16 +253,35 @@ impl Worker {
             &buf[..n.min(buf.len())],
         )
         .map_err(|e| format!("verification failed in engine {}: {e}", self.wl.engine))?;
-        self.hist.saturating_record(ns.max(1));
-        self.reads += 1;
+        match phase {
+            Phase::Measure => {
+                self.hist.saturating_record(ns.max(1));
+                self.reads += 1;
+            }
+            Phase::Syscalls => self.syscall_window_reads += 1,
+            Phase::Between => {}
+        }
         Ok(())
     }
 }
 
-/// Stop flag plus the first failure of a cell.
+/// Which window of a cell a read completes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// The measured window: reads count for throughput and latency.
+    Measure = 0,
+    /// After the measured window, outside the syscall window: not counted.
+    Between = 1,
+    /// The syscall window: reads are counted against the syscalls.
+    Syscalls = 2,
+}
+
+/// Stop flag, the current window, and the first failure of a cell.
 #[derive(Default)]
 pub struct Stop {
     flag: AtomicBool,
+    phase: AtomicU8,
     error: Mutex<Option<String>>,
 }
 
@@ -260,6 +289,19 @@ impl Stop {
     #[inline]
     pub fn stopped(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Relaxed) {
+            0 => Phase::Measure,
+            2 => Phase::Syscalls,
+            _ => Phase::Between,
+        }
+    }
+
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Relaxed);
     }
 
     pub fn stop(&self) {
@@ -314,82 +356,114 @@ pub struct Measured {
     pub cdf: Option<Vec<(f64, f64)>>,
     /// Whether every read was verified.
     pub verified: bool,
-    /// System calls of the process over the measured window (None: not counted).
-    pub syscalls: Option<u64>,
+    /// System calls and reads of the syscall window (None: not counted).
+    pub syscalls: Option<probes::SyscallWindow>,
     /// Lateness (ns) of the 1 ms timer probe's wake-ups (None: no probe).
     pub timer_lateness: Option<Histogram<u64>>,
-    /// `io_uring_enter` calls and driver task polls over the window (uring).
+    /// `io_uring_enter` calls and driver task polls over the measured
+    /// window (uring).
     pub enters: Option<u64>,
     pub driver_polls: Option<u64>,
 }
 
-/// The timed window of a cell: starts the clock and CPU accounting, and a
-/// watchdog thread that raises the stop flag after the duration.
+/// The windows of a cell. [`Clock::start`] starts the measured window and a
+/// watchdog thread which, after the cell's duration, ends it (the reads in
+/// flight then no longer count), takes the time and CPU, runs the engine's
+/// `at_end` hook, then — when syscalls are counted — runs the syscall window
+/// ([`probes::count_syscalls`]: per-thread counters are opened only then,
+/// so their cost stays out of the measured window), and finally raises the
+/// stop flag.
 pub struct Clock {
-    t0: Instant,
     cpu0: Cpu,
-    /// The cell's syscall counter and its reading at the start.
-    syscalls0: Option<(std::sync::Arc<SyscallCounter>, u64)>,
+    watchdog: std::thread::JoinHandle<WindowEnd>,
 }
+
+/// What the watchdog saw when the measured window ended.
+struct WindowEnd {
+    elapsed: Duration,
+    cpu: Cpu,
+    syscalls: Option<Result<probes::SyscallCounts, String>>,
+}
+
+/// Run by the watchdog thread the moment the measured window ends.
+pub type AtEnd = Box<dyn FnOnce() + Send>;
 
 impl Clock {
     pub fn start(spec: &CellSpec<'_>, stop: &std::sync::Arc<Stop>) -> Clock {
+        Clock::start_with(spec, stop, None)
+    }
+
+    pub fn start_with(
+        spec: &CellSpec<'_>,
+        stop: &std::sync::Arc<Stop>,
+        at_end: Option<AtEnd>,
+    ) -> Clock {
         let duration = spec.duration;
+        let syscall_window = spec.probes.syscall_window;
         let stop = stop.clone();
         let t0 = Instant::now();
-        std::thread::spawn(move || {
+        let cpu0 = cpu_now();
+        let watchdog = std::thread::spawn(move || {
             while !stop.stopped() {
                 let left = duration.saturating_sub(t0.elapsed());
                 if left.is_zero() {
-                    stop.stop();
                     break;
                 }
                 std::thread::sleep(left.min(Duration::from_millis(20)));
             }
-        });
-        let cpu0 = cpu_now();
-        let syscalls0 = spec.syscalls.as_ref().and_then(|c| match c.read() {
-            Ok(n) => Some((c.clone(), n)),
-            Err(e) => {
-                probes::warn_once_unavailable(&e);
-                None
+            stop.set_phase(Phase::Between);
+            let elapsed = t0.elapsed();
+            let cpu = cpu_now();
+            if let Some(f) = at_end {
+                f();
+            }
+            let syscalls = match syscall_window {
+                Some(w) if !stop.stopped() => Some(probes::count_syscalls(&stop, w)),
+                _ => None,
+            };
+            stop.stop();
+            WindowEnd {
+                elapsed,
+                cpu,
+                syscalls,
             }
         });
-        Clock {
-            t0,
-            cpu0,
-            syscalls0,
-        }
+        Clock { cpu0, watchdog }
     }
 
-    /// Ends the window (after every worker has finished) and merges the workers.
+    /// Ends the cell (after every worker has finished) and merges the workers.
     pub fn finish(self, workers: Vec<Worker>, stop: &Stop) -> Result<Measured, String> {
-        let elapsed = self.t0.elapsed();
-        let cpu1 = cpu_now();
-        let syscalls = self.syscalls0.and_then(|(c, n0)| match c.read() {
-            Ok(n1) => Some(n1.saturating_sub(n0)),
-            Err(e) => {
-                probes::warn_once_unavailable(&e);
-                None
-            }
-        });
         stop.stop();
+        let end = self.watchdog.join().expect("cell watchdog thread panicked");
         if let Some(e) = stop.error() {
             return Err(e);
         }
         let mut hist = new_histogram();
         let mut reads = 0;
+        let mut window_reads = 0;
         for w in workers {
             hist.add(&w.hist).expect("same histogram bounds");
             reads += w.reads;
+            window_reads += w.syscall_window_reads;
         }
+        let syscalls = match end.syscalls {
+            Some(Ok(c)) => Some(probes::SyscallWindow {
+                counts: c,
+                reads: window_reads,
+            }),
+            Some(Err(why)) => {
+                probes::warn_once_unavailable(&why);
+                None
+            }
+            None => None,
+        };
         Ok(Measured {
             hist,
             reads,
-            elapsed,
+            elapsed: end.elapsed,
             cpu: Cpu {
-                user: cpu1.user - self.cpu0.user,
-                sys: cpu1.sys - self.cpu0.sys,
+                user: end.cpu.user - self.cpu0.user,
+                sys: end.cpu.sys - self.cpu0.sys,
             },
             reads_per_enter: None,
             inline_completed: None,
@@ -462,7 +536,7 @@ where
                         let t = w.next();
                         let t0 = Instant::now();
                         let r = read(t, &mut buf);
-                        if let Err(e) = w.complete(t, r, &buf, t0) {
+                        if let Err(e) = w.complete(t, r, &buf, t0, stop.phase()) {
                             stop.fail(e);
                             break;
                         }
@@ -507,7 +581,7 @@ where
         let t0 = Instant::now();
         let (r, b) = read(t, buf).await;
         buf = b;
-        if let Err(e) = w.complete(t, r, &buf, t0) {
+        if let Err(e) = w.complete(t, r, &buf, t0, stop.phase()) {
             stop.fail(e);
             break;
         }
@@ -518,24 +592,6 @@ where
 /// Runs one cell of an engine (the regime has already been applied).
 pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let name = spec.engine.name();
-    // Opened here, on the thread that runs the cell, before the engine makes
-    // its runtime or threads, so that they inherit it. fio is a separate
-    // process whose set-up is outside our window: not counted.
-    let counter = if spec.probes.syscalls && spec.engine != EngineKind::Fio {
-        match SyscallCounter::open() {
-            Ok(c) => Some(std::sync::Arc::new(c)),
-            Err(why) => {
-                probes::warn_once_unavailable(&why);
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let spec = &CellSpec {
-        syscalls: counter,
-        ..spec.clone()
-    };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match spec.engine {
         EngineKind::Uring => uring::run(spec),
         EngineKind::Mmap => mmap::run(spec),
@@ -574,6 +630,7 @@ pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str
 pub fn run_tokio_tasks<S, Fut>(
     spec: &CellSpec<'_>,
     rt: &tokio::runtime::Runtime,
+    at_end: Option<AtEnd>,
     mut spawn_task: S,
 ) -> Result<Measured, String>
 where
@@ -582,7 +639,7 @@ where
 {
     let wl = spec.workload();
     let stop = std::sync::Arc::new(Stop::default());
-    let clock = Clock::start(spec, &stop);
+    let clock = Clock::start_with(spec, &stop, at_end);
     let probe = spec
         .probes
         .timer
@@ -601,7 +658,7 @@ where
         out
     });
     let m = clock.finish(workers, &stop);
-    // the stop flag is up: the probe ends after its current sleep
+    // the probe ended with the measured window (after its current sleep)
     let lateness = probe.and_then(|p| rt.block_on(p).ok());
     let mut m = m?;
     m.timer_lateness = lateness;
