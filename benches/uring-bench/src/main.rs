@@ -269,8 +269,13 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut all_ok = true;
     let n = order.len();
     println!(
-        "{n} cells x {} s (regimes {}; hot set {hot_files} of {} files); results go to {}",
+        "{n} cells x {} s{} (regimes {}; hot set {hot_files} of {} files); results go to {}",
         args.duration,
+        if args.syscall_window > 0.0 {
+            format!(" (+ {} s syscall window)", args.syscall_window)
+        } else {
+            String::new()
+        },
         args.regimes
             .iter()
             .map(|r| r.name())

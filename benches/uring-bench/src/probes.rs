@@ -176,8 +176,7 @@ pub fn syscall_probe_description(requested: bool) -> String {
         (false, _) => "n/a: not counted (--syscall-window 0)".into(),
         (true, Some(why)) => format!("n/a: {why}"),
         (true, None) => "perf_event_open counters on the raw_syscalls:sys_enter tracepoint, \
-             one per thread of the process, in a window after the measured one; \
-             fio not counted"
+             one per thread of the process, inherited by threads they create; fio not counted"
             .into(),
     }
 }

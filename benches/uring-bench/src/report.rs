@@ -615,10 +615,11 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
          CPU/read = (user+sys CPU of the process) / reads. `cached` = page-cache residency \
          of the files read, measured just before the cell. \
          `timer p99/max` = lateness (ms) of a task looping `tokio::time::sleep(1 ms)` on the \
-         engine's own runtime during the measured window (tokio's 1 ms timer granularity alone \
-         makes up to ~1 ms; n/a: the engine runs no tokio runtime). `syscalls/read` = system \
-         calls of the whole process / reads, counted in a short window after the measured one \
-         in which the same work goes on ({}). `enters/read`, `polls/read` = `io_uring_enter` \
+         engine's own runtime during the measured window (tokio's 1 ms timer wheel rounds a \
+         deadline up, so even an idle runtime shows ~1.1 ms; n/a: the engine runs no tokio \
+         runtime). `syscalls/read` = system calls of the whole process / reads, both counted in \
+         a short window after the measured one in which the same work goes on ({}). \
+         `enters/read`, `polls/read` = `io_uring_enter` \
          calls and ring driver task polls / reads in the measured window (uring, \
          `ctx.stats()`).\n",
         r.info.syscall_probe
