@@ -74,6 +74,15 @@ fn parse_secs(s: &str) -> Result<f64, String> {
     Ok(v * scale)
 }
 
+/// Like `parse_secs`, but 0 is allowed (it turns the thing off).
+fn parse_secs_or_zero(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('s').trim_end_matches('m');
+    match t.parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        _ => parse_secs(s),
+    }
+}
+
 fn parse_depth(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(d) if (1..=65536).contains(&d) => Ok(d),
@@ -194,6 +203,19 @@ pub struct Args {
     /// small machines, so one job would understate the ceiling.
     #[arg(long)]
     pub fio_jobs: Option<usize>,
+
+    /// Timer-lateness probe: a task looping `tokio::time::sleep(1 ms)` on
+    /// the engine's tokio runtime during each cell (uring, tokio-fs,
+    /// tokio-uring), reporting p99/max lateness.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub timer_probe: OnOff,
+
+    /// Seconds of the syscall window that follows each in-process cell's
+    /// measured window: the same work goes on while every thread's system
+    /// calls are counted (perf_event_open on the raw_syscalls:sys_enter
+    /// tracepoint; n/a when unavailable), reported per read. 0 turns it off.
+    #[arg(long, default_value = "0.5", value_parser = parse_secs_or_zero)]
+    pub syscall_window: f64,
 
     /// Skip charts (SVG).
     #[arg(long)]
@@ -352,6 +374,12 @@ mod tests {
         assert_eq!(parse_secs("200ms").unwrap(), 0.2);
         assert_eq!(parse_secs("2.5").unwrap(), 2.5);
         assert!(parse_secs("0").is_err());
+        assert_eq!(parse_secs_or_zero("0").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("0s").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("0ms").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("500ms").unwrap(), 0.5);
+        assert!(parse_secs_or_zero("-1").is_err());
+        assert!(parse_secs_or_zero("x").is_err());
     }
     #[test]
     fn defaults() {
@@ -359,6 +387,8 @@ mod tests {
         assert_eq!(a.engine_list(), vec![EngineKind::Uring, EngineKind::Mmap]);
         assert_eq!(a.depths, vec![8, 32, 512]);
         assert_eq!(a.regimes, vec![Regime::Hot, Regime::Cold]);
+        assert_eq!(a.syscall_window, 0.5);
+        assert_eq!(a.timer_probe, OnOff::On);
         assert!(a.mode.is_none());
         let a = Args::parse_from(["uring-bench", "-e", "all,uring"]);
         assert_eq!(a.engine_list().len(), EngineKind::ALL.len());

@@ -56,6 +56,8 @@ fn cell(
         fio: PathBuf::from("fio"),
         fio_jobs: 1,
         mmap_populate: false,
+        // printed figures as before: no probe perturbs these cells
+        probes: engines::ProbeOpts::OFF,
     })?;
     let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);
     if let Some(why) = c.notes.iter().find(|n| n.starts_with("backend reason")) {
