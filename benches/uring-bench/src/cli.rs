@@ -188,6 +188,12 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub uring_inline: Option<OnOff>,
 
+    /// Inline-read stretch of the `uring` engine in microseconds
+    /// (`Builder::inline_stretch`: how long a worker serves page-cache hits
+    /// before the next reading task yields; library default if unset).
+    #[arg(long)]
+    pub uring_inline_stretch_us: Option<u64>,
+
     /// Path of the fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,

@@ -87,6 +87,7 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
             entries: 256,
             max_in_flight: None,
             inline: None,
+            inline_stretch: None,
             current_thread: false,
         };
         let raw = cell(&ds, EngineKind::UringRaw, depth, a.secs, raw_opts.clone())?;
@@ -111,6 +112,7 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
                 rings: Some(rings),
                 max_in_flight: Some(depth.max(rings)),
                 inline: Some(inline),
+                inline_stretch: None,
                 current_thread: rings == 1,
                 ..raw_opts.clone()
             };

@@ -262,6 +262,9 @@ fn run(args: &Args) -> Result<bool, String> {
         entries: args.uring_entries,
         max_in_flight: args.uring_max_in_flight,
         inline: args.uring_inline,
+        inline_stretch: args
+            .uring_inline_stretch_us
+            .map(std::time::Duration::from_micros),
         current_thread: false,
     };
     // every repetition of every (regime, depth, engine)

@@ -87,6 +87,8 @@ pub struct UringOpts {
     pub entries: u32,
     pub max_in_flight: Option<usize>,
     pub inline: Option<OnOff>,
+    /// `Builder::inline_stretch`, if set.
+    pub inline_stretch: Option<std::time::Duration>,
     /// A current_thread runtime instead of a multi-thread one with `workers`
     /// workers.
     pub current_thread: bool,

@@ -22,6 +22,9 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         if let Some(i) = o.inline {
             b = b.inline_nowait(i == OnOff::On);
         }
+        if let Some(s) = o.inline_stretch {
+            b = b.inline_stretch(s);
+        }
         b.build(files)
             .map_err(|e| format!("uring: cannot build UringContext: {e}"))?
     };
