@@ -81,6 +81,16 @@ mod ring;
 mod scan;
 mod sys;
 
+/// Logs a one-time decision through `tracing` (feature `tracing`); nothing
+/// otherwise. The arguments are those of `tracing::event!` after the level.
+macro_rules! decision {
+    ($level:ident, $($arg:tt)+) => {
+        #[cfg(feature = "tracing")]
+        ::tracing::$level!(target: "uring_positioned_io", $($arg)+);
+    };
+}
+pub(crate) use decision;
+
 pub use buf::{AlignedBuf, IoBufMut};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,

@@ -291,6 +291,7 @@ impl Ring {
             return;
         }
         st.closed = Some(Closed::Broken(e.to_string()));
+        crate::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more reads");
         self.fail_unsubmitted(&mut st, true, &mut out);
         drop(st);
         out.run();
