@@ -258,6 +258,68 @@ pub enum Mode {
     /// (the device ceiling), cold and hot. Every count is checked against
     /// the file's known line count.
     Lines(LinesArgs),
+
+    /// Open loop: lookups (1 read, or a batch) arrive at a fixed mean rate
+    /// (Poisson) whatever the engine does; latency is measured from each
+    /// lookup's arrival, so queueing cannot hide. Compares this crate with
+    /// `tokio-fs` (spawn_blocking + pread), `pread` and `mmap` thread pools,
+    /// hot and cold; every block verified. The rate is `--rate`, or `--load`
+    /// times the highest rate the crate keeps up with (found first).
+    OpenLoop(OpenLoopArgs),
+}
+
+/// Flags of `uring-bench open-loop`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OpenLoopArgs {
+    /// Engines to compare.
+    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap", "pread", "tokio-fs"])]
+    pub engines: Vec<crate::open_loop::OpenEngine>,
+
+    /// Page-cache regimes.
+    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
+    pub regimes: Vec<Regime>,
+
+    /// Reads per lookup (1: point lookups; 16: multi_get batches).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub batch: u64,
+
+    /// Lookups per second (overrides --load).
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Target load as a fraction of the highest lookup rate the crate's
+    /// engine keeps up with in this open loop (found first by stepping down
+    /// from its closed-loop rate).
+    #[arg(long, default_value_t = 0.5)]
+    pub load: f64,
+
+    /// Measured seconds per engine (after a 0.5 s warm-up).
+    #[arg(short = 't', long, default_value = "3", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Threads of the `pread` and `mmap` pools.
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+
+    /// Dataset files (the main run's dataset is reused).
+    #[arg(long, default_value_t = 8)]
+    pub files: u32,
+
+    /// Size of each dataset file.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub file_size: u64,
+
+    /// Directory holding the dataset (created and reused).
+    #[arg(long, default_value = "bench-data")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the arrival schedule and the blocks read.
+    #[arg(long, default_value_t = 0x0be1)]
+    pub seed: u64,
+
+    /// Where the run directory (open-loop-<time>) is created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
 }
 
 /// Flags of `uring-bench lines`.
@@ -404,5 +466,21 @@ mod tests {
         };
         assert_eq!((c.secs, c.file_mib, c.depths), (3.0, 1024, vec![8]));
         assert!(Args::try_parse_from(["uring-bench", "-e", "mmap", "cpu-per-read"]).is_err());
+        let a = Args::parse_from([
+            "uring-bench",
+            "open-loop",
+            "--batch",
+            "16",
+            "--rate",
+            "1000",
+        ]);
+        let Some(Mode::OpenLoop(o)) = a.mode else {
+            panic!("open-loop parses as its mode")
+        };
+        assert_eq!(
+            (o.batch, o.rate, o.load, o.engines.len()),
+            (16, Some(1000.0), 0.5, 4)
+        );
+        assert!(Args::try_parse_from(["uring-bench", "open-loop", "--batch", "0"]).is_err());
     }
 }

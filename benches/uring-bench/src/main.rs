@@ -12,6 +12,7 @@ mod cpu_per_read;
 mod dataset;
 mod engines;
 mod lines;
+mod open_loop;
 mod probes;
 mod report;
 mod verify;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
     let result = match &args.mode {
         Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
         Some(Mode::Lines(a)) => lines::run(a),
+        Some(Mode::OpenLoop(a)) => open_loop::run(a),
         None => run(&args),
     };
     match result {
