@@ -277,6 +277,10 @@ impl Builder {
         )?;
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => {
+                crate::decision!(
+                    info,
+                    "pread fallback on the blocking pool, as asked (BackendChoice::Fallback)"
+                );
                 fallback("forced by Builder::backend(BackendChoice::Fallback)".into())
             }
             choice => match setup_rings(&plan, &files) {
@@ -289,6 +293,7 @@ impl Builder {
                 ),
                 Err(e) => match (choice, unavailable_here(&e)) {
                     (BackendChoice::Auto, Some(why)) => {
+                        crate::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
                     (_, why) => {

@@ -196,6 +196,12 @@ pub struct Stats {
     /// Times a ring's background driver task ran (io_uring backend): a
     /// measure of wake-ups, to set against `submitted`.
     pub driver_polls: u64,
+    /// Cancel requests sent to the kernel for reads whose future was
+    /// dropped while the kernel held them (io_uring backend). A read the
+    /// kernel can still stop comes back at once with `ECANCELED`, which
+    /// frees its in-flight slot; one the device already has completes as
+    /// usual.
+    pub cancels: u64,
 }
 
 impl Stats {
@@ -718,6 +724,7 @@ impl UringContext {
                 inline_completed: s.inline_completed + c.inline,
                 in_flight: s.in_flight + c.submitted.saturating_sub(c.completed),
                 driver_polls: s.driver_polls + c.driver_polls,
+                cancels: s.cancels + c.cancels,
             })
     }
 

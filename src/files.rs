@@ -271,9 +271,19 @@ impl FileTable {
         free: &Arc<Mutex<Vec<Freed>>>,
         fuse_via_blocking_pool: bool,
     ) -> Arc<FileEntry> {
+        let route = route_for(&file, fuse_via_blocking_pool);
+        #[cfg(feature = "tracing")]
+        if let FileRoute::BlockingPool(why) = route {
+            crate::decision!(
+                info,
+                fid = index,
+                reason = why,
+                "file routed to pread on the blocking pool"
+            );
+        }
         Arc::new(FileEntry {
             kind,
-            route: route_for(&file, fuse_via_blocking_pool),
+            route,
             direct: sys::is_direct(&file),
             file,
             index,

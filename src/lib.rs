@@ -56,7 +56,10 @@
 //! [`AlignedBuf`]'s, a `BytesMut`'s with the `bytes` feature, or a window of
 //! any of them ([`IoBufMut::slice`]); [`UringContext::read_exact_owned`]
 //! fills all of it. A dropped owned read parks the buffer in the context
-//! until the kernel is done with it.
+//! until the kernel is done with it. Dropping a read the kernel holds also
+//! sends it a cancel (`IORING_OP_ASYNC_CANCEL`): a read the kernel can still
+//! stop (queued for a blocked io-wq worker) comes back at once and frees its
+//! in-flight slot; one the device already has completes as usual.
 //!
 //! # `'static` futures
 //!
@@ -89,6 +92,16 @@ mod read;
 mod ring;
 mod scan;
 mod sys;
+
+/// Logs a one-time decision through `tracing` (feature `tracing`); nothing
+/// otherwise. The arguments are those of `tracing::event!` after the level.
+macro_rules! decision {
+    ($level:ident, $($arg:tt)+) => {
+        #[cfg(feature = "tracing")]
+        ::tracing::$level!(target: "uring_positioned_io", $($arg)+);
+    };
+}
+pub(crate) use decision;
 
 pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
 

@@ -77,6 +77,10 @@ impl fmt::Debug for Lifecycle {
 #[derive(Debug)]
 pub(crate) struct Op<R> {
     pub(crate) lifecycle: Lifecycle,
+    /// Told apart from earlier ops in the same slot: the SQE's `user_data`
+    /// is the key and this tag (see [`OpTable::user_data`]), so a cancel
+    /// aimed at a dropped op can never hit a later op that reused its slot.
+    tag: u32,
     pub(crate) buf: OpBuf,
     pub(crate) keep: R,
     /// The thread that submitted it exited while it was in the kernel (the
@@ -113,13 +117,21 @@ pub(crate) enum Polled<R> {
 #[derive(Debug)]
 pub(crate) struct OpTable<R> {
     slab: Slab<Op<R>>,
+    next_tag: u32,
 }
 
 impl<R> Default for OpTable<R> {
     fn default() -> Self {
-        OpTable { slab: Slab::new() }
+        OpTable {
+            slab: Slab::new(),
+            next_tag: 0,
+        }
     }
 }
+
+/// Tags use 31 bits, so an op's `user_data` never has the top bit set (the
+/// ring's internal SQEs use `u64::MAX`).
+const TAG_MASK: u32 = 0x7fff_ffff;
 
 impl<R> OpTable<R> {
     /// Number of live slots (queued, in the kernel, or completed but not collected).
@@ -128,14 +140,34 @@ impl<R> OpTable<R> {
         self.slab.len()
     }
 
-    /// Adds a `Waiting` op; returns its key (the SQE's `user_data`).
+    /// Adds a `Waiting` op; returns its key (see [`OpTable::user_data`]
+    /// for its SQE's `user_data`).
     pub(crate) fn insert(&mut self, buf: OpBuf, keep: R) -> usize {
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1) & TAG_MASK;
         self.slab.insert(Op {
             lifecycle: Lifecycle::Waiting(None),
+            tag,
             buf,
             keep,
             tainted: false,
         })
+    }
+
+    /// The `user_data` of op `key`'s SQE: the key in the low 32 bits (the
+    /// in-flight limit keeps keys far below 2^32), its tag above.
+    pub(crate) fn user_data(&self, key: usize) -> Option<u64> {
+        let op = self.slab.get(key)?;
+        let key = u32::try_from(key).ok()?;
+        Some(u64::from(op.tag) << 32 | u64::from(key))
+    }
+
+    /// The key a CQE's `user_data` names, if that op is still in the table
+    /// (and not a later op in the same slot).
+    pub(crate) fn key_of(&self, user_data: u64) -> Option<usize> {
+        let key = usize::try_from(user_data & u64::from(u32::MAX)).ok()?;
+        let tag = u32::try_from(user_data >> 32).ok()?;
+        (self.slab.get(key)?.tag == tag).then_some(key)
     }
 
     /// Applies a CQE (or a result given to an op that never reached the
@@ -309,6 +341,32 @@ mod tests {
         fn drop(&mut self) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A slot reused after its op is gone gets a new `user_data`: a CQE or
+    /// cancel aimed at the old op cannot reach the new one.
+    #[test]
+    fn reused_slot_gets_a_new_user_data() {
+        let mut table: OpTable<()> = OpTable::default();
+        let first = table.insert(OpBuf::Caller, ());
+        let ud_a = table.user_data(first).unwrap();
+        assert_eq!(table.key_of(ud_a), Some(first));
+        assert!(matches!(table.on_cqe(first, 0), OnCqe::Wake(None)));
+        let (_, wk) = waker();
+        assert!(matches!(table.poll(first, &wk), Polled::Ready(0, _)));
+        assert_eq!(table.key_of(ud_a), None, "removed op still addressable");
+        let second = table.insert(OpBuf::Caller, ());
+        assert_eq!(first, second, "slab reuses the slot");
+        let ud_b = table.user_data(second).unwrap();
+        assert_ne!(ud_a, ud_b);
+        assert_eq!(table.key_of(ud_a), None, "old user_data names the new op");
+        assert_eq!(table.key_of(ud_b), Some(second));
+        // Never the internal user_data, even when the tag wraps.
+        table.next_tag = TAG_MASK;
+        let third = table.insert(OpBuf::Caller, ());
+        let fourth = table.insert(OpBuf::Caller, ());
+        assert_eq!(table.user_data(third).unwrap() >> 63, 0);
+        assert_eq!(table.user_data(fourth).unwrap() >> 32, 0, "tag wraps to 0");
     }
 
     #[test]

@@ -245,7 +245,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
             // the read to its file now, so that what it reads does not depend
             // on when the runtime lets it run.
             if matches!(self.state, State::Start) && self.bound.is_none() {
-                self.bound = self.ctx.files.get(self.fid).ok();
+                match self.ctx.files.get(self.fid) {
+                    Ok(file) => self.bound = Some(file),
+                    // No such file now: fail now. Waiting for budget would
+                    // let a file registered meanwhile under the same index
+                    // be read instead.
+                    Err(e) => {
+                        self.state = State::Done;
+                        return Poll::Ready(Err(e));
+                    }
+                }
             }
             return Poll::Pending;
         };

@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::io;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -930,7 +931,43 @@ fn used_from_another_runtime(choice: BackendChoice) {
     });
 }
 
+/// A read whose first poll finds the task's coop budget spent, on a fid that
+/// is not registered, fails with the unknown-fid error — even if a file is
+/// registered under that index before it is polled again (it used to read
+/// the new file; seen once in `register_unregister_during_reads`).
+fn coop_spent_read_of_unknown_fid_fails(choice: BackendChoice) {
+    let set = common::FileSet::new(0x1c00, &[8192, 8192]);
+    let (a, b) = (set.files[0].clone(), set.files[1].clone());
+    common::run(
+        "coop_spent_unknown_fid",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::build_ctx(choice, vec![a.open()], |b| b);
+            let mut buf = vec![0u8; 100];
+            let mut fut = pin!(ctx.read(1u32, 0, &mut buf));
+            let first = std::future::poll_fn(|cx| {
+                // Spend the whole budget, then poll the read once.
+                while let Poll::Ready(p) = tokio::task::coop::poll_proceed(cx) {
+                    p.made_progress();
+                }
+                Poll::Ready(fut.as_mut().poll(cx))
+            })
+            .await;
+            let fid = ctx.register_file(b.open()).expect("register");
+            assert_eq!(fid.index(), 1, "the test needs the next index");
+            let res = match first {
+                Poll::Ready(r) => r,
+                Poll::Pending => fut.await,
+            };
+            assert_invalid_input_naming(res, 1, "read of fid 1 issued before it was registered");
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
+    coop_spent_read_of_unknown_fid_fails,
     shutdown_with_reads_in_flight,
     shutdown_between_polls,
     reads_after_shutdown_fail,

@@ -306,3 +306,99 @@ fn slow_storage_keeps_up_with_spawn_blocking() {
         drop(fs);
     }
 }
+
+/// Reads stuck on storage that never answers fill `max_in_flight`; dropping
+/// their futures cancels them in the kernel (`IORING_OP_ASYNC_CANCEL`), so
+/// their in-flight slots come back and reads of a healthy file proceed.
+/// Reads an io-wq worker is already blocked in cannot be stopped (FUSE waits
+/// for the server after an interrupt); the ones io-wq still queues can.
+#[test]
+fn dropped_reads_give_their_slots_back() {
+    const STUCK: u64 = 64;
+    let spec = FileSpec::new("stuck", 64 * MIB, 0x7010);
+    // Page cache on: the reads go to io-wq workers (with FOPEN_DIRECT_IO a
+    // hung FUSE read blocks io_uring_enter itself).
+    let Some(fs) = FaultFs::mount_or_skip(&[spec], false) else {
+        return;
+    };
+    fs.set_fault("stuck", 0..64 * MIB, Fault::Hang);
+    let path = fs.path("stuck");
+    let set = common::FileSet::new(0x7011, &[8 * MIB]);
+    let healthy = set.files[0].clone();
+    let fs = std::sync::Arc::new(fs);
+    let fs2 = fs.clone();
+    common::run("dropped_reads", Flavor::Multi, 90, move || async move {
+        let ctx = common::build_ctx(
+            BackendChoice::IoUring,
+            vec![healthy.open(), File::open(&path).unwrap()],
+            |b| {
+                b.fuse_via_blocking_pool(false)
+                    .rings(1)
+                    .max_in_flight(STUCK as usize)
+                    .inline_nowait(false)
+                    .shutdown_timeout(Duration::from_secs(1))
+            },
+        );
+        let stuck: Vec<_> = (0..STUCK)
+            .map(|i| {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    ctx.read(1u32, i * MIB, &mut buf).await
+                })
+            })
+            .collect();
+        let fs3 = fs2.clone();
+        let hung = tokio::task::spawn_blocking(move || fs3.wait_hung(1, Duration::from_secs(10)))
+            .await
+            .unwrap();
+        assert!(hung >= 1, "no read reached the FUSE server");
+        // Every slot is taken: a healthy read cannot start.
+        healthy.drop_cache();
+        let probe = {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                ctx.read(0u32, 4096, &mut buf)
+                    .await
+                    .map(|n| buf[..n].to_vec())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !probe.is_finished(),
+            "a read ran while {STUCK} reads held every slot: {:?}",
+            ctx.stats()
+        );
+        // Drop the stuck reads: their cancels free the slots io-wq had not
+        // started on, and the healthy read goes through.
+        for s in &stuck {
+            s.abort();
+        }
+        let got = tokio::time::timeout(Duration::from_secs(20), probe)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "dropping {STUCK} stuck reads did not free a slot: {:?}",
+                    ctx.stats()
+                )
+            })
+            .unwrap()
+            .expect("healthy read");
+        assert_eq!(got, healthy.expected(4096, 4096));
+        let stats = ctx.stats();
+        eprintln!(
+            "after dropping {STUCK} stuck reads: {stats:?}; {} still blocked in the FUSE server",
+            fs2.reads_hung_now()
+        );
+        assert!(stats.cancels >= 1, "no cancel was sent: {stats:?}");
+        // New healthy reads keep flowing.
+        common::verify_whole_file(&ctx, 0, &healthy, 64 * 1024).await;
+        fs2.release_hangs();
+        tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+            .await
+            .expect("shutdown");
+    });
+    fs.release_hangs();
+    drop(set);
+}

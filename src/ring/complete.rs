@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 use std::sync::MutexGuard;
 use std::task::{Context, Poll, Waker};
 
-use io_uring::cqueue;
+use io_uring::{cqueue, opcode};
 
 use super::{Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::{self, shut_down_error, Closed};
@@ -199,25 +199,84 @@ impl Ring {
 
     /// The future of op `key` is gone; `keep_alive` holds whatever else the
     /// kernel may write into (an owned buffer) until the CQE.
+    ///
+    /// A read that never reached the submission queue (it waits in the
+    /// backlog) is taken out and released at once. One the kernel may hold
+    /// gets an `IORING_OP_ASYNC_CANCEL` aimed at its `user_data`: if the
+    /// kernel can still stop it (queued for, or blocked in, an io-wq worker)
+    /// its CQE comes back at once with `ECANCELED`, which releases its slot,
+    /// buffer and in-flight permit; if not (the device already has it), the
+    /// cancel fails harmlessly and the read completes as usual. Either way
+    /// the buffer stays with the ring until the read's own CQE.
     pub(crate) fn abandon(&self, key: usize, keep_alive: Option<Box<dyn Any + Send>>) {
+        let mut out = Deferred::default();
         let mut st = lock(&self.state);
+        let user_data = st.ops.user_data(key);
         let abandoned = st.ops.abandon(key, keep_alive);
-        if let Abandoned::Released(op, _) = &abandoned {
-            if let OpBuf::Pool(i) = op.buf {
-                st.free_bufs.push(i);
+        let mut cancel = false;
+        match &abandoned {
+            Abandoned::Released(op, _) => {
+                if let OpBuf::Pool(i) = op.buf {
+                    st.free_bufs.push(i);
+                }
             }
+            Abandoned::Parked(_) => {
+                if let Some(user_data) = user_data {
+                    cancel = self.cancel_locked(&mut st, user_data, &mut out);
+                }
+            }
+            Abandoned::Gone(_) => {}
         }
         drop(st);
         drop(abandoned);
+        out.run();
+        if cancel {
+            // No syscall in a drop: the driver submits the cancel.
+            self.notify_driver();
+        }
+    }
+
+    /// Cancels the read with `user_data` (state lock held): out of the
+    /// backlog if it is still there, else by queueing an async cancel.
+    /// Returns whether an SQE was queued.
+    fn cancel_locked(&self, st: &mut State, user_data: u64, out: &mut Deferred) -> bool {
+        if let Some(pos) = st
+            .backlog
+            .iter()
+            .position(|e| e.get_user_data() == user_data)
+        {
+            st.backlog.remove(pos);
+            apply_one(st, user_data, -libc::ECANCELED, false, out);
+            return false;
+        }
+        // Nothing to aim at once the ring is closing: shutdown has queued a
+        // cancel of everything, a broken ring submits nothing, and a ring
+        // whose driver is gone is drained by its teardown.
+        if st.closed.is_some() || st.cancel_queued {
+            return false;
+        }
+        let cancel = opcode::AsyncCancel::new(user_data)
+            .build()
+            .user_data(INTERNAL);
+        self.push_locked(st, cancel);
+        st.cancels += 1;
+        true
     }
 }
 
-/// Applies one completion (from a CQE, `kernel`, or a local failure).
-pub(super) fn apply_one(st: &mut State, key: u64, res: i32, kernel: bool, out: &mut Deferred) {
-    if key == INTERNAL {
+/// Applies one completion (from a CQE, `kernel`, or a local failure) to
+/// the op its `user_data` names. Internal SQEs (cancels) have no op.
+pub(super) fn apply_one(
+    st: &mut State,
+    user_data: u64,
+    res: i32,
+    kernel: bool,
+    out: &mut Deferred,
+) {
+    if user_data == INTERNAL {
         return;
     }
-    let Ok(slot) = usize::try_from(key) else {
+    let Some(slot) = st.ops.key_of(user_data) else {
         return;
     };
     match st.ops.on_cqe(slot, res) {

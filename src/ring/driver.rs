@@ -13,6 +13,7 @@
 //! `complete.rs` (the one reaper), whose invariants it relies on and does
 //! not change; it has no `unsafe` of its own.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -69,10 +70,30 @@ impl Driver {
     }
 }
 
+thread_local! {
+    /// This thread has polled a driver: it is a worker of a runtime that
+    /// hosts contexts, and lives as long as that runtime.
+    static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+fn mark_driver_thread() {
+    DRIVER_THREAD.with(|d| d.set(true));
+}
+
+/// Whether this thread may submit for an idle driver (see `submit_read`):
+/// only runtime workers that run drivers. io_uring cancels or cuts short
+/// the requests of a thread that exits, so a short-lived thread (a
+/// `block_on` on a fresh `std::thread`, a blocking-pool thread) leaves
+/// submitting to the driver.
+pub(super) fn on_driver_thread() -> bool {
+    DRIVER_THREAD.with(Cell::get)
+}
+
 impl Future for Driver {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
+        mark_driver_thread();
         let mut yielded = false;
         loop {
             if let Some(y) = &mut this.batching {

@@ -145,6 +145,8 @@ struct State {
     submitted: u64,
     /// CQEs of reads.
     completed: u64,
+    /// Cancels queued for reads whose future was dropped.
+    cancels: u64,
 }
 
 /// Counters of one ring (summed into `Stats`).
@@ -155,6 +157,7 @@ pub(crate) struct RingCounters {
     pub(crate) enters: u64,
     pub(crate) inline: u64,
     pub(crate) driver_polls: u64,
+    pub(crate) cancels: u64,
 }
 
 pub(crate) struct Ring {
@@ -271,6 +274,7 @@ impl Ring {
                 orphaned: false,
                 submitted: 0,
                 completed: 0,
+                cancels: 0,
             }),
             reap_lock: Mutex::new(()),
             sqpoll: cfg.sqpoll_idle.is_some(),
@@ -298,10 +302,10 @@ impl Ring {
     }
 
     pub(crate) fn counters(&self) -> RingCounters {
-        let (submitted, completed) = {
+        let (submitted, completed, cancels) = {
             let mut st = lock(&self.state);
             self.account_consumed(&mut st);
-            (st.submitted, st.completed)
+            (st.submitted, st.completed, st.cancels)
         };
         RingCounters {
             submitted,
@@ -309,6 +313,7 @@ impl Ring {
             enters: self.enters.load(Ordering::Relaxed),
             inline: self.inline.hits(),
             driver_polls: self.driver_polls.load(Ordering::Relaxed),
+            cancels,
         }
     }
 

@@ -26,6 +26,7 @@ use io_uring::{opcode, squeue, types};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::complete::{apply_one, Deferred};
+use super::driver;
 use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::error::Closed;
@@ -123,11 +124,12 @@ impl Ring {
                 _permit: permit,
             },
         );
-        let entry = entry.user_data(key as u64);
+        let user_data = st.ops.user_data(key).expect("op just inserted");
+        let entry = entry.user_data(user_data);
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
-        if self.idle.swap(false, Ordering::AcqRel) {
+        if driver::on_driver_thread() && self.idle.swap(false, Ordering::AcqRel) {
             // The driver is asleep with nothing queued: submit now, from
             // this thread, rather than wake it for one SQE (at low depth the
             // hop costs more than the enter). Readers after this one find
@@ -289,6 +291,7 @@ impl Ring {
             return;
         }
         st.closed = Some(Closed::Broken(e.to_string()));
+        crate::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more reads");
         self.fail_unsubmitted(&mut st, true, &mut out);
         drop(st);
         out.run();

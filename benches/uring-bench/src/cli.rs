@@ -74,6 +74,15 @@ fn parse_secs(s: &str) -> Result<f64, String> {
     Ok(v * scale)
 }
 
+/// Like `parse_secs`, but 0 is allowed (it turns the thing off).
+fn parse_secs_or_zero(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('s').trim_end_matches('m');
+    match t.parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        _ => parse_secs(s),
+    }
+}
+
 fn parse_depth(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(d) if (1..=65536).contains(&d) => Ok(d),
@@ -179,6 +188,12 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub uring_inline: Option<OnOff>,
 
+    /// Inline-read stretch of the `uring` engine in microseconds
+    /// (`Builder::inline_stretch`: how long a worker serves page-cache hits
+    /// before the next reading task yields; library default if unset).
+    #[arg(long)]
+    pub uring_inline_stretch_us: Option<u64>,
+
     /// Path of the fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,
@@ -194,6 +209,19 @@ pub struct Args {
     /// small machines, so one job would understate the ceiling.
     #[arg(long)]
     pub fio_jobs: Option<usize>,
+
+    /// Timer-lateness probe: a task looping `tokio::time::sleep(1 ms)` on
+    /// the engine's tokio runtime during each cell (uring, tokio-fs,
+    /// tokio-uring), reporting p99/max lateness.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub timer_probe: OnOff,
+
+    /// Seconds of the syscall window that follows each in-process cell's
+    /// measured window: the same work goes on while every thread's system
+    /// calls are counted (perf_event_open on the raw_syscalls:sys_enter
+    /// tracepoint; n/a when unavailable), reported per read. 0 turns it off.
+    #[arg(long, default_value = "0.5", value_parser = parse_secs_or_zero)]
+    pub syscall_window: f64,
 
     /// Skip charts (SVG).
     #[arg(long)]
@@ -230,6 +258,68 @@ pub enum Mode {
     /// (the device ceiling), cold and hot. Every count is checked against
     /// the file's known line count.
     Lines(LinesArgs),
+
+    /// Open loop: lookups (1 read, or a batch) arrive at a fixed mean rate
+    /// (Poisson) whatever the engine does; latency is measured from each
+    /// lookup's arrival, so queueing cannot hide. Compares this crate with
+    /// `tokio-fs` (spawn_blocking + pread), `pread` and `mmap` thread pools,
+    /// hot and cold; every block verified. The rate is `--rate`, or `--load`
+    /// times the highest rate the crate keeps up with (found first).
+    OpenLoop(OpenLoopArgs),
+}
+
+/// Flags of `uring-bench open-loop`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OpenLoopArgs {
+    /// Engines to compare.
+    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap", "pread", "tokio-fs"])]
+    pub engines: Vec<crate::open_loop::OpenEngine>,
+
+    /// Page-cache regimes.
+    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
+    pub regimes: Vec<Regime>,
+
+    /// Reads per lookup (1: point lookups; 16: multi_get batches).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub batch: u64,
+
+    /// Lookups per second (overrides --load).
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Target load as a fraction of the highest lookup rate the crate's
+    /// engine keeps up with in this open loop (found first by stepping down
+    /// from its closed-loop rate).
+    #[arg(long, default_value_t = 0.5)]
+    pub load: f64,
+
+    /// Measured seconds per engine (after a 0.5 s warm-up).
+    #[arg(short = 't', long, default_value = "3", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Threads of the `pread` and `mmap` pools.
+    #[arg(long, default_value_t = 64)]
+    pub threads: usize,
+
+    /// Dataset files (the main run's dataset is reused).
+    #[arg(long, default_value_t = 8)]
+    pub files: u32,
+
+    /// Size of each dataset file.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub file_size: u64,
+
+    /// Directory holding the dataset (created and reused).
+    #[arg(long, default_value = "bench-data")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the arrival schedule and the blocks read.
+    #[arg(long, default_value_t = 0x0be1)]
+    pub seed: u64,
+
+    /// Where the run directory (open-loop-<time>) is created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
 }
 
 /// Flags of `uring-bench lines`.
@@ -352,6 +442,12 @@ mod tests {
         assert_eq!(parse_secs("200ms").unwrap(), 0.2);
         assert_eq!(parse_secs("2.5").unwrap(), 2.5);
         assert!(parse_secs("0").is_err());
+        assert_eq!(parse_secs_or_zero("0").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("0s").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("0ms").unwrap(), 0.0);
+        assert_eq!(parse_secs_or_zero("500ms").unwrap(), 0.5);
+        assert!(parse_secs_or_zero("-1").is_err());
+        assert!(parse_secs_or_zero("x").is_err());
     }
     #[test]
     fn defaults() {
@@ -359,6 +455,8 @@ mod tests {
         assert_eq!(a.engine_list(), vec![EngineKind::Uring, EngineKind::Mmap]);
         assert_eq!(a.depths, vec![8, 32, 512]);
         assert_eq!(a.regimes, vec![Regime::Hot, Regime::Cold]);
+        assert_eq!(a.syscall_window, 0.5);
+        assert_eq!(a.timer_probe, OnOff::On);
         assert!(a.mode.is_none());
         let a = Args::parse_from(["uring-bench", "-e", "all,uring"]);
         assert_eq!(a.engine_list().len(), EngineKind::ALL.len());
@@ -368,5 +466,21 @@ mod tests {
         };
         assert_eq!((c.secs, c.file_mib, c.depths), (3.0, 1024, vec![8]));
         assert!(Args::try_parse_from(["uring-bench", "-e", "mmap", "cpu-per-read"]).is_err());
+        let a = Args::parse_from([
+            "uring-bench",
+            "open-loop",
+            "--batch",
+            "16",
+            "--rate",
+            "1000",
+        ]);
+        let Some(Mode::OpenLoop(o)) = a.mode else {
+            panic!("open-loop parses as its mode")
+        };
+        assert_eq!(
+            (o.batch, o.rate, o.load, o.engines.len()),
+            (16, Some(1000.0), 0.5, 4)
+        );
+        assert!(Args::try_parse_from(["uring-bench", "open-loop", "--batch", "0"]).is_err());
     }
 }

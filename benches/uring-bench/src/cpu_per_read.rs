@@ -56,6 +56,8 @@ fn cell(
         fio: PathBuf::from("fio"),
         fio_jobs: 1,
         mmap_populate: false,
+        // printed figures as before: no probe perturbs these cells
+        probes: engines::ProbeOpts::OFF,
     })?;
     let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);
     if let Some(why) = c.notes.iter().find(|n| n.starts_with("backend reason")) {
@@ -85,6 +87,7 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
             entries: 256,
             max_in_flight: None,
             inline: None,
+            inline_stretch: None,
             current_thread: false,
         };
         let raw = cell(&ds, EngineKind::UringRaw, depth, a.secs, raw_opts.clone())?;
@@ -109,6 +112,7 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
                 rings: Some(rings),
                 max_in_flight: Some(depth.max(rings)),
                 inline: Some(inline),
+                inline_stretch: None,
                 current_thread: rings == 1,
                 ..raw_opts.clone()
             };

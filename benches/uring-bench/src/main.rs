@@ -12,13 +12,15 @@ mod cpu_per_read;
 mod dataset;
 mod engines;
 mod lines;
+mod open_loop;
+mod probes;
 mod report;
 mod verify;
 
 use clap::Parser;
 use cli::{Args, Mode, Regime};
 use dataset::{gib, Dataset, Progress};
-use engines::{CellSpec, EngineKind, UringOpts};
+use engines::{CellSpec, EngineKind, ProbeOpts, UringOpts};
 use report::{Cell, Report, RunInfo, Style};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     let result = match &args.mode {
         Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
         Some(Mode::Lines(a)) => lines::run(a),
+        Some(Mode::OpenLoop(a)) => open_loop::run(a),
         None => run(&args),
     };
     match result {
@@ -167,6 +170,27 @@ fn prepare(
     }
 }
 
+/// The probes' figures of a cell for its progress line ("" when none ran).
+fn probe_summary(c: &Cell) -> String {
+    let mut s = String::new();
+    if let Some(t) = &c.timer_lateness {
+        s.push_str(&format!(
+            "  timer p99/max {}ms",
+            report::timer_text(Some(t))
+        ));
+    }
+    if let Some(v) = c.syscalls_per_read {
+        s.push_str(&format!(
+            "  syscalls/read {}",
+            report::per_read_text(Some(v))
+        ));
+    }
+    if let Some(v) = c.enters_per_read {
+        s.push_str(&format!("  enters/read {}", report::per_read_text(Some(v))));
+    }
+    s
+}
+
 /// The repetition with the median reads/s, carrying every repetition's reads/s.
 fn median_cell(mut reps: Vec<Cell>) -> Cell {
     if reps.len() == 1 || !reps[0].ok() {
@@ -240,6 +264,9 @@ fn run(args: &Args) -> Result<bool, String> {
         entries: args.uring_entries,
         max_in_flight: args.uring_max_in_flight,
         inline: args.uring_inline,
+        inline_stretch: args
+            .uring_inline_stretch_us
+            .map(std::time::Duration::from_micros),
         current_thread: false,
     };
     // every repetition of every (regime, depth, engine)
@@ -247,8 +274,13 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut all_ok = true;
     let n = order.len();
     println!(
-        "{n} cells x {} s (regimes {}; hot set {hot_files} of {} files); results go to {}",
+        "{n} cells x {} s{} (regimes {}; hot set {hot_files} of {} files); results go to {}",
         args.duration,
+        if args.syscall_window > 0.0 {
+            format!(" (+ {} s syscall window)", args.syscall_window)
+        } else {
+            String::new()
+        },
         args.regimes
             .iter()
             .map(|r| r.name())
@@ -314,6 +346,11 @@ fn run(args: &Args) -> Result<bool, String> {
             uring: uring.clone(),
             fio: args.fio.clone(),
             mmap_populate: args.mmap_populate == cli::OnOff::On,
+            probes: ProbeOpts {
+                timer: args.timer_probe == cli::OnOff::On,
+                syscall_window: (args.syscall_window > 0.0)
+                    .then(|| Duration::from_secs_f64(args.syscall_window)),
+            },
             fio_jobs: args.fio_jobs.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
             }),
@@ -334,14 +371,15 @@ fn run(args: &Args) -> Result<bool, String> {
                 }
                 let l = c.latency_us.clone();
                 println!(
-                    "{label} {:>8} reads/s  p50 {:>8}  p99.9 {:>8}  CPU/read {:>8}{}",
+                    "{label} {:>8} reads/s  p50 {:>8}  p99.9 {:>8}  CPU/read {:>8}{}{}",
                     report::rate(c.reads_per_sec),
                     l.as_ref().map_or("-".into(), |l| report::micros(l.p50)),
                     l.as_ref().map_or("-".into(), |l| report::micros(l.p999)),
                     c.cpu_us_per_read
                         .map_or("-".into(), |v| format!("{v:.2}µs")),
                     c.reads_per_enter
-                        .map_or(String::new(), |v| format!("  reads/enter {v:.1}"))
+                        .map_or(String::new(), |v| format!("  reads/enter {v:.1}")),
+                    probe_summary(&c)
                 );
                 push(c);
             }
@@ -391,6 +429,7 @@ fn run(args: &Args) -> Result<bool, String> {
             total_seconds: 0.0,
             loadavg_start: load_start,
             loadavg_end: loadavg(),
+            syscall_probe: probes::syscall_probe_description(args.syscall_window > 0.0),
         },
         cells,
         targets: Vec::new(),

@@ -2,6 +2,7 @@
 
 use crate::cli::Regime;
 use crate::engines::Measured;
+use crate::probes::TimerLateness;
 use crate::verify::BLOCK;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -53,6 +54,23 @@ pub struct Cell {
     pub reread_share_est: Option<f64>,
     /// reads/s of every repetition of this cell (the cell reports the median).
     pub runs_reads_per_sec: Vec<f64>,
+    /// Lateness of a 1 ms `tokio::time::sleep` loop on the engine's runtime
+    /// during the window (None: the engine runs no tokio runtime, or the
+    /// probe was off).
+    pub timer_lateness: Option<TimerLateness>,
+    /// System calls of the process in the syscall window that follows the
+    /// measured one, the reads completed in it, its length, and the threads
+    /// counted (None: not counted).
+    pub syscalls: Option<u64>,
+    pub syscall_window_reads: Option<u64>,
+    pub syscall_window_s: Option<f64>,
+    pub syscall_window_threads: Option<usize>,
+    /// `syscalls` / `syscall_window_reads`.
+    pub syscalls_per_read: Option<f64>,
+    /// `io_uring_enter` calls / reads (uring, from `ctx.stats()`).
+    pub enters_per_read: Option<f64>,
+    /// Driver task polls / reads (uring, from `ctx.stats()`).
+    pub driver_polls_per_read: Option<f64>,
     pub verified: bool,
     pub notes: Vec<String>,
     /// Latency CDF: (microseconds, quantile).
@@ -89,6 +107,14 @@ impl Cell {
             inline_share: None,
             reread_share_est: None,
             runs_reads_per_sec: Vec::new(),
+            timer_lateness: None,
+            syscalls: None,
+            syscall_window_reads: None,
+            syscall_window_s: None,
+            syscall_window_threads: None,
+            syscalls_per_read: None,
+            enters_per_read: None,
+            driver_polls_per_read: None,
             verified: false,
             notes: Vec::new(),
             cdf: Vec::new(),
@@ -156,6 +182,8 @@ impl Cell {
             }
         };
         let cpu = m.cpu.user + m.cpu.sys;
+        let per_read =
+            |n: Option<u64>| n.filter(|_| m.reads > 0).map(|n| n as f64 / m.reads as f64);
         Cell {
             engine: engine.into(),
             regime,
@@ -181,6 +209,20 @@ impl Cell {
                 .map(|i| i as f64 / m.reads as f64),
             reread_share_est: None,
             runs_reads_per_sec: vec![m.reads as f64 / secs],
+            timer_lateness: m
+                .timer_lateness
+                .as_ref()
+                .and_then(TimerLateness::from_histogram),
+            syscalls: m.syscalls.map(|w| w.counts.syscalls),
+            syscall_window_reads: m.syscalls.map(|w| w.reads),
+            syscall_window_s: m.syscalls.map(|w| w.counts.seconds),
+            syscall_window_threads: m.syscalls.map(|w| w.counts.threads),
+            syscalls_per_read: m
+                .syscalls
+                .filter(|w| w.reads > 0)
+                .map(|w| w.counts.syscalls as f64 / w.reads as f64),
+            enters_per_read: per_read(m.enters),
+            driver_polls_per_read: per_read(m.driver_polls),
             verified: m.verified,
             notes: m.notes,
             cdf,
@@ -242,6 +284,8 @@ pub struct RunInfo {
     /// load on the machine shows up here.
     pub loadavg_start: String,
     pub loadavg_end: String,
+    /// How syscalls were counted, or why they were not ("n/a: ...").
+    pub syscall_probe: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -378,6 +422,24 @@ pub fn side_by_side(r: &Report, style: Style) -> String {
     table(&rows, style)
 }
 
+/// "p99 / max" of the timer probe, or "n/a".
+pub fn timer_text(t: Option<&TimerLateness>) -> String {
+    t.map_or("n/a".into(), |t| {
+        format!("{:.2} / {:.2}", t.p99_ms, t.max_ms)
+    })
+}
+
+/// A count per read (syscalls, enters, polls), or "n/a".
+pub fn per_read_text(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| {
+        if v >= 10.0 {
+            format!("{v:.1}")
+        } else {
+            format!("{v:.3}")
+        }
+    })
+}
+
 /// Every cell with all of its figures.
 pub fn details(r: &Report, style: Style) -> String {
     let mut rows = vec![[
@@ -397,6 +459,10 @@ pub fn details(r: &Report, style: Style) -> String {
         "reads/enter",
         "cached before→after",
         "runs",
+        "timer p99/max (ms)",
+        "syscalls/read",
+        "enters/read",
+        "polls/read",
     ]
     .iter()
     .map(ToString::to_string)
@@ -449,6 +515,10 @@ pub fn details(r: &Report, style: Style) -> String {
         } else {
             "1".into()
         });
+        row.push(timer_text(c.timer_lateness.as_ref()));
+        row.push(per_read_text(c.syscalls_per_read));
+        row.push(per_read_text(c.enters_per_read));
+        row.push(per_read_text(c.driver_polls_per_read));
         rows.push(row);
     }
     table(&rows, style)
@@ -543,7 +613,16 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
         s,
         "Latency per read in the engine's own terms (task/thread view; fio: clat). \
          CPU/read = (user+sys CPU of the process) / reads. `cached` = page-cache residency \
-         of the files read, measured just before the cell.\n"
+         of the files read, measured just before the cell. \
+         `timer p99/max` = lateness (ms) of a task looping `tokio::time::sleep(1 ms)` on the \
+         engine's own runtime during the measured window (tokio's 1 ms timer wheel rounds a \
+         deadline up, so even an idle runtime shows ~1.1 ms; n/a: the engine runs no tokio \
+         runtime). `syscalls/read` = system calls of the whole process / reads, both counted in \
+         a short window after the measured one in which the same work goes on ({}). \
+         `enters/read`, `polls/read` = `io_uring_enter` \
+         calls and ring driver task polls / reads in the measured window (uring, \
+         `ctx.stats()`).\n",
+        r.info.syscall_probe
     );
     s.push_str(&details(r, Style::Markdown));
     let sk = skipped(r);

@@ -149,6 +149,11 @@ pub fn parse(stdout: &str, jobs: usize, iodepth: usize) -> Result<Measured, Stri
         )],
         cdf: Some(cdf),
         verified: false,
+        // a separate process, not in our window; no tokio runtime
+        syscalls: None,
+        timer_lateness: None,
+        enters: None,
+        driver_polls: None,
     };
     if reads == 0 {
         m.notes.push("fio completed no reads".into());

@@ -6,6 +6,11 @@
 //! verify the block, record the latency. Thread engines use [`run_threads`],
 //! async engines [`read_loop`]; `uring-raw` and `fio` drive their own loops
 //! but use the same [`Worker`] (or report fio's own figures).
+//!
+//! A cell has up to two windows (see [`Clock`]): the measured window
+//! (throughput, latency, CPU, the timer probe), then, when syscalls are
+//! counted, a short syscall window in which the same work goes on with
+//! per-thread perf counters open; its reads are counted apart.
 
 pub mod fio;
 pub mod mmap;
@@ -18,12 +23,13 @@ pub mod uring_raw;
 use crate::buf::AlignedBlock;
 use crate::cli::{OnOff, Regime};
 use crate::dataset::Dataset;
+use crate::probes;
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -81,6 +87,8 @@ pub struct UringOpts {
     pub entries: u32,
     pub max_in_flight: Option<usize>,
     pub inline: Option<OnOff>,
+    /// `Builder::inline_stretch`, if set.
+    pub inline_stretch: Option<std::time::Duration>,
     /// A current_thread runtime instead of a multi-thread one with `workers`
     /// workers.
     pub current_thread: bool,
@@ -104,6 +112,26 @@ pub struct CellSpec<'a> {
     pub fio_jobs: usize,
     /// Populate mmap mappings before hot cells.
     pub mmap_populate: bool,
+    /// Which probes to run (timer lateness, syscall count).
+    pub probes: ProbeOpts,
+}
+
+/// The per-cell probes of issue #8 (see [`crate::probes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeOpts {
+    /// A 1 ms sleep loop on the engine's tokio runtime during the measured
+    /// window, recording lateness.
+    pub timer: bool,
+    /// Length of the syscall window after the measured one (None: syscalls
+    /// are not counted).
+    pub syscall_window: Option<Duration>,
+}
+
+impl ProbeOpts {
+    pub const OFF: ProbeOpts = ProbeOpts {
+        timer: false,
+        syscall_window: None,
+    };
 }
 
 impl CellSpec<'_> {
@@ -159,8 +187,12 @@ pub fn new_histogram() -> Histogram<u64> {
 pub struct Worker {
     rng: u64,
     wl: Workload,
+    /// Latency of the reads of the measured window.
     pub hist: Histogram<u64>,
+    /// Reads completed in the measured window.
     pub reads: u64,
+    /// Reads completed in the syscall window.
+    pub syscall_window_reads: u64,
 }
 
 impl Worker {
@@ -174,6 +206,7 @@ impl Worker {
             wl,
             hist: new_histogram(),
             reads: 0,
+            syscall_window_reads: 0,
         }
     }
 
@@ -197,7 +230,7 @@ impl Worker {
     }
 
     /// Checks the result of a read of `t` into `buf` started at `started`
-    /// and records its latency.
+    /// and records it in the window `phase` says (every read is verified).
     #[inline]
     pub fn complete(
         &mut self,
@@ -205,6 +238,7 @@ impl Worker {
         res: io::Result<usize>,
         buf: &[u8],
         started: Instant,
+        phase: Phase,
     ) -> Result<(), String> {
         let ns = started.elapsed().as_nanos() as u64;
         let n = res.map_err(|e| {
@@ -221,16 +255,35 @@ impl Worker {
             &buf[..n.min(buf.len())],
         )
         .map_err(|e| format!("verification failed in engine {}: {e}", self.wl.engine))?;
-        self.hist.saturating_record(ns.max(1));
-        self.reads += 1;
+        match phase {
+            Phase::Measure => {
+                self.hist.saturating_record(ns.max(1));
+                self.reads += 1;
+            }
+            Phase::Syscalls => self.syscall_window_reads += 1,
+            Phase::Between => {}
+        }
         Ok(())
     }
 }
 
-/// Stop flag plus the first failure of a cell.
+/// Which window of a cell a read completes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// The measured window: reads count for throughput and latency.
+    Measure = 0,
+    /// After the measured window, outside the syscall window: not counted.
+    Between = 1,
+    /// The syscall window: reads are counted against the syscalls.
+    Syscalls = 2,
+}
+
+/// Stop flag, the current window, and the first failure of a cell.
 #[derive(Default)]
 pub struct Stop {
     flag: AtomicBool,
+    phase: AtomicU8,
     error: Mutex<Option<String>>,
 }
 
@@ -238,6 +291,19 @@ impl Stop {
     #[inline]
     pub fn stopped(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Relaxed) {
+            0 => Phase::Measure,
+            2 => Phase::Syscalls,
+            _ => Phase::Between,
+        }
+    }
+
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Relaxed);
     }
 
     pub fn stop(&self) {
@@ -292,62 +358,124 @@ pub struct Measured {
     pub cdf: Option<Vec<(f64, f64)>>,
     /// Whether every read was verified.
     pub verified: bool,
+    /// System calls and reads of the syscall window (None: not counted).
+    pub syscalls: Option<probes::SyscallWindow>,
+    /// Lateness (ns) of the 1 ms timer probe's wake-ups (None: no probe).
+    pub timer_lateness: Option<Histogram<u64>>,
+    /// `io_uring_enter` calls and driver task polls over the measured
+    /// window (uring).
+    pub enters: Option<u64>,
+    pub driver_polls: Option<u64>,
 }
 
-/// The timed window of a cell: starts the clock and CPU accounting, and a
-/// watchdog thread that raises the stop flag after the duration.
+/// The windows of a cell. [`Clock::start`] starts the measured window and a
+/// watchdog thread which, after the cell's duration, ends it (the reads in
+/// flight then no longer count), takes the time and CPU, runs the engine's
+/// `at_end` hook, then — when syscalls are counted — runs the syscall window
+/// ([`probes::count_syscalls`]: per-thread counters are opened only then,
+/// so their cost stays out of the measured window), and finally raises the
+/// stop flag.
 pub struct Clock {
-    t0: Instant,
     cpu0: Cpu,
+    watchdog: std::thread::JoinHandle<WindowEnd>,
 }
+
+/// What the watchdog saw when the measured window ended.
+struct WindowEnd {
+    elapsed: Duration,
+    cpu: Cpu,
+    syscalls: Option<Result<probes::SyscallCounts, String>>,
+}
+
+/// Run by the watchdog thread the moment the measured window ends.
+pub type AtEnd = Box<dyn FnOnce() + Send>;
 
 impl Clock {
-    pub fn start(duration: Duration, stop: &std::sync::Arc<Stop>) -> Clock {
+    pub fn start(spec: &CellSpec<'_>, stop: &std::sync::Arc<Stop>) -> Clock {
+        Clock::start_with(spec, stop, None)
+    }
+
+    pub fn start_with(
+        spec: &CellSpec<'_>,
+        stop: &std::sync::Arc<Stop>,
+        at_end: Option<AtEnd>,
+    ) -> Clock {
+        let duration = spec.duration;
+        let syscall_window = spec.probes.syscall_window;
         let stop = stop.clone();
         let t0 = Instant::now();
-        std::thread::spawn(move || {
+        let cpu0 = cpu_now();
+        let watchdog = std::thread::spawn(move || {
             while !stop.stopped() {
                 let left = duration.saturating_sub(t0.elapsed());
                 if left.is_zero() {
-                    stop.stop();
                     break;
                 }
                 std::thread::sleep(left.min(Duration::from_millis(20)));
             }
+            stop.set_phase(Phase::Between);
+            let elapsed = t0.elapsed();
+            let cpu = cpu_now();
+            if let Some(f) = at_end {
+                f();
+            }
+            let syscalls = match syscall_window {
+                Some(w) if !stop.stopped() => Some(probes::count_syscalls(&stop, w)),
+                _ => None,
+            };
+            stop.stop();
+            WindowEnd {
+                elapsed,
+                cpu,
+                syscalls,
+            }
         });
-        Clock {
-            t0,
-            cpu0: cpu_now(),
-        }
+        Clock { cpu0, watchdog }
     }
 
-    /// Ends the window (after every worker has finished) and merges the workers.
+    /// Ends the cell (after every worker has finished) and merges the workers.
     pub fn finish(self, workers: Vec<Worker>, stop: &Stop) -> Result<Measured, String> {
-        let elapsed = self.t0.elapsed();
-        let cpu1 = cpu_now();
         stop.stop();
+        let end = self.watchdog.join().expect("cell watchdog thread panicked");
         if let Some(e) = stop.error() {
             return Err(e);
         }
         let mut hist = new_histogram();
         let mut reads = 0;
+        let mut window_reads = 0;
         for w in workers {
             hist.add(&w.hist).expect("same histogram bounds");
             reads += w.reads;
+            window_reads += w.syscall_window_reads;
         }
+        let syscalls = match end.syscalls {
+            Some(Ok(c)) => Some(probes::SyscallWindow {
+                counts: c,
+                reads: window_reads,
+            }),
+            Some(Err(why)) => {
+                probes::warn_once_unavailable(&why);
+                None
+            }
+            None => None,
+        };
         Ok(Measured {
             hist,
             reads,
-            elapsed,
+            elapsed: end.elapsed,
             cpu: Cpu {
-                user: cpu1.user - self.cpu0.user,
-                sys: cpu1.sys - self.cpu0.sys,
+                user: end.cpu.user - self.cpu0.user,
+                sys: end.cpu.sys - self.cpu0.sys,
             },
             reads_per_enter: None,
             inline_completed: None,
             notes: Vec::new(),
             cdf: None,
             verified: true,
+            syscalls,
+            timer_lateness: None,
+            enters: None,
+            driver_polls: None,
         })
     }
 }
@@ -410,7 +538,7 @@ where
                         let t = w.next();
                         let t0 = Instant::now();
                         let r = read(t, &mut buf);
-                        if let Err(e) = w.complete(t, r, &buf, t0) {
+                        if let Err(e) = w.complete(t, r, &buf, t0, stop.phase()) {
                             stop.fail(e);
                             break;
                         }
@@ -432,7 +560,7 @@ where
         if let Some(e) = spawn_error {
             stop.fail(e);
         }
-        let clock = Clock::start(spec.duration, &stop);
+        let clock = Clock::start(spec, &stop);
         gate.open();
         let workers: Vec<Worker> = handles
             .into_iter()
@@ -455,7 +583,7 @@ where
         let t0 = Instant::now();
         let (r, b) = read(t, buf).await;
         buf = b;
-        if let Err(e) = w.complete(t, r, &buf, t0) {
+        if let Err(e) = w.complete(t, r, &buf, t0, stop.phase()) {
             stop.fail(e);
             break;
         }
@@ -504,6 +632,7 @@ pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str
 pub fn run_tokio_tasks<S, Fut>(
     spec: &CellSpec<'_>,
     rt: &tokio::runtime::Runtime,
+    at_end: Option<AtEnd>,
     mut spawn_task: S,
 ) -> Result<Measured, String>
 where
@@ -512,7 +641,11 @@ where
 {
     let wl = spec.workload();
     let stop = std::sync::Arc::new(Stop::default());
-    let clock = Clock::start(spec.duration, &stop);
+    let clock = Clock::start_with(spec, &stop, at_end);
+    let probe = spec
+        .probes
+        .timer
+        .then(|| rt.spawn(probes::timer_probe(stop.clone())));
     let handles: Vec<_> = (0..spec.depth)
         .map(|id| rt.spawn(spawn_task(Worker::new(wl, id as u64), stop.clone())))
         .collect();
@@ -526,7 +659,12 @@ where
         }
         out
     });
-    clock.finish(workers, &stop)
+    let m = clock.finish(workers, &stop);
+    // the probe ended with the measured window (after its current sleep)
+    let lateness = probe.and_then(|p| rt.block_on(p).ok());
+    let mut m = m?;
+    m.timer_lateness = lateness;
+    Ok(m)
 }
 
 /// A tokio runtime: multi-thread with `workers` workers, or current_thread

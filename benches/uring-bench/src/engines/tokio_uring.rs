@@ -1,7 +1,10 @@
 //! `tokio-uring`: the tokio-uring 0.5 crate on its own (single-thread)
-//! runtime, `depth` tasks calling `read_at` with owned aligned buffers.
+//! runtime, `depth` tasks calling `read_at` with owned aligned buffers. Its
+//! runtime is a current_thread tokio runtime with the time driver, so the
+//! timer probe runs on it too.
 
 use super::{read_loop, CellSpec, Clock, Measured, Stop, Worker};
+use crate::probes;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -10,7 +13,6 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let wl = spec.workload();
     let entries = (spec.depth.next_power_of_two() as u32).clamp(256, 4096);
     let depth = spec.depth;
-    let duration = spec.duration;
     // tokio_uring::start takes over the thread; run it on its own thread.
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -18,7 +20,11 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
                 let files: Rc<Vec<tokio_uring::fs::File>> =
                     Rc::new(std_files.into_iter().map(tokio_uring::fs::File::from_std).collect());
                 let stop = Arc::new(Stop::default());
-                let clock = Clock::start(duration, &stop);
+                let clock = Clock::start(spec, &stop);
+                let probe = spec
+                    .probes
+                    .timer
+                    .then(|| tokio_uring::spawn(probes::timer_probe(stop.clone())));
                 let handles: Vec<_> = (0..depth)
                     .map(|id| {
                         let files = files.clone();
@@ -39,7 +45,14 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
                         Err(e) => stop.fail(format!("engine tokio-uring: task failed: {e}")),
                     }
                 }
-                clock.finish(workers, &stop)
+                let m = clock.finish(workers, &stop);
+                let lateness = match probe {
+                    Some(p) => p.await.ok(),
+                    None => None,
+                };
+                let mut m = m?;
+                m.timer_lateness = lateness;
+                Ok(m)
             })
         })
         .join()

@@ -2,8 +2,9 @@
 //! with `workers` workers (or a current_thread runtime) and `depth` tasks
 //! awaiting `ctx.read`.
 
-use super::{read_loop, run_tokio_tasks, tokio_runtime, CellSpec, Measured};
+use super::{read_loop, run_tokio_tasks, tokio_runtime, AtEnd, CellSpec, Measured};
 use crate::cli::OnOff;
+use std::sync::{Arc, Mutex, PoisonError};
 use uring_positioned_io::UringContext;
 
 pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
@@ -21,12 +22,22 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         if let Some(i) = o.inline {
             b = b.inline_nowait(i == OnOff::On);
         }
+        if let Some(s) = o.inline_stretch {
+            b = b.inline_stretch(s);
+        }
         b.build(files)
             .map_err(|e| format!("uring: cannot build UringContext: {e}"))?
     };
     let backend = ctx.backend().clone();
     let s0 = ctx.stats();
-    let res = run_tokio_tasks(spec, &rt, |w, stop| {
+    // the context's counters when the measured window ends (taken by the
+    // cell's watchdog thread; the syscall window, if any, comes after)
+    let at_window_end = Arc::new(Mutex::new(None));
+    let at_end: AtEnd = {
+        let (ctx, slot) = (ctx.clone(), at_window_end.clone());
+        Box::new(move || *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx.stats()))
+    };
+    let res = run_tokio_tasks(spec, &rt, Some(at_end), |w, stop| {
         let ctx = ctx.clone();
         async move {
             let ctx = &ctx;
@@ -37,14 +48,20 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
             read_loop(read, w, &stop).await
         }
     });
-    let s1 = ctx.stats();
     rt.block_on(ctx.shutdown());
     drop(ctx);
     rt.shutdown_background();
     let mut m = res?;
+    let s1 = at_window_end
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .ok_or("uring: the measured window ended without the context's stats")?;
     let enters = s1.enters.saturating_sub(s0.enters);
     let submitted = s1.submitted.saturating_sub(s0.submitted);
     let inline = s1.inline_completed.saturating_sub(s0.inline_completed);
+    m.enters = Some(enters);
+    m.driver_polls = Some(s1.driver_polls.saturating_sub(s0.driver_polls));
     if enters > 0 {
         m.reads_per_enter = Some(submitted as f64 / enters as f64);
     }

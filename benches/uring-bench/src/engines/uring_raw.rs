@@ -3,7 +3,7 @@
 //! reap every completion, verify it, refill its slot, and submit the whole
 //! batch with a single io_uring_enter that also waits for the next completion.
 
-use super::{CellSpec, Clock, Measured, Stop, Target, Worker};
+use super::{CellSpec, Clock, Measured, Phase, Stop, Target, Worker};
 use crate::buf::AlignedBlock;
 use crate::verify::BLOCK;
 use io_uring::{opcode, types, IoUring};
@@ -50,7 +50,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         unsafe { sq.push(&e) }.expect("submission queue has room for every slot");
     };
 
-    let clock = Clock::start(spec.duration, &stop);
+    let clock = Clock::start(spec, &stop);
     for (i, slot) in slots.iter_mut().enumerate() {
         let t = w.next();
         push(&mut sq, slot, i, t);
@@ -69,7 +69,10 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
                 panic!("engine uring-raw: io_uring_enter failed with reads in flight: {e}");
             }
         }
-        enters += 1;
+        // reads/enter is a figure of the measured window
+        if stop.phase() == Phase::Measure {
+            enters += 1;
+        }
         // learn how far the kernel consumed the SQ before refilling it
         sq.sync();
         cq.sync();
@@ -83,7 +86,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
                 Ok(res as usize)
             };
             if failure.is_none() {
-                if let Err(e) = w.complete(slot.target, r, &slot.buf, slot.started) {
+                if let Err(e) = w.complete(slot.target, r, &slot.buf, slot.started, stop.phase()) {
                     failure = Some(e.clone());
                     stop.fail(e);
                 }
@@ -102,7 +105,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         m.reads_per_enter = Some(m.reads as f64 / enters as f64);
     }
     m.notes.push(format!(
-        "{enters} io_uring_enter calls, ring of {entries} entries"
+        "{enters} io_uring_enter calls in the measured window, ring of {entries} entries"
     ));
     drop(files);
     Ok(m)
