@@ -187,7 +187,7 @@ impl Builder {
 
     /// How long a worker thread may serve page-cache hits inline before the
     /// task doing the next one yields to the rest of the runtime (default:
-    /// 50 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
+    /// 10 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
     /// 1 s).
     ///
     /// Inline reads never return `Pending`, so without a bound one task
