@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::batch::ReadBatch;
 use crate::buf::IoBufMut;
 use crate::builder::Builder;
 use crate::fallback::Fallback;
@@ -494,6 +495,50 @@ impl UringContext {
         buf: B,
     ) -> UringReadOwnedFuture<'static, B> {
         UringReadOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
+    }
+
+    /// Reads many `(file, offset, buffer)` at once, each as
+    /// [`read_owned`](Self::read_owned) would (into the buffer's spare
+    /// capacity), and returns every result with its buffer, in the order
+    /// given.
+    ///
+    /// The reads are submitted together: those the page cache cannot serve
+    /// reach the kernel in one `io_uring_enter` per ring (usually one for
+    /// the whole batch) rather than one per read or per driver round. On
+    /// the fallback backend, and for files routed to the blocking pool, the
+    /// reads run in parallel on the blocking pool. Nearby ranges are not
+    /// merged. Dropping the batch drops its unfinished reads (see
+    /// [`ReadBatch`]).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[5u8; 65536])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let reads = (0..16u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
+    /// for (res, block) in ctx.read_batch(reads).await {
+    ///     assert_eq!((res?, block.len(), block[0]), (4096, 4096, 5));
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_batch<F, B, I>(&self, reads: I) -> ReadBatch<'_, B>
+    where
+        F: Into<FileId>,
+        B: IoBufMut,
+        I: IntoIterator<Item = (F, u64, B)>,
+    {
+        ReadBatch::new(
+            self,
+            reads
+                .into_iter()
+                .map(|(fid, offset, buf)| self.read_owned(fid, offset, buf))
+                .collect(),
+        )
     }
 
     /// Fills `buf`'s whole spare capacity (`bytes_init()..bytes_total()`,

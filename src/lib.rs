@@ -80,6 +80,7 @@
 // exception allowed where it occurs, with its reason.
 #![warn(clippy::pedantic)]
 
+mod batch;
 mod buf;
 mod builder;
 mod context;
@@ -103,6 +104,7 @@ macro_rules! decision {
 }
 pub(crate) use decision;
 
+pub use batch::ReadBatch;
 pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,

@@ -67,6 +67,7 @@ mod submit;
 
 use complete::Deferred;
 pub(crate) use driver::Driver;
+pub(crate) use submit::Deferral;
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
 /// `user_data` of internal SQEs (cancel-all at shutdown); never a slab key.

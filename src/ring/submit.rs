@@ -18,6 +18,7 @@
 //! `plan_enter` counted under it, and none once the ring is broken — which
 //! is what makes failing unconsumed SQEs locally sound.
 
+use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -43,6 +44,37 @@ const ENTER_SQ_WAKEUP: u32 = 2;
 pub(super) struct EnterPlan {
     pub(super) to_submit: u32,
     pub(super) flags: u32,
+}
+
+thread_local! {
+    /// Batches being queued on this thread (see [`Deferral`]).
+    static DEFERRED: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While alive, reads queued on this thread are not submitted one by one;
+/// on drop, every ring of `rings` with queued SQEs submits them (one enter,
+/// or one driver wake-up, per ring). A batch holds one while it polls its
+/// reads, so they reach the kernel together.
+pub(crate) struct Deferral<'a> {
+    rings: &'a [Arc<Ring>],
+}
+
+impl<'a> Deferral<'a> {
+    pub(crate) fn new(rings: &'a [Arc<Ring>]) -> Self {
+        DEFERRED.with(|d| d.set(d.get() + 1));
+        Deferral { rings }
+    }
+}
+
+impl Drop for Deferral<'_> {
+    fn drop(&mut self) {
+        DEFERRED.with(|d| d.set(d.get() - 1));
+        for ring in self.rings {
+            if ring.has_unsubmitted() {
+                ring.submit_queued();
+            }
+        }
+    }
 }
 
 impl Ring {
@@ -129,6 +161,18 @@ impl Ring {
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
+        if DEFERRED.with(Cell::get) > 0 {
+            // A batch is queueing its reads: it submits them all at once
+            // when it has queued every one (`Deferral::drop`).
+            return Ok(key);
+        }
+        self.submit_queued();
+        Ok(key)
+    }
+
+    /// Hands what is queued to the kernel: from this thread when the driver
+    /// is idle (see below), else by waking the driver.
+    pub(crate) fn submit_queued(&self) {
         if driver::on_driver_thread() && self.idle.swap(false, Ordering::AcqRel) {
             // The driver is asleep with nothing queued: submit now, from
             // this thread, rather than wake it for one SQE (at low depth the
@@ -138,7 +182,13 @@ impl Ring {
         } else {
             self.notify_driver();
         }
-        Ok(key)
+    }
+
+    /// Whether SQEs are queued that no enter has handed to the kernel yet.
+    fn has_unsubmitted(&self) -> bool {
+        let mut st = lock(&self.state);
+        self.account_consumed(&mut st);
+        !st.backlog.is_empty() || !st.in_sq.is_empty()
     }
 
     /// Submits what is queued with one enter from the calling thread.

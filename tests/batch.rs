@@ -1,0 +1,102 @@
+//! `UringContext::read_batch`: many owned reads submitted together.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Flavor, Rng};
+use uring_positioned_io::{BackendChoice, BackendKind};
+
+/// Every read of a batch returns what `pread` would, in the order given,
+/// across files, lengths and the end of file.
+fn batch_matches_pread(choice: BackendChoice) {
+    let set = common::FileSet::new(0xba7c, &[1 << 20, 100_000]);
+    let files = set.files.clone();
+    let opened = set.open_all();
+    common::run(
+        "batch_matches_pread",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b);
+            let mut rng = Rng::new(0xba7c);
+            for round in 0..20 {
+                if round % 5 == 0 {
+                    files[0].drop_cache();
+                }
+                let want: Vec<(u32, u64, usize)> = (0..rng.range(1, 64))
+                    .map(|_| {
+                        let fid = rng.below(2) as u32;
+                        let off = rng.below(files[fid as usize].len + 5000);
+                        (fid, off, rng.range(1, 20_000) as usize)
+                    })
+                    .collect();
+                let got = ctx
+                    .read_batch(want.iter().map(|&(f, o, n)| (f, o, Vec::with_capacity(n))))
+                    .await;
+                assert_eq!(got.len(), want.len());
+                for ((res, buf), &(f, o, n)) in got.iter().zip(&want) {
+                    let what = format!("round {round}: file {f} @ {o}+{n}");
+                    let k = *res.as_ref().unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(k, buf.len(), "{what}");
+                    assert_eq!(&buf[..], &files[f as usize].expected(o, n)[..], "{what}");
+                }
+            }
+            // An empty batch and a batch with a bad fid.
+            assert!(ctx
+                .read_batch(Vec::<(u32, u64, Vec<u8>)>::new())
+                .await
+                .is_empty());
+            let got = ctx
+                .read_batch([
+                    (0u32, 0, Vec::with_capacity(10)),
+                    (9, 0, Vec::with_capacity(10)),
+                ])
+                .await;
+            assert_eq!(got[0].0.as_ref().ok(), Some(&10));
+            let e = got[1].0.as_ref().expect_err("fid 9 does not exist");
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            drop(set);
+        },
+    );
+}
+
+/// Sixteen reads the page cache cannot serve reach the kernel in one
+/// `io_uring_enter`.
+#[test]
+fn sixteen_cold_reads_are_one_enter() {
+    let set = common::FileSet::new(0xba7d, &[16 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run("batch_one_enter", Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+            b.rings(1).inline_nowait(false)
+        });
+        assert_eq!(ctx.backend().kind, BackendKind::IoUring);
+        for round in 0..5u64 {
+            file.drop_cache();
+            // Let the driver go idle.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let before = ctx.stats();
+            let reads =
+                (0..16u64).map(|i| (0u32, (round * 16 + i) * 65_536, Vec::with_capacity(4096)));
+            let got = ctx.read_batch(reads).await;
+            let after = ctx.stats();
+            for (i, (res, buf)) in got.iter().enumerate() {
+                let off = (round * 16 + i as u64) * 65_536;
+                assert_eq!(res.as_ref().ok(), Some(&4096));
+                assert_eq!(&buf[..], &file.expected(off, 4096)[..]);
+            }
+            let enters = after.enters - before.enters;
+            eprintln!(
+                "round {round}: 16 reads, {} submitted, {enters} enter(s)",
+                after.submitted - before.submitted
+            );
+            assert_eq!(after.submitted - before.submitted, 16);
+            assert!(enters <= 1, "a batch of 16 took {enters} enters");
+        }
+        drop(set);
+    });
+}
+
+backend_tests!(batch_matches_pread);
