@@ -297,6 +297,11 @@ pub struct OpenLoopArgs {
     #[arg(short = 't', long, default_value = "3", value_parser = parse_secs)]
     pub secs: f64,
 
+    /// The `uring` engine issues a batch as separate `ctx.read`s under
+    /// `join_all` instead of one `ctx.read_batch` (to compare the two).
+    #[arg(long)]
+    pub join_all: bool,
+
     /// Threads of the `pread` and `mmap` pools.
     #[arg(long, default_value_t = 64)]
     pub threads: usize,

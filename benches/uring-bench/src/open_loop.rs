@@ -180,6 +180,7 @@ fn run_engine(
     regime: Regime,
     lookups: &[Lookup],
     threads: usize,
+    join_all: bool,
 ) -> Result<Outcome, String> {
     let direct = regime == Regime::Direct;
     let opened = ds
@@ -226,7 +227,7 @@ fn run_engine(
                     for (arrived, l) in arrivals {
                         let (rec, ctx, files) = (rec2.clone(), ctx2.clone(), files.clone());
                         tokio::spawn(async move {
-                            if let (Some(c), true) = (&ctx, l.reads.len() > 1) {
+                            if let (Some(c), true) = (&ctx, l.reads.len() > 1 && !join_all) {
                                 // A multi_get: the crate's batch call.
                                 let got = c
                                     .read_batch(l.reads.iter().map(|&(f, b)| {
@@ -407,7 +408,15 @@ fn sustainable_rate(
     for _ in 0..10 {
         let lookups = schedule(rate, 1.0, batch, files, ds.blocks_per_file(), seed);
         crate::prepare(regime, ds, files, true)?;
-        let o = run_engine(OpenEngine::Uring, ds, files, regime, &lookups, threads)?;
+        let o = run_engine(
+            OpenEngine::Uring,
+            ds,
+            files,
+            regime,
+            &lookups,
+            threads,
+            false,
+        )?;
         if (o.late_at_end as f64) < 0.01 * lookups.len() as f64 {
             return Ok((closed, rate));
         }
@@ -475,7 +484,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
                 continue;
             }
             crate::prepare(regime, &ds, files, true)?;
-            let o = run_engine(engine, &ds, files, regime, &lookups, a.threads)?;
+            let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
             let h = &o.hist;
             let reads = o.lookups * a.batch;
             println!(
