@@ -100,3 +100,97 @@ fn sixteen_cold_reads_are_one_enter() {
 }
 
 backend_tests!(batch_matches_pread);
+
+/// User code run while a batch queues its reads (a waker's `clone`) that
+/// issues a read on *another* context: that read is submitted as usual, not
+/// left queued behind the batch's deferral (which covers only the batch's
+/// own rings).
+#[test]
+fn a_read_of_another_context_during_a_batch_is_submitted() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, RawWaker, RawWakerVTable, Waker};
+    use uring_positioned_io::UringContext;
+
+    type Side = Arc<Mutex<Option<Pin<Box<dyn Future<Output = std::io::Result<usize>> + Send>>>>>;
+
+    let set = common::FileSet::new(0xba7e, &[4 << 20, 4 << 20]);
+    let (a, b) = (set.files[0].clone(), set.files[1].clone());
+    common::run("batch_other_ctx", Flavor::Multi, 60, move || async move {
+        let quiet = |bld: uring_positioned_io::Builder| bld.rings(1).inline_nowait(false);
+        let ctx_a = common::build_ctx(BackendChoice::IoUring, vec![a.open()], quiet);
+        let ctx_b: &'static UringContext = Box::leak(Box::new(common::build_ctx(
+            BackendChoice::IoUring,
+            vec![b.open()],
+            quiet,
+        )));
+        a.drop_cache();
+        b.drop_cache();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+
+        // A waker whose clone starts a read on ctx_b (once) and polls it.
+        struct State {
+            side: Side,
+            ctx_b: &'static UringContext,
+        }
+        static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+        unsafe fn clone(p: *const ()) -> RawWaker {
+            // SAFETY: `p` is the leaked `State` below, alive for the whole test.
+            let st = unsafe { &*p.cast::<State>() };
+            let mut side = st.side.lock().unwrap();
+            if side.is_none() {
+                let mut fut: Pin<Box<dyn Future<Output = _> + Send>> =
+                    Box::pin(st.ctx_b.read_owned(0u32, 8192, Vec::with_capacity(4096)))
+                        .map_result();
+                let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+                let _ = fut.as_mut().poll(&mut cx);
+                *side = Some(fut);
+            }
+            RawWaker::new(p, &VTABLE)
+        }
+        unsafe fn noop(_: *const ()) {}
+        trait MapResult {
+            fn map_result(self) -> Pin<Box<dyn Future<Output = std::io::Result<usize>> + Send>>;
+        }
+        impl<F: Future<Output = (std::io::Result<usize>, Vec<u8>)> + Send + 'static> MapResult
+            for Pin<Box<F>>
+        {
+            fn map_result(self) -> Pin<Box<dyn Future<Output = std::io::Result<usize>> + Send>> {
+                Box::pin(async move { self.await.0 })
+            }
+        }
+
+        let side: Side = Arc::new(Mutex::new(None));
+        let state: &'static State = Box::leak(Box::new(State {
+            side: side.clone(),
+            ctx_b,
+        }));
+        let raw = RawWaker::new(std::ptr::from_ref(state).cast(), &VTABLE);
+        // SAFETY: the vtable's functions take this pointer (a leaked
+        // `State`, never freed) and uphold RawWaker's contract: clone gives
+        // a waker for the same data, wake and drop do nothing.
+        let waker = unsafe { Waker::from_raw(raw) };
+        let mut batch = Box::pin(
+            ctx_a.read_batch((0..4u64).map(|i| (0u32, i * 65_536, Vec::with_capacity(4096)))),
+        );
+        let mut cx = Context::from_waker(&waker);
+        // The first poll queues the batch's reads; registering them clones
+        // the waker, which starts the read on ctx_b.
+        let _ = batch.as_mut().poll(&mut cx);
+        let mut other = side.lock().unwrap().take().expect("the waker's clone ran");
+        let n = tokio::time::timeout(
+            Duration::from_secs(10),
+            std::future::poll_fn(|cx| other.as_mut().poll(cx)),
+        )
+        .await
+        .expect("the other context's read was never submitted")
+        .expect("read on ctx_b");
+        assert_eq!(n, 4096);
+        let got = tokio::time::timeout(Duration::from_secs(10), batch)
+            .await
+            .expect("batch");
+        assert!(got.iter().all(|(r, _)| r.as_ref().ok() == Some(&4096)));
+        drop(set);
+    });
+}

@@ -18,7 +18,7 @@
 //! `plan_enter` counted under it, and none once the ring is broken — which
 //! is what makes failing unconsumed SQEs locally sound.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -47,28 +47,42 @@ pub(super) struct EnterPlan {
 }
 
 thread_local! {
-    /// Batches being queued on this thread (see [`Deferral`]).
-    static DEFERRED: Cell<u32> = const { Cell::new(0) };
+    /// Addresses of the rings whose submissions this thread defers (see
+    /// [`Deferral`]); compared, never dereferenced.
+    static DEFERRED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-/// While alive, reads queued on this thread are not submitted one by one;
-/// on drop, every ring of `rings` with queued SQEs submits them (one enter,
-/// or one driver wake-up, per ring). A batch holds one while it polls its
-/// reads, so they reach the kernel together.
+fn address(ring: &Ring) -> usize {
+    std::ptr::from_ref(ring) as usize
+}
+
+/// While alive, reads queued on this thread to one of `rings` are not
+/// submitted one by one; on drop, every ring of `rings` with queued SQEs
+/// submits them (one enter, or one driver wake-up, per ring). A batch holds
+/// one while it polls its reads, so they reach the kernel together. Only
+/// these rings are deferred: a read of another context polled meanwhile
+/// (from a waker, say) is submitted as usual, so nothing is left queued
+/// with nobody to submit it.
 pub(crate) struct Deferral<'a> {
     rings: &'a [Arc<Ring>],
+    mark: usize,
 }
 
 impl<'a> Deferral<'a> {
     pub(crate) fn new(rings: &'a [Arc<Ring>]) -> Self {
-        DEFERRED.with(|d| d.set(d.get() + 1));
-        Deferral { rings }
+        let mark = DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            let mark = d.len();
+            d.extend(rings.iter().map(|r| address(r)));
+            mark
+        });
+        Deferral { rings, mark }
     }
 }
 
 impl Drop for Deferral<'_> {
     fn drop(&mut self) {
-        DEFERRED.with(|d| d.set(d.get() - 1));
+        DEFERRED.with(|d| d.borrow_mut().truncate(self.mark));
         for ring in self.rings {
             if ring.has_unsubmitted() {
                 ring.submit_queued();
@@ -161,7 +175,7 @@ impl Ring {
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
-        if DEFERRED.with(Cell::get) > 0 {
+        if DEFERRED.with(|d| d.borrow().contains(&address(self))) {
             // A batch is queueing its reads: it submits them all at once
             // when it has queued every one (`Deferral::drop`).
             return Ok(key);
