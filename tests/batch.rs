@@ -194,3 +194,43 @@ fn a_read_of_another_context_during_a_batch_is_submitted() {
         drop(set);
     });
 }
+
+/// Dropping a batch with its reads in the kernel is as safe as dropping each
+/// read: every read is cancelled or completes into buffers the context
+/// keeps, the context keeps working, and shutdown is prompt.
+fn dropped_batch(choice: BackendChoice) {
+    let set = common::FileSet::new(0xba7f, &[16 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run("dropped_batch", Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(choice, opened, |b| b.inline_nowait(false));
+        for round in 0..10u64 {
+            file.drop_cache();
+            let reads = (0..64u64).map(|i| {
+                (
+                    0u32,
+                    (round * 64 + i) * 65_536 % (15 << 20),
+                    Vec::with_capacity(65_536),
+                )
+            });
+            let mut batch = Box::pin(ctx.read_batch(reads));
+            let _ = common::poll_once(batch.as_mut()).await;
+            drop(batch);
+        }
+        // Still correct afterwards.
+        let got = ctx
+            .read_batch((0..8u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096))))
+            .await;
+        for (i, (r, buf)) in got.iter().enumerate() {
+            assert_eq!(r.as_ref().ok(), Some(&4096));
+            assert_eq!(&buf[..], &file.expected(i as u64 * 4096, 4096)[..]);
+        }
+        tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+            .await
+            .expect("shutdown after dropped batches");
+        assert_eq!(ctx.stats().in_flight, 0, "{:?}", ctx.stats());
+        drop(set);
+    });
+}
+
+backend_tests!(dropped_batch);

@@ -218,12 +218,7 @@ impl Ring {
                 Err(e) => return self.break_ring(&e),
             }
         }
-        let left = {
-            let mut st = lock(&self.state);
-            self.account_consumed(&mut st);
-            !st.backlog.is_empty() || !st.in_sq.is_empty()
-        };
-        if !entered || left {
+        if !entered || self.has_unsubmitted() {
             self.notify_driver();
         }
     }

@@ -59,6 +59,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
+/// A lookup rate: positive and finite, at most 10 million per second.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 && r <= 1e7 => Ok(r),
+        _ => Err(format!(
+            "invalid rate {s:?}: lookups per second, > 0 and <= 1e7"
+        )),
+    }
+}
+
+/// A load fraction: in (0, 4].
+fn parse_load(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(l) if l.is_finite() && l > 0.0 && l <= 4.0 => Ok(l),
+        _ => Err(format!("invalid load {s:?}: a fraction > 0 and <= 4")),
+    }
+}
+
 fn parse_secs(s: &str) -> Result<f64, String> {
     let t = s.trim().trim_end_matches('s');
     let (v, scale) = match t.strip_suffix("m") {
@@ -284,13 +302,13 @@ pub struct OpenLoopArgs {
     pub batch: u64,
 
     /// Lookups per second (overrides --load).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_rate)]
     pub rate: Option<f64>,
 
     /// Target load as a fraction of the highest lookup rate the crate's
     /// engine keeps up with in this open loop (found first by stepping down
     /// from its closed-loop rate).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = parse_load)]
     pub load: f64,
 
     /// Measured seconds per engine (after a 0.5 s warm-up).
@@ -487,5 +505,11 @@ mod tests {
             (16, Some(1000.0), 0.5, 4)
         );
         assert!(Args::try_parse_from(["uring-bench", "open-loop", "--batch", "0"]).is_err());
+        for bad in ["0", "-5", "nan", "inf", "1e9"] {
+            assert!(Args::try_parse_from(["uring-bench", "open-loop", "--rate", bad]).is_err());
+        }
+        for bad in ["0", "-0.5", "nan", "5"] {
+            assert!(Args::try_parse_from(["uring-bench", "open-loop", "--load", bad]).is_err());
+        }
     }
 }

@@ -82,14 +82,7 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
         "engine", "depth", "reads/s", "cpu/read", "vs raw", "reads/enter"
     );
     for &depth in &a.depths {
-        let raw_opts = UringOpts {
-            rings: None,
-            entries: 256,
-            max_in_flight: None,
-            inline: None,
-            inline_stretch: None,
-            current_thread: false,
-        };
+        let raw_opts = UringOpts::default();
         let raw = cell(&ds, EngineKind::UringRaw, depth, a.secs, raw_opts.clone())?;
         let cpu_us = |c: &Cell| c.cpu_us_per_read.unwrap_or(f64::NAN);
         let row = |name: &str, c: &Cell| {
@@ -112,7 +105,6 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
                 rings: Some(rings),
                 max_in_flight: Some(depth.max(rings)),
                 inline: Some(inline),
-                inline_stretch: None,
                 current_thread: rings == 1,
                 ..raw_opts.clone()
             };

@@ -94,6 +94,20 @@ pub struct UringOpts {
     pub current_thread: bool,
 }
 
+impl Default for UringOpts {
+    /// The library's defaults (256-entry rings), multi-thread runtime.
+    fn default() -> Self {
+        UringOpts {
+            rings: None,
+            entries: 256,
+            max_in_flight: None,
+            inline: None,
+            inline_stretch: None,
+            current_thread: false,
+        }
+    }
+}
+
 /// Everything one cell needs.
 #[derive(Debug, Clone)]
 pub struct CellSpec<'a> {
