@@ -13,7 +13,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use crate::context::{Backend, BackendChoice, BackendInfo, BackendKind, Inner, UringContext};
 use crate::error::invalid;
 use crate::fallback::Fallback;
-use crate::files::FileTable;
+use crate::files::{FileTable, Policy};
 use crate::inline;
 use crate::ring::{Driver, Ring, RingConfig};
 use crate::sys;
@@ -51,6 +51,10 @@ use crate::sys;
 /// # }
 /// ```
 #[derive(Debug, Clone)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent settings, each a plain on/off"
+)]
 pub struct Builder {
     ring_entries: u32,
     rings: Option<usize>,
@@ -64,6 +68,8 @@ pub struct Builder {
     max_files: Option<u32>,
     shutdown_timeout: Duration,
     fuse_via_blocking_pool: bool,
+    network_fs_via_blocking_pool: bool,
+    max_in_flight_per_file: Option<usize>,
 }
 
 impl Default for Builder {
@@ -81,6 +87,8 @@ impl Default for Builder {
             max_files: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             fuse_via_blocking_pool: true,
+            network_fs_via_blocking_pool: true,
+            max_in_flight_per_file: None,
         }
     }
 }
@@ -245,6 +253,35 @@ impl Builder {
         self
     }
 
+    /// Read files on network file systems (NFS, SMB/CIFS, 9p, Ceph, AFS,
+    /// Coda, `OrangeFS`) with `pread` on the blocking pool instead of the
+    /// rings (default: on). A network server that stalls holds io_uring's
+    /// bounded io-wq workers the way a stalled FUSE server does, and these
+    /// file systems could not be measured where this crate is tested, so
+    /// they take the route that is never worse than `spawn_blocking` +
+    /// `pread`. Turned off, their ring reads are issued with `IOSQE_ASYNC`
+    /// (so that no `io_uring_enter` waits for the server), as are those of
+    /// FUSE files with [`fuse_via_blocking_pool(false)`](Self::fuse_via_blocking_pool).
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn network_fs_via_blocking_pool(mut self, on: bool) -> Self {
+        self.network_fs_via_blocking_pool = on;
+        self
+    }
+
+    /// The most in-flight slots of any one ring (or of the blocking pool)
+    /// that reads of one file may hold at once (default: three quarters of
+    /// the ring's share of [`max_in_flight`](Self::max_in_flight), so at
+    /// least a quarter stays for other files). Reads stuck on one file —
+    /// storage that never answers, or a file being hammered — then cannot
+    /// take every slot and stall reads of healthy files. A read over its
+    /// file's share waits for it without holding a slot. A value at or
+    /// above the per-ring limit turns the share off. Must be at least 1.
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn max_in_flight_per_file(mut self, reads: usize) -> Self {
+        self.max_in_flight_per_file = Some(reads);
+        self
+    }
+
     /// Creates the context. Must be called inside a tokio runtime with IO
     /// enabled (io_uring backend); spawns one driver task per ring on it.
     /// The context can be used from any runtime or thread, but its drivers
@@ -269,12 +306,20 @@ impl Builder {
             )
         })?;
         let plan = self.validate(&handle, files.len())?;
-        let files = FileTable::new(
-            files,
-            plan.capacity,
-            plan.rings,
-            self.fuse_via_blocking_pool,
-        )?;
+        let share = |limit: usize| match self.max_in_flight_per_file {
+            Some(n) => n.min(limit),
+            None => limit - limit / 4,
+        };
+        let policy = Policy {
+            fuse_via_blocking_pool: self.fuse_via_blocking_pool,
+            network_via_blocking_pool: self.network_fs_via_blocking_pool,
+            ring_shares: plan.ring_cfgs.iter().map(|c| share(c.in_flight)).collect(),
+            pool_share: share(match self.backend {
+                BackendChoice::Fallback => plan.fallback_in_flight,
+                _ => plan.routed_in_flight,
+            }),
+        };
+        let files = FileTable::new(files, plan.capacity, plan.rings, policy)?;
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => {
                 crate::decision!(
@@ -293,6 +338,7 @@ impl Builder {
                 ),
                 Err(e) => match (choice, unavailable_here(&e)) {
                     (BackendChoice::Auto, Some(why)) => {
+                        files.set_pool_share(share(plan.fallback_in_flight));
                         crate::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
@@ -362,6 +408,9 @@ impl Builder {
         }
         if self.max_in_flight == Some(0) {
             return invalid("max_in_flight must be at least 1".into());
+        }
+        if self.max_in_flight_per_file == Some(0) {
+            return invalid("max_in_flight_per_file must be at least 1".into());
         }
         if let Some(s) = self.inline_stretch.filter(|s| *s > MAX_INLINE_STRETCH) {
             return invalid(format!(

@@ -15,17 +15,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::error::shut_down_error;
 use crate::files::FileEntry;
+use crate::permit::{Permit, Slots};
 
 #[derive(Debug)]
 pub(crate) struct Fallback {
     /// Reads on the blocking pool at once (`Builder::max_in_flight`).
-    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) permits: Slots,
     /// The runtime the context was built on: its blocking pool runs the reads
     /// wherever the future is polled from.
     runtime: Handle,
@@ -59,7 +60,7 @@ impl Fallback {
     pub(crate) fn new(max_in_flight: usize, runtime: Handle) -> Fallback {
         Fallback {
             runtime,
-            permits: Arc::new(Semaphore::new(max_in_flight)),
+            permits: Slots::new(max_in_flight),
             closed: AtomicBool::new(false),
             counts: Arc::default(),
             idle: Arc::new(Notify::new()),
@@ -84,7 +85,7 @@ impl Fallback {
         file: Arc<FileEntry>,
         offset: u64,
         len: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<JoinHandle<io::Result<(AlignedBuf, usize)>>> {
         // Bounded by the caller (`read::BORROWED_CHUNK`); fails cleanly all the same.
         let mut buf = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
@@ -105,7 +106,7 @@ impl Fallback {
         offset: u64,
         range: Range<usize>,
         lent: Arc<Mutex<Option<B>>>,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {

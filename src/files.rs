@@ -22,6 +22,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
+use tokio::sync::Semaphore;
+
 use crate::error;
 use crate::sys::{self, FileKind};
 use crate::FileId;
@@ -40,19 +42,82 @@ pub enum FileRoute {
 /// `FUSE_SUPER_MAGIC`.
 const FUSE_MAGIC: i64 = 0x6573_5546;
 
-/// Where reads of `file` go. Measured on FUSE (kernel 6.18, see the
-/// storage-fault tests): with `FOPEN_DIRECT_IO` a short reply makes
+/// Network file systems (`statfs(2)` magic numbers): NFS, SMB (old and
+/// new), CIFS, 9p, Ceph, AFS (both), Coda, `OrangeFS`.
+const NETWORK_MAGICS: [i64; 10] = [
+    0x6969,
+    0x517B,
+    0xFF53_4D42,
+    0xFE53_4D42,
+    0x0102_1997,
+    0x00C3_6400,
+    0x6B41_4653,
+    0x5346_414F,
+    0x7375_7245,
+    0x2003_0528,
+];
+
+/// How files are routed and shared out (`Builder` settings, resolved).
+#[derive(Debug, Clone)]
+pub(crate) struct Policy {
+    /// `Builder::fuse_via_blocking_pool`.
+    pub(crate) fuse_via_blocking_pool: bool,
+    /// `Builder::network_fs_via_blocking_pool`.
+    pub(crate) network_via_blocking_pool: bool,
+    /// Each file's share of each ring's slots, by ring index
+    /// (`Builder::max_in_flight_per_file`).
+    pub(crate) ring_shares: Vec<usize>,
+    /// Each file's share of the blocking pool's slots.
+    pub(crate) pool_share: usize,
+}
+
+/// What kind of file system a file is on, as far as routing goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FsClass {
+    Fuse,
+    Network,
+    Local,
+}
+
+fn classify(magic: &io::Result<i64>) -> FsClass {
+    match *magic {
+        Ok(FUSE_MAGIC) => FsClass::Fuse,
+        Ok(m) if NETWORK_MAGICS.contains(&m) => FsClass::Network,
+        // fstatfs works on every file the crate accepts; if it ever fails,
+        // the file is treated as local (the rings), as before routing.
+        _ => FsClass::Local,
+    }
+}
+
+/// Where reads of a file on `class` go, and whether its ring reads must go
+/// straight to io-wq (`IOSQE_ASYNC`). Measured on FUSE (kernel 6.18, see
+/// the storage-fault tests): with `FOPEN_DIRECT_IO` a short reply makes
 /// io_uring's internal retry re-read the rest at the original offset, so a
 /// read completes as `Ok(len)` with wrong bytes after the short part; and a
 /// request the server never answers blocks `io_uring_enter` itself, on a
 /// runtime worker. `pread` on the blocking pool returns the short count
-/// with the right bytes and blocks only its own thread.
-fn route_for(file: &File, fuse_via_blocking_pool: bool) -> FileRoute {
-    match sys::fs_magic(file) {
-        Ok(FUSE_MAGIC) if fuse_via_blocking_pool => FileRoute::BlockingPool(
-            "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
+/// with the right bytes and blocks only its own thread. Network file
+/// systems cannot be mounted on the machines this was measured on; their
+/// servers stall like a FUSE server can, so they take the same route unless
+/// the user says otherwise. A FUSE or network file the user puts on the
+/// rings anyway has its reads issued with `IOSQE_ASYNC`, so that a request
+/// its server never answers blocks an io-wq worker, never the enter.
+fn route_for(class: FsClass, policy: &Policy) -> (FileRoute, bool) {
+    match class {
+        FsClass::Fuse if policy.fuse_via_blocking_pool => (
+            FileRoute::BlockingPool(
+                "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
+            ),
+            false,
         ),
-        _ => FileRoute::Ring,
+        FsClass::Network if policy.network_via_blocking_pool => (
+            FileRoute::BlockingPool(
+                "network file system: a server that stalls would block io_uring's workers (not measured here; see Builder::network_fs_via_blocking_pool)",
+            ),
+            false,
+        ),
+        FsClass::Fuse | FsClass::Network => (FileRoute::Ring, true),
+        FsClass::Local => (FileRoute::Ring, false),
     }
 }
 
@@ -72,6 +137,12 @@ pub(crate) struct FileEntry {
     pub(crate) route: FileRoute,
     /// `preadv2(RWF_NOWAIT)` works on this file (cleared on EOPNOTSUPP).
     pub(crate) nowait_ok: AtomicBool,
+    /// Ring reads go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
+    /// file the user put on the rings (see `route_for`).
+    pub(crate) force_async: bool,
+    /// The file's share of each ring's in-flight slots (by ring index),
+    /// then of the blocking pool's (last): see `permit`.
+    shares: Box<[Arc<Semaphore>]>,
     free: Weak<Mutex<Vec<Freed>>>,
 }
 
@@ -103,6 +174,15 @@ impl FileEntry {
     /// Whether reads of this file may use the rings (and the inline path).
     pub(crate) fn on_ring(&self) -> bool {
         self.route == FileRoute::Ring
+    }
+
+    /// The file's share of ring `ring`'s slots, or of the blocking pool's
+    /// (`None`).
+    pub(crate) fn share(&self, ring: Option<usize>) -> Option<&Arc<Semaphore>> {
+        match ring {
+            Some(i) => self.shares.get(i),
+            None => self.shares.last(),
+        }
     }
 }
 
@@ -176,8 +256,7 @@ pub(crate) struct FileTable {
     /// tag of the ids it hands out.
     id: u64,
     capacity: u32,
-    /// `Builder::fuse_via_blocking_pool`.
-    fuse_via_blocking_pool: bool,
+    policy: Mutex<Policy>,
 }
 
 /// Positioned reads need a seekable file with stable content at each
@@ -225,7 +304,7 @@ impl FileTable {
         files: Vec<File>,
         capacity: u32,
         shards: usize,
-        fuse_via_blocking_pool: bool,
+        policy: Policy,
     ) -> io::Result<FileTable> {
         if files.len() > capacity as usize {
             return Err(io::Error::new(
@@ -243,13 +322,7 @@ impl FileTable {
             .zip(0u32..)
             .map(|(file, i)| {
                 let kind = check_kind(&file, &FileId::from(i))?;
-                Ok(Some(Self::entry(
-                    file,
-                    kind,
-                    (i, 0, id),
-                    &free,
-                    fuse_via_blocking_pool,
-                )))
+                Ok(Some(Self::entry(file, kind, (i, 0, id), &free, &policy)))
             })
             .collect::<io::Result<Slots>>()?;
         Ok(FileTable {
@@ -259,7 +332,7 @@ impl FileTable {
             free,
             id,
             capacity,
-            fuse_via_blocking_pool,
+            policy: Mutex::new(policy),
         })
     }
 
@@ -269,9 +342,9 @@ impl FileTable {
         kind: FileKind,
         (index, gen, table): (u32, u32, u64),
         free: &Arc<Mutex<Vec<Freed>>>,
-        fuse_via_blocking_pool: bool,
+        policy: &Policy,
     ) -> Arc<FileEntry> {
-        let route = route_for(&file, fuse_via_blocking_pool);
+        let (route, force_async) = route_for(classify(&sys::fs_magic(&file)), policy);
         #[cfg(feature = "tracing")]
         if let FileRoute::BlockingPool(why) = route {
             crate::decision!(
@@ -290,8 +363,31 @@ impl FileTable {
             gen,
             table,
             nowait_ok: AtomicBool::new(true),
+            force_async,
+            shares: policy
+                .ring_shares
+                .iter()
+                .chain([&policy.pool_share])
+                .map(|&n| Arc::new(Semaphore::new(n)))
+                .collect(),
             free: Arc::downgrade(free),
         })
+    }
+
+    /// The backend fell back to the blocking pool before any read: every
+    /// file's reads go there, and its share of the pool is `share`.
+    pub(crate) fn set_pool_share(&self, share: usize) {
+        let mut policy = crate::lock(&self.policy);
+        let old = policy.pool_share;
+        policy.pool_share = share;
+        for e in self.shards[0].read().iter().flatten() {
+            let sem = e.shares.last().expect("a pool share");
+            if share > old {
+                sem.add_permits(share - old);
+            } else {
+                sem.forget_permits(old - share);
+            }
+        }
     }
 
     /// Raw fds of the initial files, in index order (for registration).
@@ -354,7 +450,7 @@ impl FileTable {
             kind,
             (index, gen, self.id),
             &self.free,
-            self.fuse_via_blocking_pool,
+            &crate::lock(&self.policy),
         );
         for slots in &mut shards {
             if index as usize == slots.len() {
@@ -413,9 +509,67 @@ mod tests {
         tempfile::tempfile().unwrap()
     }
 
+    fn policy() -> Policy {
+        Policy {
+            fuse_via_blocking_pool: true,
+            network_via_blocking_pool: true,
+            ring_shares: vec![8, 8],
+            pool_share: 8,
+        }
+    }
+
+    #[test]
+    fn file_systems_are_routed_by_class() {
+        let p = policy();
+        assert_eq!(classify(&Ok(0xEF53)), FsClass::Local, "ext4");
+        assert_eq!(classify(&Ok(0x0102_1994)), FsClass::Local, "tmpfs");
+        assert_eq!(classify(&Err(io::Error::other("x"))), FsClass::Local);
+        assert_eq!(classify(&Ok(FUSE_MAGIC)), FsClass::Fuse);
+        assert_eq!(classify(&Ok(0x6969)), FsClass::Network, "NFS");
+        assert_eq!(classify(&Ok(0xFF53_4D42)), FsClass::Network, "CIFS");
+        assert_eq!(route_for(FsClass::Local, &p), (FileRoute::Ring, false));
+        assert!(matches!(
+            route_for(FsClass::Fuse, &p),
+            (FileRoute::BlockingPool(why), false) if why.contains("FUSE")
+        ));
+        assert!(matches!(
+            route_for(FsClass::Network, &p),
+            (FileRoute::BlockingPool(why), false) if why.contains("network")
+        ));
+        let on_rings = Policy {
+            fuse_via_blocking_pool: false,
+            network_via_blocking_pool: false,
+            ..p
+        };
+        // On the rings, their reads go straight to io-wq.
+        assert_eq!(route_for(FsClass::Fuse, &on_rings), (FileRoute::Ring, true));
+        assert_eq!(
+            route_for(FsClass::Network, &on_rings),
+            (FileRoute::Ring, true)
+        );
+    }
+
+    #[test]
+    fn shares_follow_the_backend() {
+        let t = FileTable::new(vec![tmp()], 8, 2, policy()).unwrap();
+        let e = t.get(FileId::from(0)).unwrap();
+        assert_eq!(e.share(Some(1)).unwrap().available_permits(), 8);
+        t.set_pool_share(3);
+        assert_eq!(e.share(None).unwrap().available_permits(), 3);
+        let later = t.insert(tmp(), &NoRings).unwrap();
+        assert_eq!(
+            t.get(later)
+                .unwrap()
+                .share(None)
+                .unwrap()
+                .available_permits(),
+            3
+        );
+    }
+
     #[test]
     fn index_is_reused_only_after_last_user() {
-        let t = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
+        let t = FileTable::new(vec![tmp(), tmp()], 8, 2, policy()).unwrap();
         let held = t.get(FileId::from(1)).unwrap();
         t.remove(FileId::from(1), &NoRings).unwrap();
         assert!(t.get(FileId::from(1)).is_err());
@@ -427,8 +581,8 @@ mod tests {
 
     #[test]
     fn checked_ids_name_one_registration_of_one_table() {
-        let a = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
-        let b = FileTable::new(vec![tmp(), tmp()], 8, 2, true).unwrap();
+        let a = FileTable::new(vec![tmp(), tmp()], 8, 2, policy()).unwrap();
+        let b = FileTable::new(vec![tmp(), tmp()], 8, 2, policy()).unwrap();
         let ids = a.ids();
         assert_eq!(ids.len(), 2);
         assert!(ids.iter().all(|f| f.is_tagged()));
@@ -459,7 +613,7 @@ mod tests {
 
     #[test]
     fn an_index_whose_generation_would_wrap_is_retired() {
-        let t = FileTable::new(vec![], 4, 1, true).unwrap();
+        let t = FileTable::new(vec![], 4, 1, policy()).unwrap();
         crate::lock(&t.free).push(Freed {
             index: 0,
             gen: u32::MAX - 1,
@@ -473,12 +627,12 @@ mod tests {
 
     #[test]
     fn errors_name_the_file() {
-        let t = FileTable::new(vec![tmp()], 1, 3, true).unwrap();
+        let t = FileTable::new(vec![tmp()], 1, 3, policy()).unwrap();
         let e = t.get(FileId::from(7)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("file #7"), "{e}");
         assert!(t.remove(FileId::from(7), &NoRings).is_err());
         assert!(t.insert(tmp(), &NoRings).is_err(), "capacity 1 is full");
-        assert!(FileTable::new(vec![tmp(), tmp()], 1, 1, true).is_err());
+        assert!(FileTable::new(vec![tmp(), tmp()], 1, 1, policy()).is_err());
     }
 }

@@ -89,6 +89,7 @@ mod fallback;
 mod files;
 mod inline;
 mod op;
+mod permit;
 mod read;
 mod ring;
 mod scan;

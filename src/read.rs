@@ -27,7 +27,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut};
@@ -36,6 +35,7 @@ use crate::error::{self, shut_down_error};
 use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
 use crate::inline::{self, pread_nowait, Nowait};
+use crate::permit::{self, Acquired, Permit};
 use crate::ring::{Dst, Ring, MAX_READ};
 use crate::sys;
 use crate::FileId;
@@ -76,15 +76,13 @@ pub(crate) trait Target {
         offset: u64,
         done: usize,
         len: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>>;
     /// Puts a fallback read's bytes at `done..` and says how many there were.
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize>;
     /// What must stay alive with an abandoned in-flight op.
     fn park(&mut self) -> Option<Box<dyn Any + Send>>;
 }
-
-type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
 
 /// The context a read belongs to: borrowed for the future's lifetime (the
 /// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
@@ -164,7 +162,7 @@ enum State<'a, J> {
     Acquire {
         ring: Option<RingRef<'a>>,
         file: Arc<FileEntry>,
-        permit: Acquire,
+        permit: permit::Wait,
     },
     InFlight {
         ring: RingRef<'a>,
@@ -504,25 +502,21 @@ impl<'a, T: Target> ReadCore<'a, T> {
         e
     }
 
-    /// The in-flight slots of `ring`, or of the blocking pool (`None`).
-    fn permits(&self, ring: Option<&RingRef<'_>>) -> Arc<Semaphore> {
-        match ring {
-            Some(r) => r.permits.clone(),
-            None => self.ctx.blocking.permits.clone(),
-        }
-    }
-
-    /// Takes an in-flight slot of ring `ring` (or of the blocking pool) and
-    /// starts the read, or waits for a slot.
+    /// Takes an in-flight slot of ring `ring` (or of the blocking pool),
+    /// with the file's share of those slots, and starts the read, or waits
+    /// for them.
     fn acquire(&mut self, ring: Option<RingRef<'a>>, file: Arc<FileEntry>) -> io::Result<()> {
-        match self.permits(ring.as_ref()).try_acquire_owned() {
-            Ok(permit) => self.start(ring, file, permit),
-            Err(TryAcquireError::NoPermits) => {
-                let permit = Box::pin(self.permits(ring.as_ref()).acquire_owned());
+        let slots = match &ring {
+            Some(r) => &r.permits,
+            None => &self.ctx.blocking.permits,
+        };
+        match slots.acquire(file.share(ring.as_ref().map(|r| r.index))) {
+            Acquired::Now(permit) => self.start(ring, file, permit),
+            Acquired::Wait(permit) => {
                 self.state = State::Acquire { ring, file, permit };
                 Ok(())
             }
-            Err(TryAcquireError::Closed) => Err(Self::closed_error(ring.as_ref())),
+            Acquired::Closed => Err(Self::closed_error(ring.as_ref())),
         }
     }
 
@@ -532,7 +526,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
         &mut self,
         ring: Option<RingRef<'a>>,
         file: Arc<FileEntry>,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<()> {
         if self.bound.is_none() {
             // Any later piece (the next chunk, or the rest of a read cut
@@ -628,7 +622,7 @@ impl Target for Borrowed<'_> {
         offset: u64,
         _done: usize,
         len: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         fb.read(file, offset, len, permit)
     }
@@ -737,7 +731,7 @@ impl<B: IoBufMut> Target for Owned<B> {
         offset: u64,
         done: usize,
         len: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         let at = self.init + done;
         let lent = Arc::new(Mutex::new(self.buf.take()));

@@ -42,7 +42,7 @@ fn assert_invalid(r: io::Result<UringContext>, mentions: &str, what: &str) {
 fn f01_buffer_pool_sizes_are_checked() {
     let set = common::FileSet::new(0x601, &[100_000]);
     let file = set.files[0].clone();
-    let opened: Vec<Vec<File>> = (0..14).map(|_| set.open_all()).collect();
+    let opened: Vec<Vec<File>> = (0..18).map(|_| set.open_all()).collect();
     common::run("f01", Flavor::Multi, 60, move || async move {
         let mut opened = opened.into_iter();
         // count * size wraps around usize (this corrupted the heap), or is
@@ -84,6 +84,24 @@ fn f01_buffer_pool_sizes_are_checked() {
                 "inline_stretch",
                 &format!("{choice:?} inline_stretch(2 s)"),
             );
+        }
+        // A file share of nothing would let no read start; an absurdly
+        // large one just turns the share off.
+        for choice in BOTH {
+            let r = UringContext::builder()
+                .backend(choice)
+                .max_in_flight_per_file(0)
+                .build(opened.next().unwrap());
+            assert_invalid(
+                r,
+                "max_in_flight_per_file",
+                &format!("{choice:?} max_in_flight_per_file(0)"),
+            );
+            UringContext::builder()
+                .backend(choice)
+                .max_in_flight_per_file(usize::MAX)
+                .build(opened.next().unwrap())
+                .expect("max_in_flight_per_file(MAX) is no share");
         }
         // A large but legal pool works, and so do reads through it.
         let ctx = UringContext::builder()

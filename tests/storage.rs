@@ -107,11 +107,95 @@ async fn healthy_load(
     (reads, ticker.await.unwrap())
 }
 
+/// How a test reaches a FUSE file: the default route (the blocking pool),
+/// the rings (`fuse_via_blocking_pool(false)`: `IOSQE_ASYNC`, io-wq), or the
+/// fallback backend.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Pool,
+    Ring,
+    Fallback,
+}
+
+const ROUTES: [Route; 3] = [Route::Pool, Route::Ring, Route::Fallback];
+
+impl Route {
+    fn ctx(
+        self,
+        files: Vec<File>,
+        tweak: impl FnOnce(uring_positioned_io::Builder) -> uring_positioned_io::Builder,
+    ) -> UringContext {
+        let (choice, on_pool) = match self {
+            Route::Pool => (BackendChoice::IoUring, true),
+            Route::Ring => (BackendChoice::IoUring, false),
+            Route::Fallback => (BackendChoice::Fallback, true),
+        };
+        common::build_ctx(choice, files, |b| tweak(b.fuse_via_blocking_pool(on_pool)))
+    }
+}
+
+/// Storage that fails: the errno reaches the caller as is, on every route,
+/// by every read call; reads outside the failing range are right.
+#[test]
+fn errors_reach_the_caller() {
+    for direct in [true, false] {
+        let spec = FileSpec::new("errs", 8 * MIB, 0x7020);
+        let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
+            return;
+        };
+        // Faults on 128 KiB boundaries (see the harness on readahead).
+        fs.set_fault("errs", MIB..MIB + 128 * 1024, Fault::Errno(libc::EIO));
+        fs.set_fault(
+            "errs",
+            2 * MIB..2 * MIB + 128 * 1024,
+            Fault::Errno(libc::ETIMEDOUT),
+        );
+        fs.set_fault(
+            "errs",
+            3 * MIB..3 * MIB + 128 * 1024,
+            Fault::Errno(libc::ENOSPC),
+        );
+        let path = fs.path("errs");
+        for route in ROUTES {
+            let (path, spec) = (path.clone(), spec.clone());
+            common::run("errors", Flavor::Multi, 60, move || async move {
+                let ctx = route.ctx(vec![File::open(&path).unwrap()], |b| b);
+                let cases = [
+                    (MIB + 4096, libc::EIO),
+                    (2 * MIB, libc::ETIMEDOUT),
+                    (3 * MIB + 8192, libc::ENOSPC),
+                ];
+                for (off, errno) in cases {
+                    let what = format!("{route:?} direct={direct} @ {off}");
+                    let mut buf = vec![0u8; 4096];
+                    let e = ctx.read(0u32, off, &mut buf).await.unwrap_err();
+                    assert_eq!(e.raw_os_error(), Some(errno), "{what}: read gave {e}");
+                    let e = ctx.read_exact(0u32, off, &mut buf).await.unwrap_err();
+                    assert_eq!(e.raw_os_error(), Some(errno), "{what}: read_exact gave {e}");
+                    let (res, _) = ctx.read_owned(0u32, off, Vec::with_capacity(4096)).await;
+                    let e = res.unwrap_err();
+                    assert_eq!(e.raw_os_error(), Some(errno), "{what}: read_owned gave {e}");
+                }
+                // Healthy ranges read right, before and after the errors.
+                for off in [0, MIB - 4096, MIB + 256 * 1024, 4 * MIB] {
+                    let mut buf = vec![0u8; 4096];
+                    ctx.read_exact(0u32, off, &mut buf).await.unwrap();
+                    assert!(
+                        buf == common::expected(spec.seed, spec.len, off, 4096),
+                        "{route:?} direct={direct}: wrong bytes at {off}"
+                    );
+                }
+                eprintln!("{route:?} direct={direct}: EIO, ETIMEDOUT, ENOSPC reached the caller");
+            });
+        }
+        drop(fs);
+    }
+}
+
 /// Reads that never return on one file: the runtime keeps running (no
 /// `io_uring_enter` blocks a worker), reads of a healthy file go on, a 1 ms
-/// timer keeps firing; the hung reads fail once the storage gives up, and
-/// shutdown is bounded. The figures are printed; the bounds only catch a
-/// freeze.
+/// timer keeps firing, with 1, 8 and 64 reads hung, on every route; shutdown
+/// is bounded. The figures are printed; the bounds only catch a freeze.
 #[test]
 fn hung_storage_does_not_freeze_the_runtime() {
     for direct in [true, false] {
@@ -119,46 +203,47 @@ fn hung_storage_does_not_freeze_the_runtime() {
         let Some(fs) = FaultFs::mount_or_skip(&[spec], direct) else {
             return;
         };
-        fs.set_fault("hung", 0..64 * MIB, Fault::Hang);
+        let fs = std::sync::Arc::new(fs);
         let path = fs.path("hung");
         let set = common::FileSet::new(0x7003, &[32 * MIB]);
         let healthy = set.files[0].clone();
-        for choice in BOTH {
-            let (path, healthy) = (path.clone(), healthy.clone());
-            let fs_hung = fs.hung_requests("hung").len();
+        for (r, route) in ROUTES.into_iter().enumerate() {
+            let (path, healthy, fs) = (path.clone(), healthy.clone(), fs.clone());
+            // Each route hangs its own 16 MiB of the file: a page-cache
+            // route leaves the pages of released reads cached.
+            let base_off = r as u64 * 16 * MIB;
+            fs.set_fault("hung", 0..64 * MIB, Fault::Hang);
             common::run("hung_storage", Flavor::Multi, 90, move || async move {
-                let ctx = common::build_ctx(
-                    choice,
-                    vec![healthy.open(), File::open(&path).unwrap()],
-                    |b| b.shutdown_timeout(Duration::from_secs(1)),
-                );
-                let route = ctx.file_route(1u32).unwrap();
-                eprintln!(
-                    "{choice:?} direct={direct}: FUSE file route {route:?}; already hung {fs_hung}"
-                );
+                let ctx = route.ctx(vec![healthy.open(), File::open(&path).unwrap()], |b| {
+                    b.shutdown_timeout(Duration::from_secs(1))
+                });
+                let r = ctx.file_route(1u32).unwrap();
+                eprintln!("{route:?} direct={direct}: FUSE file route {r:?}");
                 let (base, base_late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
-                // 16 reads hung on the FUSE file, each at its own 256 KiB.
-                let hung: Vec<_> = (0..16u64)
-                    .map(|i| {
-                        let ctx = ctx.clone();
-                        tokio::spawn(async move {
+                let mut hung = Vec::new();
+                for n in [1u64, 8, 64] {
+                    // More reads hung on the FUSE file, each at its own 256 KiB.
+                    while (hung.len() as u64) < n {
+                        let (ctx, i) = (ctx.clone(), hung.len() as u64);
+                        hung.push(tokio::spawn(async move {
                             let mut buf = vec![0u8; 4096];
-                            ctx.read(1u32, i * 256 * 1024, &mut buf).await
-                        })
-                    })
-                    .collect();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let (with, late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
-                let ratio = with as f64 / base.max(1) as f64;
-                eprintln!(
-                    "{choice:?} direct={direct}: healthy reads {base} -> {with} with 16 hung ({ratio:.2}x); \
-                     1 ms timer worst gap {base_late:?} -> {late:?}"
-                );
-                assert!(with > 0, "healthy reads stalled behind hung ones");
-                assert!(
-                    late < Duration::from_millis(500),
-                    "runtime froze for {late:?}"
-                );
+                            ctx.read(1u32, base_off + i * 256 * 1024, &mut buf).await
+                        }));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let (with, late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
+                    let ratio = with as f64 / base.max(1) as f64;
+                    eprintln!(
+                        "{route:?} direct={direct}: healthy reads {base} -> {with} with {n} hung ({ratio:.2}x); \
+                         1 ms timer worst gap {base_late:?} -> {late:?}; {} requests hung in the server",
+                        fs.reads_hung_now()
+                    );
+                    assert!(with > 0, "healthy reads stalled behind {n} hung ones");
+                    assert!(
+                        late < Duration::from_millis(500),
+                        "runtime froze for {late:?}"
+                    );
+                }
                 for h in &hung {
                     assert!(!h.is_finished(), "a read of hung storage finished");
                 }
@@ -167,20 +252,126 @@ fn hung_storage_does_not_freeze_the_runtime() {
                 tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
                     .await
                     .expect("shutdown hung on storage that never answers");
-                eprintln!(
-                    "{choice:?} direct={direct}: shutdown took {:?}",
-                    t.elapsed()
-                );
+                eprintln!("{route:?} direct={direct}: shutdown took {:?}", t.elapsed());
+                // Answer the hung reads (EIO; the fault cleared first, as the
+                // kernel retries a failed cached read once) so that io-wq
+                // workers and pool threads finish before the runtime shuts
+                // down.
+                fs.clear_faults();
+                fs.release_hangs();
                 for h in hung {
                     h.abort();
                 }
             });
         }
-        // Answer the hung reads (EIO) so their threads and io-wq workers
-        // finish before the next round.
         fs.release_hangs();
         drop(fs);
         drop(set);
+    }
+}
+
+/// Reads stuck on one file cannot take every in-flight slot: with
+/// `max_in_flight = 64` and 64 reads hung on one file, each file's default
+/// share (three quarters of the slots) leaves room for reads of another
+/// file, on the rings and on the blocking pool; without the share
+/// (`max_in_flight_per_file(64)`) the other file's read waits.
+#[test]
+fn a_hung_file_cannot_take_every_slot() {
+    const STUCK: u64 = 64;
+    let specs = [
+        FileSpec::new("stuck", 256 * MIB, 0x7030),
+        FileSpec::new("fine", 4 * MIB, 0x7031),
+    ];
+    // Page cache on: on the rings, hung reads wait in io-wq workers.
+    let Some(fs) = FaultFs::mount_or_skip(&specs, false) else {
+        return;
+    };
+    let fs = std::sync::Arc::new(fs);
+    for (k, (route, shared)) in [
+        (Route::Ring, true),
+        (Route::Pool, true),
+        (Route::Fallback, true),
+        (Route::Ring, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Each round hangs its own 64 MiB (released pages stay cached).
+        let base_off = k as u64 * 64 * MIB;
+        let fs2 = fs.clone();
+        let (stuck, fine) = (fs.path("stuck"), fs.path("fine"));
+        let fine_spec = specs[1].clone();
+        fs.set_fault("stuck", 0..256 * MIB, Fault::Hang);
+        common::run("hung_file_share", Flavor::Multi, 60, move || async move {
+            let fs = fs2;
+            let ctx = route.ctx(
+                vec![File::open(&stuck).unwrap(), File::open(&fine).unwrap()],
+                |b| {
+                    let b = b
+                        .rings(1)
+                        .max_in_flight(STUCK as usize)
+                        .inline_nowait(false)
+                        .shutdown_timeout(Duration::from_millis(500));
+                    if shared {
+                        b
+                    } else {
+                        b.max_in_flight_per_file(STUCK as usize)
+                    }
+                },
+            );
+            let before = fs.reads_hung_now();
+            let hung: Vec<_> = (0..STUCK)
+                .map(|i| {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        ctx.read(0u32, base_off + i * MIB, &mut buf).await
+                    })
+                })
+                .collect();
+            let fs2 = fs.clone();
+            tokio::task::spawn_blocking(move || fs2.wait_hung(before + 8, Duration::from_secs(10)))
+                .await
+                .unwrap();
+            let probe = {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    ctx.read_exact(1u32, 8192, &mut buf).await.map(|()| buf)
+                })
+            };
+            let got = tokio::time::timeout(Duration::from_millis(1500), probe).await;
+            let what = format!(
+                "{route:?}, share {}",
+                if shared { "default" } else { "off" }
+            );
+            eprintln!(
+                "{what}: {} reads hung in the server; healthy read {}",
+                fs.reads_hung_now(),
+                if got.is_ok() { "done" } else { "waiting" }
+            );
+            if shared {
+                let buf = got
+                    .unwrap_or_else(|_| panic!("{what}: {STUCK} hung reads starved another file"))
+                    .unwrap()
+                    .expect("healthy read");
+                assert!(buf == common::expected(fine_spec.seed, fine_spec.len, 8192, 4096));
+            } else {
+                assert!(
+                    got.is_err(),
+                    "{what}: a read ran while {STUCK} hung reads held every slot"
+                );
+            }
+            fs.clear_faults();
+            fs.release_hangs();
+            for h in hung {
+                h.abort();
+            }
+            tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                .await
+                .expect("shutdown");
+        });
+        fs.release_hangs();
     }
 }
 
@@ -216,102 +407,115 @@ fn routes_are_reported() {
     drop(fs);
 }
 
-/// Slow storage (every read takes 10 ms), 256 reads in flight: the crate
-/// against `spawn_blocking` + `pread`, the baseline a user would otherwise
-/// pick, in the same run. Printed, not asserted.
+/// The worst gap between ticks of a 1 ms interval on this runtime, until
+/// `stop`.
+fn ticker(stop: Instant) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        while Instant::now() < stop {
+            tick.tick().await;
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        worst
+    })
+}
+
+/// Slow storage (every read takes 10 ms), 256 reads in flight: the crate,
+/// on its default route and on the rings, against `spawn_blocking` +
+/// `pread`, the baseline a user would otherwise pick, in the same run; with
+/// the worst gap of a 1 ms timer on the same runtime. Printed, not asserted
+/// (the bound only catches a freeze).
 #[test]
 fn slow_storage_keeps_up_with_spawn_blocking() {
     use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::Arc;
+    const IN_FLIGHT: u64 = 256;
+    const SECS: f64 = 1.0;
+    const LEN: u64 = 1 << 40;
     for direct in [true, false] {
-        let spec = FileSpec::new("slow", 256 * MIB, 0x7005);
+        let spec = FileSpec::new("slow", LEN, 0x7005);
         let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
             return;
         };
-        fs.set_fault(
-            "slow",
-            0..256 * MIB,
-            Fault::Delay(Duration::from_millis(10)),
-        );
+        fs.set_fault("slow", 0..LEN, Fault::Delay(Duration::from_millis(10)));
         let path = fs.path("slow");
-        common::run("slow_storage", Flavor::Multi, 60, move || async move {
-            const IN_FLIGHT: u64 = 256;
-            const SECS: f64 = 1.0;
-            // Distinct 4 KiB blocks, so no read is served from the cache.
-            let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let ctx = common::build_ctx(
-                BackendChoice::IoUring,
-                vec![File::open(&path).unwrap()],
-                |b| b,
-            );
-            let stop = Instant::now() + Duration::from_secs_f64(SECS);
-            let tasks: Vec<_> = (0..IN_FLIGHT)
-                .map(|_| {
-                    let (ctx, next) = (ctx.clone(), next.clone());
-                    tokio::spawn(async move {
-                        let mut n = 0u64;
-                        let mut buf = vec![0u8; 4096];
-                        while Instant::now() < stop {
-                            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            ctx.read(0u32, b * 4096 % (256 * MIB), &mut buf)
-                                .await
-                                .unwrap();
-                            n += 1;
-                        }
-                        n
-                    })
-                })
-                .collect();
-            let mut crate_reads = 0;
-            for t in tasks {
-                crate_reads += t.await.unwrap();
-            }
-            let file = Arc::new(File::open(&path).unwrap());
-            let stop = Instant::now() + Duration::from_secs_f64(SECS);
-            let tasks: Vec<_> = (0..IN_FLIGHT)
-                .map(|_| {
-                    let (file, next) = (file.clone(), next.clone());
-                    tokio::spawn(async move {
-                        let mut n = 0u64;
-                        while Instant::now() < stop {
-                            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let file = file.clone();
-                            tokio::task::spawn_blocking(move || {
+        // Distinct 4 KiB blocks over the whole run, so no read is served
+        // from the cache.
+        let next = Arc::new(AtomicU64::new(0));
+        let mut line = format!(
+            "slow storage (10 ms/read, {IN_FLIGHT} in flight, direct={direct}, ideal {}):",
+            (IN_FLIGHT as f64 * SECS / 0.010) as u64
+        );
+        for who in [Some(Route::Pool), Some(Route::Ring), None] {
+            let (path, next) = (path.clone(), next.clone());
+            let (reads, late) =
+                common::run("slow_storage", Flavor::Multi, 60, move || async move {
+                    let ctx = who.map(|r| r.ctx(vec![File::open(&path).unwrap()], |b| b));
+                    let file = Arc::new(File::open(&path).unwrap());
+                    let stop = Instant::now() + Duration::from_secs_f64(SECS);
+                    let tick = ticker(stop);
+                    let tasks: Vec<_> = (0..IN_FLIGHT)
+                        .map(|_| {
+                            let (ctx, file, next) = (ctx.clone(), file.clone(), next.clone());
+                            tokio::spawn(async move {
+                                let mut n = 0u64;
                                 let mut buf = vec![0u8; 4096];
-                                file.read_at(&mut buf, b * 4096 % (256 * MIB)).unwrap()
+                                while Instant::now() < stop {
+                                    let off = next.fetch_add(1, Relaxed) * 4096;
+                                    let got = if let Some(ctx) = &ctx {
+                                        ctx.read(0u32, off, &mut buf).await.unwrap()
+                                    } else {
+                                        let file = file.clone();
+                                        tokio::task::spawn_blocking(move || {
+                                            let mut buf = vec![0u8; 4096];
+                                            file.read_at(&mut buf, off).unwrap()
+                                        })
+                                        .await
+                                        .unwrap()
+                                    };
+                                    assert_eq!(got, 4096);
+                                    n += 1;
+                                }
+                                n
                             })
-                            .await
-                            .unwrap();
-                            n += 1;
-                        }
-                        n
-                    })
-                })
-                .collect();
-            let mut baseline = 0;
-            for t in tasks {
-                baseline += t.await.unwrap();
-            }
-            let ideal = (IN_FLIGHT as f64 * SECS / 0.010) as u64;
-            eprintln!(
-                "slow storage (10 ms/read, {IN_FLIGHT} in flight, direct={direct}): crate {crate_reads} reads, \
-                 spawn_blocking {baseline}, ideal {ideal} ({:.2}x the baseline)",
-                crate_reads as f64 / baseline.max(1) as f64
+                        })
+                        .collect();
+                    let mut reads = 0;
+                    for t in tasks {
+                        reads += t.await.unwrap();
+                    }
+                    (reads, tick.await.unwrap())
+                });
+            let name = who.map_or_else(|| "spawn_blocking".to_string(), |r| format!("{r:?}"));
+            line += &format!(" {name} {reads} reads, timer worst gap {late:.1?};");
+            // Throughput is printed, not asserted (a busy machine would make
+            // any bound flaky); the figures are in docs/BENCHMARKS.md.
+            assert!(reads > 0);
+            assert!(
+                late < Duration::from_millis(1000),
+                "{name}: runtime froze {late:?}"
             );
-            // Throughput is measured and printed here, not asserted (a busy
-            // machine would make any bound flaky); the figures are in
-            // docs/BENCHMARKS.md. Every read must have completed correctly.
-            assert!(crate_reads > 0 && baseline > 0);
-        });
+        }
+        eprintln!("{line}");
         drop(fs);
     }
 }
 
-/// Reads stuck on storage that never answers fill `max_in_flight`; dropping
-/// their futures cancels them in the kernel (`IORING_OP_ASYNC_CANCEL`), so
-/// their in-flight slots come back and reads of a healthy file proceed.
-/// Reads an io-wq worker is already blocked in cannot be stopped (FUSE waits
-/// for the server after an interrupt); the ones io-wq still queues can.
+/// Reads stuck on storage that never answers fill `max_in_flight` (the
+/// per-file share turned off); dropping their futures asks the kernel to
+/// cancel them (`IORING_OP_ASYNC_CANCEL`), and their slots come back as soon
+/// as the kernel lets go of them. Reads an io-wq worker is already blocked
+/// in cannot be stopped (FUSE waits for the server after an interrupt), and
+/// since io-wq may run as many workers as reads in flight, all 64 usually
+/// are: their slots come back when the storage answers. (Before the io-wq
+/// limit was raised, 8 workers took 8 reads and the cancels freed the other
+/// 56 at once; the per-file share, not cancellation, is what keeps healthy
+/// files going while reads hang, see `a_hung_file_cannot_take_every_slot`.)
 #[test]
 fn dropped_reads_give_their_slots_back() {
     const STUCK: u64 = 64;
@@ -335,6 +539,9 @@ fn dropped_reads_give_their_slots_back() {
                 b.fuse_via_blocking_pool(false)
                     .rings(1)
                     .max_in_flight(STUCK as usize)
+                    // One file may take every slot here: the point is that
+                    // dropping its reads gives them back.
+                    .max_in_flight_per_file(STUCK as usize)
                     .inline_nowait(false)
                     .shutdown_timeout(Duration::from_secs(1))
             },
@@ -370,16 +577,34 @@ fn dropped_reads_give_their_slots_back() {
             "a read ran while {STUCK} reads held every slot: {:?}",
             ctx.stats()
         );
-        // Drop the stuck reads: their cancels free the slots io-wq had not
-        // started on, and the healthy read goes through.
+        // Drop the stuck reads: cancels go to the kernel for each of them.
         for s in &stuck {
             s.abort();
         }
+        let t = Instant::now();
+        while ctx.stats().cancels < STUCK && t.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        eprintln!(
+            "dropped {STUCK} stuck reads: {:?}; {} blocked in the FUSE server; healthy read {}",
+            ctx.stats(),
+            fs2.reads_hung_now(),
+            if probe.is_finished() {
+                "done"
+            } else {
+                "waiting"
+            }
+        );
+        assert_eq!(ctx.stats().cancels, STUCK, "a cancel was not sent");
+        // The storage answers (EIO): every slot comes back.
+        fs2.clear_faults();
+        fs2.release_hangs();
         let got = tokio::time::timeout(Duration::from_secs(20), probe)
             .await
             .unwrap_or_else(|_| {
                 panic!(
-                    "dropping {STUCK} stuck reads did not free a slot: {:?}",
+                    "{STUCK} dropped reads kept their slots after the storage answered: {:?}",
                     ctx.stats()
                 )
             })
@@ -391,10 +616,9 @@ fn dropped_reads_give_their_slots_back() {
             "after dropping {STUCK} stuck reads: {stats:?}; {} still blocked in the FUSE server",
             fs2.reads_hung_now()
         );
-        assert!(stats.cancels >= 1, "no cancel was sent: {stats:?}");
-        // New healthy reads keep flowing.
+        // New healthy reads keep flowing, and nothing is left in flight.
         common::verify_whole_file(&ctx, 0, &healthy, 64 * 1024).await;
-        fs2.release_hangs();
+        assert_eq!(ctx.stats().in_flight, 0, "{:?}", ctx.stats());
         tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
             .await
             .expect("shutdown");

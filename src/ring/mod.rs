@@ -51,7 +51,7 @@ use futures::task::AtomicWaker;
 use io_uring::{opcode, squeue, types, IoUring};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 
 use crate::buf::BufferPool;
 use crate::error::{shut_down_error, Closed};
@@ -59,6 +59,7 @@ use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
 use crate::lock;
 use crate::op::OpTable;
+use crate::permit::{Permit, Slots};
 use crate::sys;
 
 mod complete;
@@ -101,7 +102,7 @@ pub(crate) struct RingConfig {
 /// What an op keeps alive until it is removed from the table.
 pub(crate) struct Keep {
     _file: Arc<FileEntry>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Permit,
 }
 
 impl fmt::Debug for Keep {
@@ -169,7 +170,7 @@ pub(crate) struct Ring {
     /// Freed in `Drop` only once the kernel is done with every op.
     pool: ManuallyDrop<BufferPool>,
     pool_registered: bool,
-    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) permits: Slots,
     submit_pending: AtomicBool,
     /// The driver is asleep with nothing queued: the next reader to queue
     /// an SQE claims this and submits it itself (see `submit_read`).
@@ -241,6 +242,17 @@ impl Ring {
             submitter.register_files_update(0, fds)?;
         }
 
+        // io-wq, the kernel's worker pool for requests that cannot be issued
+        // without blocking (reads of a FUSE or network file on the rings,
+        // with IOSQE_ASYNC; anything a file system punts), has at most
+        // 4 x CPUs bounded workers per submitting thread by default: 8
+        // requests stuck on one such file would leave every other one
+        // queued behind them. Allow as many workers as reads in flight
+        // (created only when needed). Best effort: kernels before 5.15 do
+        // not have this, and reads work the same without it.
+        let bounded = u32::try_from(cfg.in_flight).unwrap_or(u32::MAX);
+        let _ = submitter.register_iowq_max_workers(&mut [bounded, 0]);
+
         // Bounce buffers. Registering them lets O_DIRECT skip pinning pages
         // on every read; it needs RLIMIT_MEMLOCK room (or CAP_IPC_LOCK), so
         // failing to register is not an error: plain reads are used instead.
@@ -282,7 +294,7 @@ impl Ring {
             uring,
             pool: ManuallyDrop::new(pool),
             pool_registered,
-            permits: Arc::new(Semaphore::new(cfg.in_flight)),
+            permits: Slots::new(cfg.in_flight),
             submit_pending: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             driver_waker: AtomicWaker::new(),

@@ -24,7 +24,6 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::complete::{apply_one, Deferred};
 use super::driver;
@@ -34,6 +33,7 @@ use crate::error::Closed;
 use crate::files::FileEntry;
 use crate::lock;
 use crate::op::OpBuf;
+use crate::permit::Permit;
 
 // io_uring_enter flags (include/uapi/linux/io_uring.h).
 pub(super) const ENTER_GETEVENTS: u32 = 1;
@@ -98,7 +98,7 @@ impl Ring {
     pub(crate) fn submit_read(
         &self,
         file: Arc<FileEntry>,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
         offset: u64,
         dst: Dst,
     ) -> io::Result<usize> {
@@ -115,6 +115,7 @@ impl Ring {
             return Err(closed.error());
         }
         let fixed = types::Fixed(file.index);
+        let force_async = file.force_async;
         let (buf, entry) = match dst {
             Dst::Caller(ptr, len) => (
                 OpBuf::Caller,
@@ -171,7 +172,10 @@ impl Ring {
             },
         );
         let user_data = st.ops.user_data(key).expect("op just inserted");
-        let entry = entry.user_data(user_data);
+        let mut entry = entry.user_data(user_data);
+        if force_async {
+            entry = entry.flags(squeue::Flags::ASYNC);
+        }
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
