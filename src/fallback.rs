@@ -35,6 +35,11 @@ pub(crate) struct Fallback {
     /// the fallback's per-read cost (a thread hop) dwarfs the lock.
     counts: Arc<Mutex<Counts>>,
     idle: Arc<Notify>,
+    /// `shutdown()` stopped waiting for the reads still running
+    /// (`wait_idle` timed out): borrowed reads waiting for them fail.
+    pub(crate) gave_up: AtomicBool,
+    /// Notified (to every waiter) when `gave_up` is set.
+    pub(crate) gave_up_notify: Arc<Notify>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -64,6 +69,8 @@ impl Fallback {
             closed: AtomicBool::new(false),
             counts: Arc::default(),
             idle: Arc::new(Notify::new()),
+            gave_up: AtomicBool::new(false),
+            gave_up_notify: Arc::new(Notify::new()),
         }
     }
 
@@ -161,6 +168,13 @@ impl Fallback {
         let timer = self
             .runtime
             .spawn_blocking(move || std::thread::sleep(timeout));
-        futures::future::select(std::pin::pin!(idle), timer).await;
+        if let futures::future::Either::Right(_) =
+            futures::future::select(std::pin::pin!(idle), timer).await
+        {
+            // Reads into a buffer of their own task (borrowed reads) fail
+            // now; the task keeps its buffer until `pread` returns.
+            self.gave_up.store(true, Ordering::Release);
+            self.gave_up_notify.notify_waiters();
+        }
     }
 }

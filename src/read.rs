@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut};
@@ -82,6 +83,9 @@ pub(crate) trait Target {
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize>;
     /// What must stay alive with an abandoned in-flight op.
     fn park(&mut self) -> Option<Box<dyn Any + Send>>;
+    /// Whether a blocking-pool read may be left to finish on its own: its
+    /// task reads into a buffer of its own, not into the caller's.
+    const BLOCKING_DETACHABLE: bool;
 }
 
 /// The context a read belongs to: borrowed for the future's lifetime (the
@@ -168,7 +172,9 @@ enum State<'a, J> {
         ring: RingRef<'a>,
         key: usize,
     },
-    Blocking(JoinHandle<J>),
+    /// On the blocking pool; a borrowed read also watches for `shutdown()`
+    /// giving up on it.
+    Blocking(JoinHandle<J>, Option<Pin<Box<OwnedNotified>>>),
     Done,
 }
 
@@ -401,8 +407,20 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         Err(e) => return Poll::Ready(Err(self.explain(e))),
                     }
                 }
-                State::Blocking(handle) => {
-                    let out = ready!(Pin::new(handle).poll(cx));
+                State::Blocking(handle, gave_up) => {
+                    let Poll::Ready(out) = Pin::new(handle).poll(cx) else {
+                        if let Some(g) = gave_up {
+                            if g.as_mut().poll(cx).is_ready()
+                                || self.ctx.blocking.gave_up.load(Ordering::Acquire)
+                            {
+                                // The task reads into its own buffer and
+                                // keeps it (and its slot) until pread returns.
+                                self.state = State::Done;
+                                return Poll::Ready(Err(error::gave_up()));
+                            }
+                        }
+                        return Poll::Pending;
+                    };
                     self.state = State::Done;
                     let n = match out {
                         Ok(out) => self.target.finish_blocking(out, self.done)?,
@@ -541,7 +559,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
             let h = self
                 .target
                 .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
-            self.state = State::Blocking(h);
+            let gave_up = T::BLOCKING_DETACHABLE
+                .then(|| Box::pin(fb.gave_up_notify.clone().notified_owned()));
+            self.state = State::Blocking(h, gave_up);
             return Ok(());
         };
         let dst = self.target.ring_dst(self.done, self.piece);
@@ -573,7 +593,7 @@ impl<J> fmt::Debug for State<'_, J> {
             State::InFlight { ring, key } => {
                 write!(f, "InFlight {{ ring: {}, key: {key} }}", ring.index)
             }
-            State::Blocking(_) => f.write_str("Blocking"),
+            State::Blocking(..) => f.write_str("Blocking"),
             State::Done => f.write_str("Done"),
         }
     }
@@ -595,6 +615,8 @@ impl<T: Target> fmt::Debug for ReadCore<'_, T> {
 pub(crate) struct Borrowed<'a>(pub(crate) &'a mut [u8]);
 
 impl Target for Borrowed<'_> {
+    const BLOCKING_DETACHABLE: bool = true;
+
     type Blocking = io::Result<(AlignedBuf, usize)>;
     fn len(&self) -> usize {
         self.0.len()
@@ -691,6 +713,8 @@ impl<B: IoBufMut> Owned<B> {
 }
 
 impl<B: IoBufMut> Target for Owned<B> {
+    const BLOCKING_DETACHABLE: bool = false;
+
     type Blocking = io::Result<usize>;
     fn len(&self) -> usize {
         self.room

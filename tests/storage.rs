@@ -253,15 +253,30 @@ fn hung_storage_does_not_freeze_the_runtime() {
                     .await
                     .expect("shutdown hung on storage that never answers");
                 eprintln!("{route:?} direct={direct}: shutdown took {:?}", t.elapsed());
+                // The borrowed reads it gave up on fail with TimedOut (their
+                // buffers stay with the kernel or the pool thread); those
+                // still waiting for their file's share never started and
+                // fail as shut down.
+                for h in &mut hung {
+                    let res = tokio::time::timeout(Duration::from_secs(5), h)
+                        .await
+                        .expect("a hung read still waits after shutdown gave up")
+                        .unwrap();
+                    let e = res.expect_err("a hung read succeeded");
+                    assert!(
+                        matches!(
+                            e.kind(),
+                            io::ErrorKind::TimedOut | io::ErrorKind::BrokenPipe
+                        ),
+                        "{route:?}: {e}"
+                    );
+                }
                 // Answer the hung reads (EIO; the fault cleared first, as the
                 // kernel retries a failed cached read once) so that io-wq
                 // workers and pool threads finish before the runtime shuts
                 // down.
                 fs.clear_faults();
                 fs.release_hangs();
-                for h in hung {
-                    h.abort();
-                }
             });
         }
         fs.release_hangs();
