@@ -773,7 +773,8 @@ impl UringContext {
             })
     }
 
-    /// How reads of file `fid` are issued: through the rings, or through
+    /// How reads of file `fid` are issued: through the rings (straight to
+    /// io-wq for a FUSE or network file opted onto them), or through
     /// `pread` on the blocking pool and why (every file of a context on the
     /// fallback backend; files on a file system where io_uring is not
     /// trustworthy, such as FUSE — see the design document).
@@ -789,6 +790,7 @@ impl UringContext {
     /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
     /// match ctx.file_route(0)? {
     ///     FileRoute::Ring => assert_eq!(ctx.backend().kind, BackendKind::IoUring),
+    ///     FileRoute::RingAsync(why) => println!("file #0 is read through io-wq: {why}"),
     ///     FileRoute::BlockingPool(why) => println!("file #0 is read with pread: {why}"),
     /// }
     /// # Ok(())

@@ -33,6 +33,12 @@ use crate::FileId;
 pub enum FileRoute {
     /// Through the io_uring rings (with the page-cache fast path).
     Ring,
+    /// Through the rings, each read handed straight to one of the kernel's
+    /// io-wq workers (`IOSQE_ASYNC`), so that no `io_uring_enter` waits for
+    /// this file's storage: a FUSE or network file put on the rings with
+    /// `Builder::fuse_via_blocking_pool(false)` or
+    /// `Builder::network_fs_via_blocking_pool(false)` (the reason says which).
+    RingAsync(&'static str),
     /// Through `pread` on tokio's blocking pool, because io_uring is not
     /// trustworthy on this file's file system (the reason says why); also
     /// every file of a context on the fallback backend.
@@ -102,22 +108,19 @@ fn classify(magic: &io::Result<i64>) -> FsClass {
 /// the user says otherwise. A FUSE or network file the user puts on the
 /// rings anyway has its reads issued with `IOSQE_ASYNC`, so that a request
 /// its server never answers blocks an io-wq worker, never the enter.
-fn route_for(class: FsClass, policy: &Policy) -> (FileRoute, bool) {
+fn route_for(class: FsClass, policy: &Policy) -> FileRoute {
     match class {
-        FsClass::Fuse if policy.fuse_via_blocking_pool => (
-            FileRoute::BlockingPool(
-                "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
-            ),
-            false,
+        FsClass::Fuse if policy.fuse_via_blocking_pool => FileRoute::BlockingPool(
+            "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
         ),
-        FsClass::Network if policy.network_via_blocking_pool => (
-            FileRoute::BlockingPool(
-                "network file system: a server that stalls would block io_uring's workers (not measured here; see Builder::network_fs_via_blocking_pool)",
-            ),
-            false,
+        FsClass::Network if policy.network_via_blocking_pool => FileRoute::BlockingPool(
+            "network file system: a server that stalls would block io_uring's workers (not measured here; see Builder::network_fs_via_blocking_pool)",
         ),
-        FsClass::Fuse | FsClass::Network => (FileRoute::Ring, true),
-        FsClass::Local => (FileRoute::Ring, false),
+        FsClass::Fuse => FileRoute::RingAsync("FUSE, on the rings as asked (fuse_via_blocking_pool(false))"),
+        FsClass::Network => FileRoute::RingAsync(
+            "network file system, on the rings as asked (network_fs_via_blocking_pool(false))",
+        ),
+        FsClass::Local => FileRoute::Ring,
     }
 }
 
@@ -173,7 +176,7 @@ impl FileEntry {
 
     /// Whether reads of this file may use the rings (and the inline path).
     pub(crate) fn on_ring(&self) -> bool {
-        self.route == FileRoute::Ring
+        matches!(self.route, FileRoute::Ring | FileRoute::RingAsync(_))
     }
 
     /// The file's share of ring `ring`'s slots, or of the blocking pool's
@@ -344,7 +347,7 @@ impl FileTable {
         free: &Arc<Mutex<Vec<Freed>>>,
         policy: &Policy,
     ) -> Arc<FileEntry> {
-        let (route, force_async) = route_for(classify(&sys::fs_magic(&file)), policy);
+        let route = route_for(classify(&sys::fs_magic(&file)), policy);
         #[cfg(feature = "tracing")]
         if let FileRoute::BlockingPool(why) = route {
             crate::decision!(
@@ -363,7 +366,7 @@ impl FileTable {
             gen,
             table,
             nowait_ok: AtomicBool::new(true),
-            force_async,
+            force_async: matches!(route, FileRoute::RingAsync(_)),
             shares: policy
                 .ring_shares
                 .iter()
@@ -527,14 +530,14 @@ mod tests {
         assert_eq!(classify(&Ok(FUSE_MAGIC)), FsClass::Fuse);
         assert_eq!(classify(&Ok(0x6969)), FsClass::Network, "NFS");
         assert_eq!(classify(&Ok(0xFF53_4D42)), FsClass::Network, "CIFS");
-        assert_eq!(route_for(FsClass::Local, &p), (FileRoute::Ring, false));
+        assert_eq!(route_for(FsClass::Local, &p), FileRoute::Ring);
         assert!(matches!(
             route_for(FsClass::Fuse, &p),
-            (FileRoute::BlockingPool(why), false) if why.contains("FUSE")
+            FileRoute::BlockingPool(why) if why.contains("FUSE")
         ));
         assert!(matches!(
             route_for(FsClass::Network, &p),
-            (FileRoute::BlockingPool(why), false) if why.contains("network")
+            FileRoute::BlockingPool(why) if why.contains("network")
         ));
         let on_rings = Policy {
             fuse_via_blocking_pool: false,
@@ -542,10 +545,11 @@ mod tests {
             ..p
         };
         // On the rings, their reads go straight to io-wq.
-        assert_eq!(route_for(FsClass::Fuse, &on_rings), (FileRoute::Ring, true));
-        assert_eq!(
-            route_for(FsClass::Network, &on_rings),
-            (FileRoute::Ring, true)
+        assert!(
+            matches!(route_for(FsClass::Fuse, &on_rings), FileRoute::RingAsync(why) if why.contains("FUSE"))
+        );
+        assert!(
+            matches!(route_for(FsClass::Network, &on_rings), FileRoute::RingAsync(why) if why.contains("network"))
         );
     }
 

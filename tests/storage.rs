@@ -219,6 +219,11 @@ fn hung_storage_does_not_freeze_the_runtime() {
                 });
                 let r = ctx.file_route(1u32).unwrap();
                 eprintln!("{route:?} direct={direct}: FUSE file route {r:?}");
+                assert_eq!(
+                    matches!(r, uring_positioned_io::FileRoute::RingAsync(_)),
+                    matches!(route, Route::Ring),
+                    "{r:?}"
+                );
                 let (base, base_late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
                 let mut hung = Vec::new();
                 for n in [1u64, 8, 64] {
