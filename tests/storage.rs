@@ -29,11 +29,13 @@ fn short_reads_never_return_wrong_bytes() {
         // Faults on 128 KiB boundaries (see the harness on readahead).
         fs.set_fault("lies", MIB..2 * MIB, Fault::Short(1000));
         let path = fs.path("lies");
-        for choice in BOTH {
+        // Not `Route::Ring`: there io_uring returns wrong bytes as `Ok`, with
+        // `IOSQE_ASYNC` too (why FUSE is on the blocking pool by default).
+        for route in [Route::Pool, Route::Fallback] {
             let path = path.clone();
             let spec = spec.clone();
             common::run("short_reads", Flavor::Multi, 60, move || async move {
-                let ctx = common::build_ctx(choice, vec![File::open(&path).unwrap()], |b| b);
+                let ctx = route.ctx(vec![File::open(&path).unwrap()], |b| b);
                 for off in [MIB, MIB + 4096, MIB + 100_000] {
                     let mut buf = vec![0u8; 4096];
                     match ctx.read(0u32, off, &mut buf).await {
@@ -41,18 +43,18 @@ fn short_reads_never_return_wrong_bytes() {
                             let want = common::expected(spec.seed, spec.len, off, n);
                             assert!(
                                 buf[..n] == want[..],
-                                "{choice:?} direct={direct}: Ok({n}) with wrong bytes at {off}: {}",
+                                "{route:?} direct={direct}: Ok({n}) with wrong bytes at {off}: {}",
                                 common::check_pattern(spec.seed, off, &buf[..n]).unwrap_err()
                             );
-                            eprintln!("{choice:?} direct={direct}: read @ {off} -> Ok({n})");
+                            eprintln!("{route:?} direct={direct}: read @ {off} -> Ok({n})");
                         }
-                        Err(e) => eprintln!("{choice:?} direct={direct}: read @ {off} -> {e}"),
+                        Err(e) => eprintln!("{route:?} direct={direct}: read @ {off} -> {e}"),
                     }
                     let mut buf = vec![0u8; 4096];
                     if ctx.read_exact(0u32, off, &mut buf).await.is_ok() {
                         assert!(
                             buf[..] == common::expected(spec.seed, spec.len, off, 4096)[..],
-                            "{choice:?} direct={direct}: read_exact returned wrong bytes at {off}"
+                            "{route:?} direct={direct}: read_exact returned wrong bytes at {off}"
                         );
                     }
                 }
