@@ -268,14 +268,16 @@ impl Builder {
         self
     }
 
-    /// The most in-flight slots of any one ring (or of the blocking pool)
-    /// that reads of one file may hold at once (default: three quarters of
-    /// the ring's share of [`max_in_flight`](Self::max_in_flight), so at
-    /// least a quarter stays for other files). Reads stuck on one file —
-    /// storage that never answers, or a file being hammered — then cannot
-    /// take every slot and stall reads of healthy files. A read over its
-    /// file's share waits for it without holding a slot. A value at or
-    /// above the per-ring limit turns the share off. Must be at least 1.
+    /// The most reads of one file in flight at once, over all rings
+    /// (default: three quarters of one ring's part of
+    /// [`max_in_flight`](Self::max_in_flight) — 384 with the default 512
+    /// per ring — so that a quarter of every ring stays for other files;
+    /// for a file read on the blocking pool, three quarters of the pool's
+    /// limit). Reads stuck on one file — storage that never answers, or a
+    /// file being hammered — then cannot take every slot and stall reads of
+    /// healthy files. A read over its file's share waits for it without
+    /// holding a slot. A value at or above the per-ring limit turns the
+    /// share off. Must be at least 1.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_in_flight_per_file(mut self, reads: usize) -> Self {
         self.max_in_flight_per_file = Some(reads);
@@ -313,7 +315,15 @@ impl Builder {
         let policy = Policy {
             fuse_via_blocking_pool: self.fuse_via_blocking_pool,
             network_via_blocking_pool: self.network_fs_via_blocking_pool,
-            ring_shares: plan.ring_cfgs.iter().map(|c| share(c.in_flight)).collect(),
+            // Over all rings, bounded by the smallest ring: reads of one file
+            // never fill any ring, wherever they are issued.
+            ring_share: share(
+                plan.ring_cfgs
+                    .iter()
+                    .map(|c| c.in_flight)
+                    .min()
+                    .unwrap_or(1),
+            ),
             pool_share: share(match self.backend {
                 BackendChoice::Fallback => plan.fallback_in_flight,
                 _ => plan.routed_in_flight,

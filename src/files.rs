@@ -70,10 +70,10 @@ pub(crate) struct Policy {
     pub(crate) fuse_via_blocking_pool: bool,
     /// `Builder::network_fs_via_blocking_pool`.
     pub(crate) network_via_blocking_pool: bool,
-    /// Each file's share of each ring's slots, by ring index
-    /// (`Builder::max_in_flight_per_file`).
-    pub(crate) ring_shares: Vec<usize>,
-    /// Each file's share of the blocking pool's slots.
+    /// The in-flight slots a file on the rings may hold at once, over all
+    /// rings (`Builder::max_in_flight_per_file`).
+    pub(crate) ring_share: usize,
+    /// The same for a file read on the blocking pool.
     pub(crate) pool_share: usize,
 }
 
@@ -143,9 +143,10 @@ pub(crate) struct FileEntry {
     /// Ring reads go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
     /// file the user put on the rings (see `route_for`).
     pub(crate) force_async: bool,
-    /// The file's share of each ring's in-flight slots (by ring index),
-    /// then of the blocking pool's (last): see `permit`.
-    shares: Box<[Arc<Semaphore>]>,
+    /// The in-flight slots this file's reads may hold at once (see
+    /// `permit`): one semaphore per file, whatever the number of rings, so
+    /// that a context of 100 000 files does not hold 100 000 × rings.
+    share: Arc<Semaphore>,
     free: Weak<Mutex<Vec<Freed>>>,
 }
 
@@ -179,13 +180,9 @@ impl FileEntry {
         matches!(self.route, FileRoute::Ring | FileRoute::RingAsync(_))
     }
 
-    /// The file's share of ring `ring`'s slots, or of the blocking pool's
-    /// (`None`).
-    pub(crate) fn share(&self, ring: Option<usize>) -> Option<&Arc<Semaphore>> {
-        match ring {
-            Some(i) => self.shares.get(i),
-            None => self.shares.last(),
-        }
+    /// The slots this file's reads may hold at once.
+    pub(crate) fn share(&self) -> &Arc<Semaphore> {
+        &self.share
     }
 }
 
@@ -367,12 +364,13 @@ impl FileTable {
             table,
             nowait_ok: AtomicBool::new(true),
             force_async: matches!(route, FileRoute::RingAsync(_)),
-            shares: policy
-                .ring_shares
-                .iter()
-                .chain([&policy.pool_share])
-                .map(|&n| Arc::new(Semaphore::new(n)))
-                .collect(),
+            share: Arc::new(Semaphore::new(
+                if matches!(route, FileRoute::BlockingPool(_)) {
+                    policy.pool_share
+                } else {
+                    policy.ring_share
+                },
+            )),
             free: Arc::downgrade(free),
         })
     }
@@ -381,16 +379,21 @@ impl FileTable {
     /// file's reads go there, and its share of the pool is `share`.
     pub(crate) fn set_pool_share(&self, share: usize) {
         let mut policy = crate::lock(&self.policy);
-        let old = policy.pool_share;
-        policy.pool_share = share;
         for e in self.shards[0].read().iter().flatten() {
-            let sem = e.shares.last().expect("a pool share");
+            let old = if e.on_ring() {
+                policy.ring_share
+            } else {
+                policy.pool_share
+            };
+            let sem = &e.share;
             if share > old {
                 sem.add_permits(share - old);
             } else {
                 sem.forget_permits(old - share);
             }
         }
+        policy.pool_share = share;
+        policy.ring_share = share;
     }
 
     /// Raw fds of the initial files, in index order (for registration).
@@ -516,7 +519,7 @@ mod tests {
         Policy {
             fuse_via_blocking_pool: true,
             network_via_blocking_pool: true,
-            ring_shares: vec![8, 8],
+            ring_share: 8,
             pool_share: 8,
         }
     }
@@ -557,18 +560,11 @@ mod tests {
     fn shares_follow_the_backend() {
         let t = FileTable::new(vec![tmp()], 8, 2, policy()).unwrap();
         let e = t.get(FileId::from(0)).unwrap();
-        assert_eq!(e.share(Some(1)).unwrap().available_permits(), 8);
+        assert_eq!(e.share().available_permits(), 8);
         t.set_pool_share(3);
-        assert_eq!(e.share(None).unwrap().available_permits(), 3);
+        assert_eq!(e.share().available_permits(), 3);
         let later = t.insert(tmp(), &NoRings).unwrap();
-        assert_eq!(
-            t.get(later)
-                .unwrap()
-                .share(None)
-                .unwrap()
-                .available_permits(),
-            3
-        );
+        assert_eq!(t.get(later).unwrap().share().available_permits(), 3);
     }
 
     #[test]

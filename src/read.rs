@@ -528,7 +528,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
             Some(r) => &r.permits,
             None => &self.ctx.blocking.permits,
         };
-        match slots.acquire(file.share(ring.as_ref().map(|r| r.index))) {
+        match slots.acquire(Some(file.share())) {
             Acquired::Now(permit) => self.start(ring, file, permit),
             Acquired::Wait(permit) => {
                 self.state = State::Acquire { ring, file, permit };

@@ -12,7 +12,6 @@ use common::fuse::{Fault, FaultFs, FileSpec};
 use common::Flavor;
 use uring_positioned_io::{BackendChoice, UringContext};
 
-const BOTH: [BackendChoice; 2] = [BackendChoice::IoUring, BackendChoice::Fallback];
 const MIB: u64 = 1 << 20;
 
 /// Storage that returns fewer bytes than asked: the read returns a short
