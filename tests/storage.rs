@@ -647,3 +647,152 @@ fn dropped_reads_give_their_slots_back() {
     fs.release_hangs();
     drop(set);
 }
+
+/// A loop device over a FUSE file: a *block device* (routed to the rings,
+/// like a local disk) whose storage fails or stalls where the test says.
+struct LoopDev {
+    dev: String,
+}
+
+impl LoopDev {
+    fn attach(backing: &std::path::Path) -> Option<LoopDev> {
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show", "--read-only"])
+            .arg(backing)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(LoopDev {
+                dev: String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            }),
+            Ok(o) => {
+                eprintln!(
+                    "skipped: losetup failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: no losetup ({e})");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["--detach", &self.dev])
+            .status();
+    }
+}
+
+/// A local disk that fails or stops answering, as a block device on the
+/// rings (a loop device over the FUSE file system): an I/O error reaches
+/// the caller as EIO; reads hung on the device do not freeze the runtime,
+/// reads of a healthy file go on, a 1 ms timer keeps firing, and shutdown
+/// returns at its timeout — buffered and `O_DIRECT`.
+#[test]
+fn a_failing_or_stalled_block_device() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let spec = FileSpec::new("disk", 64 * MIB, 0x7040);
+    let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), true) else {
+        return;
+    };
+    let Some(dev) = LoopDev::attach(&fs.path("disk")) else {
+        return;
+    };
+    let fs = std::sync::Arc::new(fs);
+    let set = common::FileSet::new(0x7041, &[32 * MIB]);
+    let healthy = set.files[0].clone();
+    for (k, direct) in [false, true].into_iter().enumerate() {
+        let base = k as u64 * 32 * MIB;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        if direct {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let disk = opts.open(&dev.dev).unwrap();
+        fs.set_fault(
+            "disk",
+            base + 4 * MIB..base + 5 * MIB,
+            Fault::Errno(libc::EIO),
+        );
+        fs.set_fault("disk", base + 16 * MIB..base + 32 * MIB, Fault::Hang);
+        let (fs2, healthy, spec) = (fs.clone(), healthy.clone(), spec.clone());
+        common::run(
+            "stalled_block_device",
+            Flavor::Multi,
+            90,
+            move || async move {
+                let ctx =
+                    common::build_ctx(BackendChoice::IoUring, vec![healthy.open(), disk], |b| {
+                        b.shutdown_timeout(Duration::from_secs(1))
+                    });
+                assert_eq!(
+                    ctx.file_route(1u32).unwrap(),
+                    uring_positioned_io::FileRoute::Ring
+                );
+                let mut buf = uring_positioned_io::AlignedBuf::new(4096, 4096);
+                // Healthy blocks of the device read right.
+                let n = ctx.read(1u32, base, &mut buf).await.unwrap();
+                assert_eq!(n, 4096);
+                assert!(buf[..] == common::expected(spec.seed, spec.len, base, 4096)[..]);
+                // A failing range: EIO.
+                let e = ctx.read(1u32, base + 4 * MIB, &mut buf).await.unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "direct={direct}: {e}");
+                // The healthy file is read from the device too (evicted first).
+                healthy.drop_cache();
+                let (base_reads, base_late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
+                // 64 reads hung on the device.
+                let hung: Vec<_> = (0..64u64)
+                    .map(|i| {
+                        let ctx = ctx.clone();
+                        tokio::spawn(async move {
+                            let mut buf = uring_positioned_io::AlignedBuf::new(4096, 4096);
+                            ctx.read(1u32, base + 16 * MIB + i * 256 * 1024, &mut buf)
+                                .await
+                                .map(|_| ())
+                        })
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                healthy.drop_cache();
+                let (with, late) = healthy_load(&ctx, 0, &healthy, 0.5).await;
+                eprintln!(
+                "block device, direct={direct}: healthy reads {base_reads} -> {with} with 64 hung ({:.2}x); \
+                 1 ms timer worst gap {base_late:?} -> {late:?}; {} requests hung in the server; {:?}",
+                with as f64 / base_reads.max(1) as f64,
+                fs2.reads_hung_now(),
+                ctx.stats()
+            );
+                assert!(with > 0, "healthy reads stalled behind a hung device");
+                assert!(
+                    late < Duration::from_millis(500),
+                    "runtime froze for {late:?}"
+                );
+                let t = Instant::now();
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                    .await
+                    .expect("shutdown hung on a device that never answers");
+                eprintln!(
+                    "block device, direct={direct}: shutdown took {:?}",
+                    t.elapsed()
+                );
+                for h in hung {
+                    let res = tokio::time::timeout(Duration::from_secs(5), h)
+                        .await
+                        .expect("a hung read still waits after shutdown gave up")
+                        .unwrap();
+                    assert!(res.is_err(), "a read of a hung device succeeded");
+                }
+                fs2.clear_faults();
+                fs2.release_hangs();
+            },
+        );
+        fs.clear_faults();
+        fs.release_hangs();
+    }
+    drop(dev);
+    drop(set);
+}
