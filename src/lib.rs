@@ -93,6 +93,7 @@ mod read;
 mod ring;
 mod scan;
 mod sys;
+mod vectored;
 
 /// Logs a one-time decision through `tracing` (feature `tracing`); nothing
 /// otherwise. The arguments are those of `tracing::event!` after the level.
@@ -126,3 +127,4 @@ pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringC
 pub use files::FileRoute;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
+pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};

@@ -122,6 +122,13 @@ impl Ring {
                     .offset(offset)
                     .build(),
             ),
+            Dst::CallerVec(iov, count) => (
+                OpBuf::Caller,
+                // The caller bounds `count` at `sys::IOV_MAX`.
+                opcode::Readv::new(fixed, iov, u32::try_from(count).unwrap_or(u32::MAX))
+                    .offset(offset)
+                    .build(),
+            ),
             Dst::Bounce(len) => match (heap.take(), st.free_bufs.pop()) {
                 (None, Some(i)) => {
                     let ptr = self.pool.ptr(i as usize);
