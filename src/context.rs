@@ -626,8 +626,10 @@ impl UringContext {
     /// reach the kernel in one `io_uring_enter` per ring (usually one for
     /// the whole batch) rather than one per read or per driver round. On
     /// the fallback backend, and for files routed to the blocking pool, the
-    /// reads run in parallel on the blocking pool. Nearby ranges are not
-    /// merged. Dropping the batch drops its unfinished reads (see
+    /// reads run in parallel on the blocking pool. Before awaiting it,
+    /// [`ReadBatch::merge_gap`] merges reads of nearby ranges into one
+    /// read, and [`ReadBatch::unordered`] makes it a stream of results in
+    /// completion order. Dropping the batch drops its unfinished reads (see
     /// [`ReadBatch`]).
     ///
     /// ```
@@ -656,7 +658,7 @@ impl UringContext {
             self,
             reads
                 .into_iter()
-                .map(|(fid, offset, buf)| self.read_owned(fid, offset, buf))
+                .map(|(fid, offset, buf)| (fid.into(), offset, buf))
                 .collect(),
         )
     }

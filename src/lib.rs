@@ -105,7 +105,7 @@ macro_rules! decision {
 }
 pub(crate) use decision;
 
-pub use batch::ReadBatch;
+pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,
