@@ -332,7 +332,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         continue;
                     };
                     if ctx.inline_nowait && file.nowait_ok() && ring.inline.worth_trying() {
-                        if inline::turn_over(ctx.inline_stretch) {
+                        // A batch's reads do not yield one by one (that
+                        // would split the batch's submission over polls);
+                        // tokio's coop budget still bounds its polls.
+                        if !ring.batching_here() && inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {
                                 self.bound = Some(file.clone());

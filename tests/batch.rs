@@ -588,3 +588,44 @@ fn failing_merged_read_is_split() {
     }
     drop(fs);
 }
+
+/// With the page-cache fast path on, a cold batch is still one enter: its
+/// reads try `preadv2(RWF_NOWAIT)` first, and the fast path's per-read
+/// fairness yield must not push the rest of the batch to a later poll (and
+/// a second enter). 1.6 enters per batch before reads in a batch skipped it.
+#[test]
+fn cold_batch_with_the_inline_path_is_one_enter() {
+    let set = common::FileSet::new(0xba86, &[64 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "batch_inline_one_enter",
+        Flavor::Current,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                b.rings(1).inline_stretch(Duration::ZERO)
+            });
+            let mut enters = Vec::new();
+            for round in 0..8u64 {
+                file.drop_cache();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let before = ctx.stats();
+                let reads = (0..16u64)
+                    .map(|i| (0u32, (round * 16 + i) * 262_144, Vec::with_capacity(4096)));
+                for (i, (r, buf)) in ctx.read_batch(reads).await.iter().enumerate() {
+                    let off = (round * 16 + i as u64) * 262_144;
+                    assert_eq!(r.as_ref().ok(), Some(&4096));
+                    assert_eq!(&buf[..], &file.expected(off, 4096)[..]);
+                }
+                enters.push(ctx.stats().enters - before.enters);
+            }
+            assert!(
+                enters.iter().all(|&e| e <= 1),
+                "enters per batch: {enters:?}"
+            );
+            drop(set);
+        },
+    );
+}

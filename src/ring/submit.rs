@@ -182,13 +182,19 @@ impl Ring {
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
-        if DEFERRED.with(|d| d.borrow().contains(&address(self))) {
+        if self.batching_here() {
             // A batch is queueing its reads: it submits them all at once
             // when it has queued every one (`Deferral::drop`).
             return Ok(key);
         }
         self.submit_queued();
         Ok(key)
+    }
+
+    /// Whether this thread is queueing a batch's reads on this ring (a live
+    /// [`Deferral`] covers it).
+    pub(crate) fn batching_here(&self) -> bool {
+        DEFERRED.with(|d| d.borrow().contains(&address(self)))
     }
 
     /// Hands what is queued to the kernel: from this thread when the driver
