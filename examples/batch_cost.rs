@@ -3,7 +3,7 @@
 //! this thread and a run under `valgrind --tool=callgrind` is comparable).
 //!
 //! ```sh
-//! cargo run --release --example batch_cost -- <mode> <path> [rounds] [spread]
+//! cargo run --release --example batch_cost -- <mode> <path> [rounds] [spread] [stretch_us]
 //! ```
 //!
 //! `mode` is `batch` (`read_batch`), `merged` (`read_batch().merge_gap(0)`),
@@ -13,7 +13,8 @@
 //! through the ring; if the file is cached, the kernel serves them inside
 //! `io_uring_enter`). `spread` (default 1) spaces the 16 blocks of a batch
 //! `spread` blocks apart: 1 = adjacent, which `merged` makes one read.
-//! Prints CPU time per read (user + system of the process, `getrusage`;
+//! `stretch_us` sets `Builder::inline_stretch` (the inline path's fairness
+//! yield). Prints CPU time per read (user + system of the process, `getrusage`;
 //! device interrupts and softirq work charged to other processes are not
 //! counted), enters and SQEs per batch.
 
@@ -46,6 +47,8 @@ fn main() -> std::io::Result<()> {
         .unwrap_or_else(|| "bench-data/data-000".into());
     let rounds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let spread: u64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
+    // Optional: the inline path's fairness stretch, in µs.
+    let stretch: Option<u64> = args.get(5).and_then(|s| s.parse().ok());
     let (mode, ring) = match mode.strip_suffix("-ring") {
         Some(m) => (m.to_string(), true),
         None => (mode, false),
@@ -57,10 +60,11 @@ fn main() -> std::io::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let ctx = UringContext::builder()
-            .rings(1)
-            .inline_nowait(!ring)
-            .build(vec![file])?;
+        let mut builder = UringContext::builder().rings(1).inline_nowait(!ring);
+        if let Some(us) = stretch {
+            builder = builder.inline_stretch(std::time::Duration::from_micros(us));
+        }
+        let ctx = builder.build(vec![file])?;
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             x ^= x << 13;

@@ -61,6 +61,15 @@
 //! stop (queued for a blocked io-wq worker) comes back at once and frees its
 //! in-flight slot; one the device already has completes as usual.
 //!
+//! # Batches and vectored reads
+//!
+//! [`UringContext::read_batch`] reads many `(file, offset, buffer)` with one
+//! `io_uring_enter` per ring; [`ReadBatch::merge_gap`] merges reads of
+//! nearby ranges into one, and [`ReadBatch::unordered`] yields the results
+//! in completion order ([`ReadBatchStream`]).
+//! [`UringContext::read_vectored`] and [`UringContext::read_vectored_owned`]
+//! are `preadv` at an offset, into borrowed slices or owned buffers.
+//!
 //! # `'static` futures
 //!
 //! The read futures borrow the context, which costs nothing per read. To
