@@ -1,4 +1,7 @@
-//! Batches of owned reads submitted together ([`UringContext::read_batch`]).
+//! Batches of owned reads submitted together ([`UringContext::read_batch`]):
+//! all results at once ([`ReadBatch`], a future), or each as it completes
+//! ([`ReadBatchStream`], from [`ReadBatch::unordered`]), with nearby ranges
+//! optionally merged into one read ([`ReadBatch::merge_gap`]).
 //!
 //! A batch is its reads' own futures (the `read_owned` state machine, so the
 //! page-cache fast path, chunking, routing and cancellation are the same),
@@ -6,50 +9,458 @@
 //! needs the kernel only queues its SQE; when all have been polled, each
 //! ring with queued SQEs submits them at once — one `io_uring_enter` (or one
 //! driver wake-up) per ring for the whole batch instead of one per read.
+//!
+//! A merged read is one exact owned read (continued until its range is full
+//! or the file ends) into an aligned buffer of its own; on completion each
+//! member's bytes are copied into its buffer's spare capacity. If the merged
+//! read fails, its members are read one by one as if never merged, so every
+//! member's result is the one an unmerged read would have had.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::buf::IoBufMut;
+use futures::Stream;
+
+use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::context::{Backend, UringContext};
-use crate::read::UringReadOwnedFuture;
+use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
+use crate::FileId;
+
+/// Default bound of a merged read's length ([`ReadBatch::max_merged_len`]).
+const DEFAULT_MAX_MERGED_LEN: usize = 128 * 1024;
+
+/// One read of a batch, as given.
+struct Request<B> {
+    index: usize,
+    fid: FileId,
+    offset: u64,
+    buf: B,
+}
+
+/// What a batch reads with: one read per request, or one for several.
+enum Unit<'a, B: IoBufMut> {
+    Single(usize, UringReadOwnedFuture<'a, B>),
+    Merged(Merged<'a, B>),
+    Done,
+}
+
+/// Reads whose ranges were merged into one.
+struct Merged<'a, B: IoBufMut> {
+    ctx: &'a UringContext,
+    start: u64,
+    /// Sorted by offset; each with its spare capacity measured at planning.
+    members: Vec<(Request<B>, usize)>,
+    state: MergedState<'a, B>,
+}
+
+enum MergedState<'a, B: IoBufMut> {
+    Reading(ReadCore<'a, Owned<AlignedBuf>>),
+    /// The merged read failed: every member is read on its own.
+    Split(Vec<Option<(usize, UringReadOwnedFuture<'a, B>)>>),
+}
+
+/// Copies `src` into `buf`'s spare capacity and counts it as initialised;
+/// returns the bytes copied.
+fn put<B: IoBufMut>(buf: &mut B, src: &[u8]) -> usize {
+    let total = buf.bytes_total();
+    let init = buf.bytes_init().min(total);
+    let n = src.len().min(total - init);
+    if n > 0 {
+        // SAFETY: IoBufMut promises bytes_total() writable bytes at
+        // stable_mut_ptr() while `buf` lives; init + n <= total. `src` is
+        // the merged read's own buffer, never `buf`'s storage. After the
+        // copy the first init + n bytes are initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.stable_mut_ptr().add(init), n);
+            buf.set_init(init + n);
+        }
+    }
+    n
+}
+
+impl<B: IoBufMut> Merged<'_, B> {
+    /// Polls the merged read (or its members once split); hands each
+    /// finished member's result to `emit`. Returns whether all are done.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+    ) -> bool {
+        if let MergedState::Reading(core) = &mut self.state {
+            let Poll::Ready(res) = core.poll_read(cx) else {
+                return false;
+            };
+            let n = core.done();
+            let data = core.target.take(n);
+            if let Ok(n) = res {
+                // Exact: fewer bytes than the range only at the end of the
+                // file, so each member gets what its own read would.
+                let n = n.min(data.len());
+                for (mut req, room) in self.members.drain(..) {
+                    let rel = usize::try_from(req.offset - self.start).unwrap_or(usize::MAX);
+                    let avail = n.saturating_sub(rel).min(room);
+                    let got = if avail > 0 {
+                        put(&mut req.buf, &data[rel..rel + avail])
+                    } else {
+                        0
+                    };
+                    emit(req.index, Ok(got), req.buf);
+                }
+                return true;
+            }
+            let ctx = self.ctx;
+            let reads = self
+                .members
+                .drain(..)
+                .map(|(r, _)| Some((r.index, ctx.read_owned(r.fid, r.offset, r.buf))))
+                .collect();
+            self.state = MergedState::Split(reads);
+        }
+        let MergedState::Split(reads) = &mut self.state else {
+            unreachable!("a merged read is split once it fails")
+        };
+        let mut all = true;
+        for slot in reads.iter_mut() {
+            let Some((index, read)) = slot else { continue };
+            match Pin::new(read).poll(cx) {
+                Poll::Ready((res, buf)) => {
+                    emit(*index, res, buf);
+                    *slot = None;
+                }
+                Poll::Pending => all = false,
+            }
+        }
+        all
+    }
+}
+
+/// How a batch merges nearby reads.
+#[derive(Debug, Clone, Copy)]
+struct Merge {
+    gap: u64,
+    max_len: usize,
+}
+
+/// What [`ReadBatch`] and [`ReadBatchStream`] share: the requests, then the
+/// reads made of them.
+struct Core<'a, B: IoBufMut> {
+    ctx: &'a UringContext,
+    requests: Vec<Request<B>>,
+    merge: Option<Merge>,
+    max_len: usize,
+    units: Vec<Unit<'a, B>>,
+    planned: bool,
+    left: usize,
+}
+
+impl<'a, B: IoBufMut> Core<'a, B> {
+    fn new(ctx: &'a UringContext, requests: Vec<Request<B>>) -> Self {
+        Core {
+            ctx,
+            left: requests.len(),
+            requests,
+            merge: None,
+            max_len: DEFAULT_MAX_MERGED_LEN,
+            units: Vec::new(),
+            planned: false,
+        }
+    }
+
+    /// Whether request `r` (with `room` bytes of spare capacity) may be
+    /// merged: it reads something, no more than the bound, ends within
+    /// `i64::MAX`, and on an `O_DIRECT` file is aligned (offset, length and
+    /// buffer) to `BOUNCE_ALIGN`, so a merged read is aligned too, and an
+    /// unaligned read still gets its own (failing) read.
+    fn mergeable(&self, r: &Request<B>, room: usize, max_len: usize) -> bool {
+        if room == 0 || room > max_len {
+            return false;
+        }
+        let Some(end) = r.offset.checked_add(room as u64) else {
+            return false;
+        };
+        if end > i64::MAX.unsigned_abs() {
+            return false;
+        }
+        let Ok(file) = self.ctx.inner.files.get(r.fid) else {
+            return false;
+        };
+        if file.direct {
+            let align = BOUNCE_ALIGN as u64;
+            let at = r.buf.stable_ptr() as usize + r.buf.bytes_init();
+            return r.offset % align == 0 && room % BOUNCE_ALIGN == 0 && at % BOUNCE_ALIGN == 0;
+        }
+        true
+    }
+
+    /// Turns the requests into reads, merging nearby ones if asked.
+    fn plan(&mut self) {
+        self.planned = true;
+        let requests = std::mem::take(&mut self.requests);
+        let Some(merge) = self.merge else {
+            self.units = requests
+                .into_iter()
+                .map(|r| Unit::Single(r.index, self.ctx.read_owned(r.fid, r.offset, r.buf)))
+                .collect();
+            return;
+        };
+        let max_len = merge.max_len;
+        let (mut cands, singles): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|r| {
+                let room = r.buf.bytes_total() - r.buf.bytes_init().min(r.buf.bytes_total());
+                (r, room)
+            })
+            .partition(|(r, room)| self.mergeable(r, *room, max_len));
+        self.units = singles
+            .into_iter()
+            .map(|(r, _)| Unit::Single(r.index, self.ctx.read_owned(r.fid, r.offset, r.buf)))
+            .collect();
+        cands.sort_by_key(|(r, _)| (r.fid, r.offset));
+        let mut group: Vec<(Request<B>, usize)> = Vec::new();
+        let mut end = 0u64;
+        for (r, room) in cands {
+            let r_end = r.offset + room as u64;
+            let joins = group.first().is_some_and(|(first, _)| {
+                first.fid == r.fid
+                    && r.offset <= end.saturating_add(merge.gap)
+                    && end.max(r_end) - first.offset <= max_len as u64
+            });
+            if !joins {
+                self.flush(&mut group);
+                end = 0;
+            }
+            end = end.max(r_end);
+            group.push((r, room));
+        }
+        self.flush(&mut group);
+    }
+
+    /// Makes a unit of `group`: a single read, or a merged one.
+    fn flush(&mut self, group: &mut Vec<(Request<B>, usize)>) {
+        let ctx = self.ctx;
+        if group.len() == 1 {
+            let (r, _) = group.pop().expect("one request");
+            self.units.push(Unit::Single(
+                r.index,
+                ctx.read_owned(r.fid, r.offset, r.buf),
+            ));
+            return;
+        }
+        if group.is_empty() {
+            return;
+        }
+        let members = std::mem::take(group);
+        let (fid, start) = (members[0].0.fid, members[0].0.offset);
+        let end = members
+            .iter()
+            .map(|(r, room)| r.offset + *room as u64)
+            .max()
+            .unwrap_or(start);
+        // Bounded by `max_len`.
+        let len = usize::try_from(end - start).unwrap_or(usize::MAX);
+        match AlignedBuf::try_with_capacity(len, BOUNCE_ALIGN) {
+            Ok(buf) => {
+                let core =
+                    ReadCore::new(Ctx::Borrowed(&ctx.inner), fid, start, Owned::new(buf)).exact();
+                self.units.push(Unit::Merged(Merged {
+                    ctx,
+                    start,
+                    members,
+                    state: MergedState::Reading(core),
+                }));
+            }
+            // No memory for the merged buffer: read them one by one.
+            Err(_) => self.units.extend(
+                members
+                    .into_iter()
+                    .map(|(r, _)| Unit::Single(r.index, ctx.read_owned(r.fid, r.offset, r.buf))),
+            ),
+        }
+    }
+
+    /// Polls every unfinished read; hands each finished one to `emit`.
+    /// Returns whether every read is done.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+    ) -> bool {
+        if !self.planned {
+            self.plan();
+        }
+        if self.left == 0 {
+            return true;
+        }
+        // Reads queued while this is alive are submitted together when it
+        // drops (also if a read's poll panics).
+        let _together = match &self.ctx.inner.backend {
+            Backend::Uring(rings) => Some(Deferral::new(rings)),
+            Backend::Fallback => None,
+        };
+        let left = &mut self.left;
+        let mut count = |i: usize, r: io::Result<usize>, b: B| {
+            *left -= 1;
+            emit(i, r, b);
+        };
+        for unit in &mut self.units {
+            let finished = match unit {
+                Unit::Single(index, read) => match Pin::new(read).poll(cx) {
+                    Poll::Ready((res, buf)) => {
+                        count(*index, res, buf);
+                        true
+                    }
+                    Poll::Pending => false,
+                },
+                Unit::Merged(m) => m.poll(cx, &mut count),
+                Unit::Done => false,
+            };
+            if finished {
+                *unit = Unit::Done;
+            }
+        }
+        self.left == 0
+    }
+}
+
+impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadBatch")
+            .field("merge", &self.merge)
+            .field("planned", &self.planned)
+            .field("reads", &self.units.len())
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The future of [`UringContext::read_batch`]: every read's result and
 /// buffer, in the order the reads were given.
+///
+/// Before it is first polled it can be configured: [`merge_gap`](Self::merge_gap)
+/// merges reads of nearby ranges into one, [`unordered`](Self::unordered)
+/// turns it into a stream of results in completion order.
 ///
 /// Dropping it drops every read not yet complete, as dropping each
 /// `read_owned` future would (their buffers stay with the context until the
 /// kernel is done with them, and their reads are cancelled).
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadBatch<'a, B: IoBufMut> {
-    ctx: &'a UringContext,
-    reads: Vec<Option<UringReadOwnedFuture<'a, B>>>,
+    core: Core<'a, B>,
     done: Vec<Option<(io::Result<usize>, B)>>,
-    left: usize,
 }
 
 impl<'a, B: IoBufMut> ReadBatch<'a, B> {
-    pub(crate) fn new(ctx: &'a UringContext, reads: Vec<UringReadOwnedFuture<'a, B>>) -> Self {
-        let left = reads.len();
+    pub(crate) fn new(ctx: &'a UringContext, reads: Vec<(FileId, u64, B)>) -> Self {
+        let requests: Vec<Request<B>> = reads
+            .into_iter()
+            .enumerate()
+            .map(|(index, (fid, offset, buf))| Request {
+                index,
+                fid,
+                offset,
+                buf,
+            })
+            .collect();
         ReadBatch {
-            ctx,
-            done: reads.iter().map(|_| None).collect(),
-            reads: reads.into_iter().map(Some).collect(),
-            left,
+            done: requests.iter().map(|_| None).collect(),
+            core: Core::new(ctx, requests),
+        }
+    }
+
+    /// Merges reads of the same file whose ranges overlap or lie at most
+    /// `gap` bytes apart into one read into one buffer (up to
+    /// [`max_merged_len`](Self::max_merged_len) bytes, 128 KiB by default),
+    /// whose bytes are then copied into each read's buffer. A read's range
+    /// is `offset..offset + spare capacity`.
+    ///
+    /// Each read's result is the one it would have had on its own: the same
+    /// count at the end of the file (the merged read continues until its
+    /// range is full or the file ends), and if the merged read fails, its
+    /// reads are issued one by one, so an error reaches only the reads it
+    /// concerns. Not merged: reads of more than `max_merged_len` bytes,
+    /// with no spare capacity, ending beyond `i64::MAX`, of an unknown
+    /// file, and, on files opened with `O_DIRECT`, reads whose offset,
+    /// length or buffer address is not a multiple of 4096 (a merged read of
+    /// aligned reads is aligned too). Merging trades a copy per merged byte
+    /// (and reading the gaps) for fewer operations; it is off by default.
+    /// Has no effect once the batch has been polled.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&(0..65536u32).map(|i| i as u8).collect::<Vec<_>>())?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// // Four 1 KiB blocks 3 KiB apart: one 13 KiB read instead of four.
+    /// let reads = (0..4u64).map(|i| (0u32, i * 4096, Vec::with_capacity(1024)));
+    /// for (res, block) in ctx.read_batch(reads).merge_gap(4096).await {
+    ///     assert_eq!((res?, block[1]), (1024, 1));
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn merge_gap(mut self, gap: u64) -> Self {
+        let max_len = self.core.max_len;
+        self.core.merge = Some(Merge { gap, max_len });
+        self
+    }
+
+    /// The largest merged read, in bytes (default 128 KiB): a group of
+    /// nearby reads is closed before its range would grow beyond it. Only
+    /// used with [`merge_gap`](Self::merge_gap).
+    pub fn max_merged_len(mut self, len: usize) -> Self {
+        self.core.max_len = len;
+        if let Some(m) = &mut self.core.merge {
+            m.max_len = len;
+        }
+        self
+    }
+
+    /// The results as a [`Stream`] in completion order, each with the
+    /// index of its read in the batch, instead of all at once. The reads
+    /// are submitted as for the future (one `io_uring_enter` per ring for
+    /// the whole batch).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use futures::StreamExt;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[5u8; 65536])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let reads = (0..16u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
+    /// let mut results = ctx.read_batch(reads).unordered();
+    /// let mut seen = 0u32;
+    /// while let Some((index, res, block)) = results.next().await {
+    ///     assert_eq!((res?, block[0]), (4096, 5));
+    ///     seen |= 1 << index;
+    /// }
+    /// assert_eq!(seen, 0xffff);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn unordered(self) -> ReadBatchStream<'a, B> {
+        ReadBatchStream {
+            core: self.core,
+            ready: VecDeque::new(),
         }
     }
 }
 
 impl<B: IoBufMut> fmt::Debug for ReadBatch<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadBatch")
-            .field("reads", &self.reads.len())
-            .field("left", &self.left)
-            .finish_non_exhaustive()
+        self.core.fmt(f)
     }
 }
 
@@ -58,23 +469,11 @@ impl<B: IoBufMut> Future for ReadBatch<'_, B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let done = &mut this.done;
+        if !this
+            .core
+            .poll(cx, &mut |i, res, buf| done[i] = Some((res, buf)))
         {
-            // Reads queued while this is alive are submitted together when
-            // it drops (also if a read's poll panics).
-            let _together = match &this.ctx.inner.backend {
-                Backend::Uring(rings) => Some(Deferral::new(rings)),
-                Backend::Fallback => None,
-            };
-            for (slot, out) in this.reads.iter_mut().zip(this.done.iter_mut()) {
-                let Some(read) = slot else { continue };
-                if let Poll::Ready(r) = Pin::new(read).poll(cx) {
-                    *out = Some(r);
-                    *slot = None;
-                    this.left -= 1;
-                }
-            }
-        }
-        if this.left > 0 {
             return Poll::Pending;
         }
         Poll::Ready(
@@ -83,5 +482,49 @@ impl<B: IoBufMut> Future for ReadBatch<'_, B> {
                 .map(|r| r.take().expect("every read of the batch is done"))
                 .collect(),
         )
+    }
+}
+
+/// The stream of [`ReadBatch::unordered`]: `(index, result, buffer)` for
+/// each read of the batch as it completes, `index` being its position in
+/// the batch; it ends after the last.
+///
+/// Dropping it drops every read not yet complete, exactly as dropping the
+/// batch would; results already complete but not yet taken are dropped
+/// with their buffers.
+#[must_use = "streams do nothing unless polled"]
+pub struct ReadBatchStream<'a, B: IoBufMut> {
+    core: Core<'a, B>,
+    ready: VecDeque<(usize, io::Result<usize>, B)>,
+}
+
+impl<B: IoBufMut> fmt::Debug for ReadBatchStream<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+impl<B: IoBufMut> Stream for ReadBatchStream<'_, B> {
+    type Item = (usize, io::Result<usize>, B);
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(item) = this.ready.pop_front() {
+            return Poll::Ready(Some(item));
+        }
+        let ready = &mut this.ready;
+        let all = this
+            .core
+            .poll(cx, &mut |i, res, buf| ready.push_back((i, res, buf)));
+        match this.ready.pop_front() {
+            Some(item) => Poll::Ready(Some(item)),
+            None if all => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.ready.len() + self.core.left;
+        (n, Some(n))
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io;
+use std::io::{self, IoSliceMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use crate::read::{
     Borrowed, Ctx, ReadCore, UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture,
 };
 use crate::ring::Ring;
+use crate::vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
 
 /// A file registered with a [`UringContext`]: its index in the context's
 /// file table, and — for ids the context hands out — a tag saying which
@@ -497,6 +498,125 @@ impl UringContext {
         UringReadOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
     }
 
+    /// Reads up to the total length of `bufs` from file `fid` at `offset`
+    /// into `bufs`, in order — `preadv(2)` as a future: the first slice is
+    /// filled first, and the next is read only once it is full.
+    ///
+    /// Returns the number of bytes read, as [`read`](Self::read) does
+    /// (fewer than the total only at the end of the file; `Ok(0)` past it or
+    /// for empty slices), with `read`'s clamping at `i64::MAX`, checks of
+    /// `fid`, routing, errors and cancellation. The kernel never writes into
+    /// the slices: a ring read goes into one bounce buffer owned by the
+    /// operation (in pieces of at most
+    /// [`BORROWED_CHUNK`](crate::BORROWED_CHUNK)) and is scattered into the
+    /// slices on completion, so dropping the future at any point is sound;
+    /// a read the page cache holds is copied straight into the slices with
+    /// `preadv2(RWF_NOWAIT)`. [`read_vectored_owned`](Self::read_vectored_owned)
+    /// has the kernel write into owned buffers instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`read`](Self::read); `InvalidInput` for more than 1024
+    /// (`IOV_MAX`) slices, as `preadv` would.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use std::io::IoSliceMut;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(b"header:body-of-the-block")?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let (mut header, mut body) = ([0u8; 7], [0u8; 64]);
+    /// let mut bufs = [IoSliceMut::new(&mut header), IoSliceMut::new(&mut body)];
+    /// let n = ctx.read_vectored(0, 0, &mut bufs).await?;
+    /// assert_eq!(n, 24); // short: the file ends
+    /// assert_eq!((&header, &body[..17]), (b"header:", &b"body-of-the-block"[..]));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_vectored<'a, 'b>(
+        &'a self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        bufs: &'a mut [IoSliceMut<'b>],
+    ) -> UringReadVectoredFuture<'a, 'b> {
+        UringReadVectoredFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, bufs)
+    }
+
+    /// A vectored read into owned buffers with no copy: the kernel writes
+    /// straight into the **spare capacity** of each buffer of `bufs`
+    /// (`bytes_init()..bytes_total()`, see [`read_owned`](Self::read_owned)),
+    /// in order — one `IORING_OP_READV` on the ring, `preadv` on the
+    /// blocking pool, `preadv2(RWF_NOWAIT)` from the page cache. The buffers
+    /// come back with the result, each grown by the bytes read into it.
+    ///
+    /// Returns the total number of bytes read, as
+    /// [`read_owned`](Self::read_owned) does. Dropping the future while the
+    /// read is in the kernel parks the buffers (and the iovec array) in the
+    /// context until the kernel is done with them.
+    ///
+    /// # Errors
+    ///
+    /// As [`read_owned`](Self::read_owned): a buffer with no spare capacity
+    /// (`bytes_init() == bytes_total() > 0`) is `InvalidInput`, and so are
+    /// more than 1024 (`IOV_MAX`) buffers; the buffers are handed back.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{AlignedBuf, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[9u8; 12288])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let bufs = vec![AlignedBuf::with_capacity(4096, 4096), AlignedBuf::with_capacity(8192, 4096)];
+    /// let (n, bufs) = ctx.read_vectored_owned(0, 0, bufs).await;
+    /// assert_eq!(n?, 12288);
+    /// assert_eq!((bufs[0].len(), bufs[1].len(), bufs[1][8191]), (4096, 8192, 9));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_vectored_owned<B: IoBufMut>(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        bufs: Vec<B>,
+    ) -> UringReadVectoredOwnedFuture<'_, B> {
+        UringReadVectoredOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, bufs)
+    }
+
+    /// [`read_vectored_owned`](Self::read_vectored_owned) as a `'static`
+    /// future holding a handle to the context, for `tokio::spawn` (see
+    /// [`read_owned_static`](Self::read_owned_static)).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(b"0123456789")?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let bufs = vec![Vec::with_capacity(4), Vec::with_capacity(4)];
+    /// let (n, bufs) = tokio::spawn(ctx.read_vectored_owned_static(0, 2, bufs)).await?;
+    /// assert_eq!((n?, &bufs[0][..], &bufs[1][..]), (8, &b"2345"[..], &b"6789"[..]));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_vectored_owned_static<B: IoBufMut>(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        bufs: Vec<B>,
+    ) -> UringReadVectoredOwnedFuture<'static, B> {
+        UringReadVectoredOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, bufs)
+    }
+
     /// Reads many `(file, offset, buffer)` at once, each as
     /// [`read_owned`](Self::read_owned) would (into the buffer's spare
     /// capacity), and returns every result with its buffer, in the order
@@ -506,8 +626,10 @@ impl UringContext {
     /// reach the kernel in one `io_uring_enter` per ring (usually one for
     /// the whole batch) rather than one per read or per driver round. On
     /// the fallback backend, and for files routed to the blocking pool, the
-    /// reads run in parallel on the blocking pool. Nearby ranges are not
-    /// merged. Dropping the batch drops its unfinished reads (see
+    /// reads run in parallel on the blocking pool. Before awaiting it,
+    /// [`ReadBatch::merge_gap`] merges reads of nearby ranges into one
+    /// read, and [`ReadBatch::unordered`] makes it a stream of results in
+    /// completion order. Dropping the batch drops its unfinished reads (see
     /// [`ReadBatch`]).
     ///
     /// ```
@@ -536,7 +658,7 @@ impl UringContext {
             self,
             reads
                 .into_iter()
-                .map(|(fid, offset, buf)| self.read_owned(fid, offset, buf))
+                .map(|(fid, offset, buf)| (fid.into(), offset, buf))
                 .collect(),
         )
     }

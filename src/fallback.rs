@@ -136,6 +136,20 @@ impl Fallback {
         }))
     }
 
+    /// Runs `read`, a positioned read into memory it owns (or holds under a
+    /// lock), on the blocking pool, holding `permit` until it is over.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        permit: Permit,
+        read: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<JoinHandle<T>> {
+        let done = self.start()?;
+        Ok(self.runtime.spawn_blocking(move || {
+            let _done = (done, permit);
+            read()
+        }))
+    }
+
     pub(crate) fn counters(&self) -> Counts {
         *crate::lock(&self.counts)
     }

@@ -61,6 +61,15 @@
 //! stop (queued for a blocked io-wq worker) comes back at once and frees its
 //! in-flight slot; one the device already has completes as usual.
 //!
+//! # Batches and vectored reads
+//!
+//! [`UringContext::read_batch`] reads many `(file, offset, buffer)` with one
+//! `io_uring_enter` per ring; [`ReadBatch::merge_gap`] merges reads of
+//! nearby ranges into one, and [`ReadBatch::unordered`] yields the results
+//! in completion order ([`ReadBatchStream`]).
+//! [`UringContext::read_vectored`] and [`UringContext::read_vectored_owned`]
+//! are `preadv` at an offset, into borrowed slices or owned buffers.
+//!
 //! # `'static` futures
 //!
 //! The read futures borrow the context, which costs nothing per read. To
@@ -94,6 +103,7 @@ mod read;
 mod ring;
 mod scan;
 mod sys;
+mod vectored;
 
 /// Logs a one-time decision through `tracing` (feature `tracing`); nothing
 /// otherwise. The arguments are those of `tracing::event!` after the level.
@@ -105,7 +115,7 @@ macro_rules! decision {
 }
 pub(crate) use decision;
 
-pub use batch::ReadBatch;
+pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,
@@ -127,3 +137,4 @@ pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringC
 pub use files::FileRoute;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
+pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};

@@ -21,7 +21,8 @@ use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
-use std::os::fd::AsRawFd;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -37,7 +38,7 @@ use crate::fallback::Fallback;
 use crate::files::{thread_slot, FileEntry};
 use crate::inline::{self, pread_nowait, Nowait};
 use crate::permit::{self, Acquired, Permit};
-use crate::ring::{Dst, Ring, MAX_READ};
+use crate::ring::{CopyTo, Dst, Ring, MAX_READ};
 use crate::sys;
 use crate::FileId;
 
@@ -61,13 +62,16 @@ pub(crate) trait Target {
     }
     /// Largest piece handed to the kernel at once.
     fn max_piece(&self) -> usize;
-    /// The destination, for a synchronous read straight into it (possibly
-    /// uninitialised: an owned buffer's spare capacity).
-    fn dest(&mut self) -> &mut [MaybeUninit<u8>];
+    /// A synchronous page-cache read (`preadv2(RWF_NOWAIT)`) of the
+    /// destination's bytes `range` at file offset `at`, straight into them.
+    fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait;
     /// The destination of a ring read of `len` bytes starting at `done`.
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst;
-    /// Where a bounce buffer is copied on completion (`None`: no bounce).
-    fn copy_to(&mut self, done: usize) -> Option<&mut [u8]>;
+    /// Whether ring reads go through a bounce buffer (`Dst::Bounce`),
+    /// whose bytes are then handed to [`copy_out`](Target::copy_out).
+    fn bounced(&self) -> bool;
+    /// Puts bytes a bounce buffer received at the destination's `done..`.
+    fn copy_out(&mut self, _done: usize, _src: &[u8]) {}
     /// A fallback read of `len` bytes at `offset` into the destination's
     /// bytes `done..`.
     fn spawn_blocking(
@@ -235,6 +239,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
         }
     }
 
+    /// Bytes read so far (all of them, once the read is over).
+    pub(crate) fn done(&self) -> usize {
+        self.done
+    }
+
     /// Makes this read fill its whole destination (see `exact`).
     pub(crate) fn exact(mut self) -> Self {
         self.exact = true;
@@ -327,7 +336,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         continue;
                     };
                     if ctx.inline_nowait && file.nowait_ok() && ring.inline.worth_trying() {
-                        if inline::turn_over(ctx.inline_stretch) {
+                        // A batch's reads do not yield one by one (that
+                        // would split the batch's submission over polls);
+                        // tokio's coop budget still bounds its polls.
+                        if !ring.batching_here() && inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {
                                 self.bound = Some(file.clone());
@@ -343,7 +355,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         loop {
                             let start = self.done;
                             let at = self.offset + start as u64;
-                            match pread_nowait(fd, &mut self.target.dest()[start..total], at) {
+                            match self.target.nowait(fd, start..total, at) {
                                 Nowait::Read(0) => {
                                     ring.inline.hit();
                                     return Poll::Ready(Ok(self.done));
@@ -383,7 +395,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
                 }
                 State::InFlight { ring, key } => {
                     let key = *key;
-                    let done = ready!(ring.poll_complete(key, cx, self.target.copy_to(self.done)));
+                    let (at, target) = (self.done, &mut self.target);
+                    let bounced = target.bounced();
+                    let mut copy = |src: &[u8]| target.copy_out(at, src);
+                    let copy_to: Option<CopyTo<'_>> = if bounced { Some(&mut copy) } else { None };
+                    let done = ready!(ring.poll_complete(key, cx, copy_to));
                     self.state = State::Done;
                     if done.tainted {
                         return Poll::Ready(self.check_tainted(done.res));
@@ -624,18 +640,25 @@ impl Target for Borrowed<'_> {
     fn max_piece(&self) -> usize {
         BORROWED_CHUNK
     }
-    fn dest(&mut self) -> &mut [MaybeUninit<u8>] {
-        let len = self.0.len();
+    fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait {
+        let dst = &mut self.0[range];
+        let len = dst.len();
         // SAFETY: the same memory, viewed as possibly uninitialised; what is
         // written through it (by the kernel) is initialised bytes only, so
         // the `&mut [u8]` stays valid.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), len) }
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), len) };
+        pread_nowait(fd, dst, at)
     }
     fn ring_dst(&mut self, _done: usize, len: usize) -> Dst {
         Dst::Bounce(len)
     }
-    fn copy_to(&mut self, done: usize) -> Option<&mut [u8]> {
-        Some(&mut self.0[done..])
+    fn bounced(&self) -> bool {
+        true
+    }
+    fn copy_out(&mut self, done: usize, src: &[u8]) {
+        let dst = &mut self.0[done..];
+        let n = src.len().min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
     }
     fn spawn_blocking(
         &mut self,
@@ -728,14 +751,16 @@ impl<B: IoBufMut> Target for Owned<B> {
     fn max_piece(&self) -> usize {
         MAX_READ
     }
-    fn dest(&mut self) -> &mut [MaybeUninit<u8>] {
+    fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait {
         let (init, room) = (self.init, self.room);
         let b = self.buf();
         // SAFETY: IoBufMut promises bytes_total() = init + room writable
         // bytes at the pointer while `b` lives, not necessarily
         // initialised (hence MaybeUninit); the slice does not outlive
-        // `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr().add(init).cast(), room) }
+        // this call.
+        let dest: &mut [MaybeUninit<u8>] =
+            unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr().add(init).cast(), room) };
+        pread_nowait(fd, &mut dest[range], at)
     }
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst {
         let init = self.init;
@@ -745,8 +770,8 @@ impl<B: IoBufMut> Target for Owned<B> {
         // bounds.
         Dst::Caller(unsafe { b.stable_mut_ptr().add(init + done) }, len)
     }
-    fn copy_to(&mut self, _done: usize) -> Option<&mut [u8]> {
-        None
+    fn bounced(&self) -> bool {
+        false
     }
     fn spawn_blocking(
         &mut self,

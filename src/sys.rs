@@ -36,14 +36,32 @@ pub(crate) enum Nowait {
 /// uninitialised (an owned buffer's spare capacity); the bytes read are
 /// initialised by the kernel.
 pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [MaybeUninit<u8>], offset: u64) -> Nowait {
-    let iov = libc::iovec {
+    let iov = [libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
-    };
+    }];
+    // SAFETY: the iovec describes `buf`, valid for writes for the whole call.
+    unsafe { preadv_nowait(fd, &iov, offset) }
+}
+
+/// The most iovecs one `preadv`/`IORING_OP_READV` takes (`UIO_MAXIOV`).
+pub(crate) const IOV_MAX: usize = 1024;
+
+/// `preadv2(fd, iov, offset, RWF_NOWAIT)`: [`pread_nowait`] into several
+/// buffers (at most [`IOV_MAX`]).
+///
+/// # Safety
+///
+/// Every iovec describes memory valid for writes of `iov_len` bytes (possibly
+/// uninitialised) for the whole call, and the caller guarantees that the
+/// sum of the lengths plus `offset` is at most `i64::MAX`.
+pub(crate) unsafe fn preadv_nowait(fd: RawFd, iov: &[libc::iovec], offset: u64) -> Nowait {
     let offset = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
-    // SAFETY: the iovec describes `buf`, valid for writes for the whole call;
-    // the call is synchronous, so nothing touches `buf` after it returns.
-    let n = unsafe { libc::preadv2(fd, &raw const iov, 1, offset, libc::RWF_NOWAIT) };
+    let count = libc::c_int::try_from(iov.len().min(IOV_MAX)).unwrap_or(0);
+    // SAFETY: the iovecs describe writable memory for the whole call (the
+    // caller's contract); the call is synchronous, so nothing touches that
+    // memory after it returns.
+    let n = unsafe { libc::preadv2(fd, iov.as_ptr(), count, offset, libc::RWF_NOWAIT) };
     if let Ok(n) = usize::try_from(n) {
         return Nowait::Read(n);
     }
@@ -66,6 +84,22 @@ pub(crate) fn pread(file: &File, buf: &mut [MaybeUninit<u8>], offset: u64) -> io
     // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole
     // (synchronous) call; the kernel writes only bytes it read.
     let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset) };
+    cvt(n, -1).map(isize::unsigned_abs)
+}
+
+/// `preadv(fd, iov, offset)` (at most [`IOV_MAX`] iovecs), into memory
+/// that may be uninitialised; the bytes read are initialised by the kernel.
+///
+/// # Safety
+///
+/// Every iovec describes memory valid for writes of `iov_len` bytes for the
+/// whole call.
+pub(crate) unsafe fn preadv(file: &File, iov: &[libc::iovec], offset: u64) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(offset).unwrap_or(libc::off_t::MAX);
+    let count = libc::c_int::try_from(iov.len().min(IOV_MAX)).unwrap_or(0);
+    // SAFETY: the iovecs describe writable memory for the whole
+    // (synchronous) call, by the caller's contract.
+    let n = unsafe { libc::preadv(file.as_raw_fd(), iov.as_ptr(), count, offset) };
     cvt(n, -1).map(isize::unsigned_abs)
 }
 

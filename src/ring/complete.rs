@@ -27,6 +27,10 @@ use crate::error::{self, shut_down_error, Closed};
 use crate::lock;
 use crate::op::{Abandoned, OnCqe, Op, OpBuf, Polled};
 
+/// Where a completed bounce buffer's bytes go: crate code that copies them
+/// into the reader's destination (it runs under the state lock).
+pub(crate) type CopyTo<'c> = &'c mut dyn FnMut(&[u8]);
+
 /// CQEs taken per lock of the op table.
 const REAP_BATCH: usize = 256;
 
@@ -91,12 +95,14 @@ impl Ring {
     }
 
     /// Polls op `key` from its future. On completion the op is removed, the
-    /// bounce buffer (if any) copied into `copy_to`, and the result mapped.
+    /// bytes read into its bounce buffer (if any) handed to `copy_to` (crate
+    /// code that copies them out; it runs under the state lock), and the
+    /// result mapped.
     pub(crate) fn poll_complete(
         &self,
         key: usize,
         cx: &mut Context<'_>,
-        copy_to: Option<&mut [u8]>,
+        copy_to: Option<CopyTo<'_>>,
     ) -> Poll<Completion> {
         let mut st = lock(&self.state);
         let polled = st.ops.poll(key, cx.waker());
@@ -149,7 +155,7 @@ impl Ring {
         mut st: MutexGuard<'_, State>,
         res: i32,
         op: Op<Keep>,
-        mut copy_to: Option<&mut [u8]>,
+        mut copy_to: Option<CopyTo<'_>>,
     ) -> Completion {
         let result = match res {
             NOT_SUBMITTED => Err(st
@@ -172,13 +178,13 @@ impl Ring {
         let mut heap = None;
         match buf {
             OpBuf::Pool(i) => {
-                if let (Ok(n), Some(dst)) = (&result, copy_to.as_deref_mut()) {
-                    let n = (*n).min(dst.len()).min(self.pool.buf_size());
+                if let (Ok(n), Some(copy)) = (&result, copy_to.as_mut()) {
+                    let n = (*n).min(self.pool.buf_size());
                     // SAFETY: the CQE is in, so the kernel no longer writes
                     // buffer `i`; it is not on the free list (we hold the
                     // lock and have not pushed it yet) and holds >= n bytes.
                     let src = unsafe { std::slice::from_raw_parts(self.pool.ptr(i as usize), n) };
-                    dst[..n].copy_from_slice(src);
+                    copy(src);
                 }
                 st.free_bufs.push(i);
             }
@@ -186,9 +192,8 @@ impl Ring {
             OpBuf::Caller => {}
         }
         drop(st);
-        if let (Some(b), Ok(n), Some(dst)) = (&heap, &result, copy_to) {
-            let n = (*n).min(dst.len()).min(b.len());
-            dst[..n].copy_from_slice(&b[..n]);
+        if let (Some(b), Ok(n), Some(copy)) = (&heap, &result, copy_to) {
+            copy(&b[..(*n).min(b.len())]);
         }
         drop(keep);
         Completion {

@@ -66,6 +66,7 @@ mod complete;
 mod driver;
 mod submit;
 
+pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
 pub(crate) use submit::Deferral;
@@ -119,6 +120,11 @@ pub(crate) enum Dst {
     /// Straight into caller memory that outlives the op (an owned buffer,
     /// parked in the op if the future is dropped).
     Caller(*mut u8, usize),
+    /// Straight into several owned buffers (`IORING_OP_READV`): `count`
+    /// iovecs at the pointer, which stay in place, like the buffers they
+    /// describe, until the op's CQE (parked with the buffers if the future
+    /// is dropped).
+    CallerVec(*const libc::iovec, usize),
 }
 
 #[allow(

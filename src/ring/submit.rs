@@ -123,6 +123,13 @@ impl Ring {
                     .offset(offset)
                     .build(),
             ),
+            Dst::CallerVec(iov, count) => (
+                OpBuf::Caller,
+                // The caller bounds `count` at `sys::IOV_MAX`.
+                opcode::Readv::new(fixed, iov, u32::try_from(count).unwrap_or(u32::MAX))
+                    .offset(offset)
+                    .build(),
+            ),
             Dst::Bounce(len) => match (heap.take(), st.free_bufs.pop()) {
                 (None, Some(i)) => {
                     let ptr = self.pool.ptr(i as usize);
@@ -179,13 +186,19 @@ impl Ring {
         self.push_locked(&mut st, entry);
         st.live += 1;
         drop(st);
-        if DEFERRED.with(|d| d.borrow().contains(&address(self))) {
+        if self.batching_here() {
             // A batch is queueing its reads: it submits them all at once
             // when it has queued every one (`Deferral::drop`).
             return Ok(key);
         }
         self.submit_queued();
         Ok(key)
+    }
+
+    /// Whether this thread is queueing a batch's reads on this ring (a live
+    /// [`Deferral`] covers it).
+    pub(crate) fn batching_here(&self) -> bool {
+        DEFERRED.with(|d| d.borrow().contains(&address(self)))
     }
 
     /// Hands what is queued to the kernel: from this thread when the driver
