@@ -243,7 +243,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    fn fixed(&self) -> &dyn FixedFiles {
+    pub(crate) fn fixed(&self) -> &dyn FixedFiles {
         struct NoRings;
         impl FixedFiles for NoRings {
             fn update(&self, _: u32, _: i32) -> io::Result<()> {

@@ -128,6 +128,21 @@ impl Fallback {
         }))
     }
 
+    /// Any other blocking job on `file` (a write, a sync, an open), counted
+    /// and shut down like a read; `job` owns whatever it touches, so a
+    /// dropped future merely detaches it.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        permit: OwnedSemaphorePermit,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<JoinHandle<T>> {
+        let done = self.start()?;
+        Ok(self.runtime.spawn_blocking(move || {
+            let _done = (done, permit);
+            job()
+        }))
+    }
+
     pub(crate) fn counters(&self) -> Counts {
         *crate::lock(&self.counts)
     }

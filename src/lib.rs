@@ -93,6 +93,7 @@ mod read;
 mod ring;
 mod scan;
 mod sys;
+mod write;
 
 /// Logs a one-time decision through `tracing` (feature `tracing`); nothing
 /// otherwise. The arguments are those of `tracing::event!` after the level.
@@ -105,7 +106,7 @@ macro_rules! decision {
 pub(crate) use decision;
 
 pub use batch::ReadBatch;
-pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
+pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,
 /// the op lifecycle and why cancellation is sound, wakeups, the failure
@@ -126,3 +127,7 @@ pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringC
 pub use files::FileRoute;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
+pub use write::{
+    FileStat, OpenOptions, UringOpenFuture, UringStatxFuture, UringSyncFuture, UringWriteAllFuture,
+    UringWriteAllOwnedFuture, UringWriteFuture, UringWriteOwnedFuture,
+};

@@ -63,10 +63,12 @@ use crate::sys;
 
 mod complete;
 mod driver;
+mod ops;
 mod submit;
 
 use complete::Deferred;
 pub(crate) use driver::Driver;
+pub(crate) use ops::RingOp;
 pub(crate) use submit::Deferral;
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
@@ -100,7 +102,8 @@ pub(crate) struct RingConfig {
 
 /// What an op keeps alive until it is removed from the table.
 pub(crate) struct Keep {
-    _file: Arc<FileEntry>,
+    /// `None` for an op on no file (an open).
+    _file: Option<Arc<FileEntry>>,
     _permit: OwnedSemaphorePermit,
 }
 

@@ -166,7 +166,7 @@ impl Ring {
         let key = st.ops.insert(
             buf,
             Keep {
-                _file: file,
+                _file: Some(file),
                 _permit: permit,
             },
         );
