@@ -57,6 +57,16 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
+/// user + system CPU seconds of this process so far.
+fn cpu_secs() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -302,25 +312,32 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
     let mut ok = true;
     for &depth in &a.depths {
         let (mut u, mut fi, mut pw) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut u_cpu, mut pw_cpu) = (Vec::new(), Vec::new());
         let mut verified = 0;
         for _ in 0..a.repeat {
             if !fio_missing {
                 fi.push(fio_randwrite(&a.fio, &path, depth, a.secs)?);
             }
+            let c = cpu_secs();
             let (rate, written) = uring_randwrite(&path, depth, blocks, a.secs)?;
+            u_cpu.push((cpu_secs() - c) / (rate * a.secs) * 1e6);
             verified += verify_blocks(&path, &written)?;
             u.push(rate);
+            let c = cpu_secs();
             let (rate, written) = pwrite_randwrite(&path, depth, blocks, a.secs)?;
+            pw_cpu.push((cpu_secs() - c) / (rate * a.secs) * 1e6);
             verified += verify_blocks(&path, &written)?;
             pw.push(rate);
         }
         let (u, pw) = (median(u), median(pw));
         let fi = if fi.is_empty() { f64::NAN } else { median(fi) };
         println!(
-            "{depth:>6} {u:>12.0} {fi:>12.0} {pw:>12.0} {:>10.2} {:>10.2}  {}   ({verified} blocks verified)",
+            "{depth:>6} {u:>12.0} {fi:>12.0} {pw:>12.0} {:>10.2} {:>10.2}  {}   (CPU µs/write: uring {:.1}, pwrite {:.1}; {verified} blocks verified)",
             u / fi,
             u / pw,
-            load()
+            load(),
+            median(u_cpu),
+            median(pw_cpu),
         );
         ok &= verified > 0;
     }
