@@ -491,6 +491,48 @@ mod tests {
         assert_eq!(t.len(), 0);
     }
 
+    /// A new descriptor (`OpBuf::NewFd`, an open) that no future collects —
+    /// its CQE after the drop, or the drop after its CQE — is closed with
+    /// what is released, never leaked; a failed open has nothing to close.
+    #[test]
+    fn unclaimed_descriptors_are_closed() {
+        fn new_fd() -> i32 {
+            use std::os::fd::IntoRawFd;
+            std::fs::File::open("/dev/null").unwrap().into_raw_fd()
+        }
+        // SAFETY: F_GETFD on any number only asks whether it is open.
+        let open = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+        let mut t = OpTable::default();
+        // Dropped, then the CQE.
+        let (k, fd) = (t.insert(OpBuf::NewFd, ()), new_fd());
+        assert!(matches!(t.abandon(k, None), Abandoned::Parked(None)));
+        let OnCqe::Release(_, kept) = t.on_cqe(k, fd) else {
+            panic!("released at its CQE")
+        };
+        assert!(kept.is_some() && open(fd));
+        drop(kept);
+        assert!(!open(fd), "closed with what was released");
+        // The CQE, then dropped.
+        let (k, fd) = (t.insert(OpBuf::NewFd, ()), new_fd());
+        assert!(matches!(t.on_cqe(k, fd), OnCqe::Wake(None)));
+        let Abandoned::Released(_, kept) = t.abandon(k, None) else {
+            panic!("completed op is handed back")
+        };
+        drop(kept);
+        assert!(!open(fd), "closed when the future walked away");
+        // A failed open, and a plain op's result, are not descriptors.
+        let k = t.insert(OpBuf::NewFd, ());
+        let _ = t.abandon(k, None);
+        assert!(matches!(
+            t.on_cqe(k, -libc::ENOENT),
+            OnCqe::Release(_, None)
+        ));
+        let k = t.insert(OpBuf::Caller, ());
+        let _ = t.abandon(k, None);
+        assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_, None)));
+        assert_eq!(t.len(), 0);
+    }
+
     #[test]
     fn drop_before_poll_then_cqe() {
         let mut t = OpTable::default();
