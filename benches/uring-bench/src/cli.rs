@@ -306,6 +306,10 @@ pub struct WriteArgs {
     #[arg(short, long, value_delimiter = ',', default_values = ["8", "32", "512"], value_parser = parse_depth)]
     pub depths: Vec<usize>,
 
+    /// Worker threads of the `uring` randwrite engine's runtime.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub workers: u64,
+
     /// Size of the randwrite file in MiB.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub file_mib: u64,

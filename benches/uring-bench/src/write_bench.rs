@@ -120,10 +120,11 @@ fn uring_randwrite(
     depth: usize,
     blocks: u64,
     secs: f64,
+    workers: usize,
 ) -> Result<(f64, Written), String> {
     let file = open_direct(path)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
@@ -298,11 +299,12 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
     }
     let fio_missing = Command::new(&a.fio).arg("--version").output().is_err();
     println!(
-        "== randwrite: 4 KiB O_DIRECT random writes into {} MiB at {}, {} s per cell, {} repeats (load {})",
+        "== randwrite: 4 KiB O_DIRECT random writes into {} MiB at {}, {} s per cell, {} repeats, uring on {} workers (load {})",
         a.file_mib,
         path.display(),
         a.secs,
         a.repeat,
+        a.workers,
         load()
     );
     println!(
@@ -319,7 +321,8 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
                 fi.push(fio_randwrite(&a.fio, &path, depth, a.secs)?);
             }
             let c = cpu_secs();
-            let (rate, written) = uring_randwrite(&path, depth, blocks, a.secs)?;
+            let (rate, written) =
+                uring_randwrite(&path, depth, blocks, a.secs, a.workers as usize)?;
             u_cpu.push((cpu_secs() - c) / (rate * a.secs) * 1e6);
             verified += verify_blocks(&path, &written)?;
             u.push(rate);
