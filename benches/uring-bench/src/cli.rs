@@ -564,5 +564,28 @@ mod tests {
         for bad in ["0", "-0.5", "nan", "5"] {
             assert!(Args::try_parse_from(["uring-bench", "open-loop", "--load", bad]).is_err());
         }
+        let a = Args::parse_from(["uring-bench", "write"]);
+        let Some(Mode::Write(w)) = a.mode else {
+            panic!("write parses as its mode")
+        };
+        assert_eq!((w.depths, w.repeat, w.workers), (vec![8, 32, 512], 3, 2));
+        assert_eq!(w.parts.len(), 2);
+        let a = Args::parse_from(["uring-bench", "write", "--parts", "wal", "-t", "3"]);
+        let Some(Mode::Write(w)) = a.mode else {
+            panic!("write parses as its mode")
+        };
+        assert_eq!(
+            (w.parts, w.secs),
+            (vec![crate::write_bench::Part::Wal], 3.0)
+        );
+        for bad in [
+            ["--depths", "0"],
+            ["--repeat", "0"],
+            ["--record-bytes", "8"],
+        ] {
+            let mut args = vec!["uring-bench", "write"];
+            args.extend(bad);
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
     }
 }
