@@ -307,6 +307,104 @@ unsafe impl IoBufMut for bytes::BytesMut {
     }
 }
 
+/// A buffer whose bytes can be handed to the kernel by value for a
+/// zero-copy write ([`UringContext::write_owned`](crate::UringContext::write_owned)
+/// and [`write_all_owned`](crate::UringContext::write_all_owned)): the
+/// read side of a buffer, as [`IoBufMut`] is its write side.
+///
+/// **An owned write writes the buffer's data**, `data_len()` bytes at
+/// `data_ptr()`: a `Vec`'s `len()` bytes, a [`Slice`]'s initialised part of
+/// its window; and hands the buffer back unchanged. (The methods are
+/// named apart from [`IoBufMut`]'s so that both traits can be in scope.) While the write is in flight the crate owns
+/// the buffer; if the future is dropped, the buffer is parked in the context
+/// until the kernel is done reading it.
+///
+/// # Safety
+///
+/// An implementation promises, for as long as the value lives: `data_ptr`
+/// is the start of `data_len()` initialised bytes that the value owns (or
+/// borrows for `'static`), that neither move nor are freed while the value
+/// is alive, *even when the value itself is moved*, and that nothing writes
+/// while the crate holds the value; `data_len()` changes only through
+/// `&mut self`.
+pub unsafe trait IoBuf: Unpin + Send + 'static {
+    /// Start of the bytes.
+    fn data_ptr(&self) -> *const u8;
+    /// How many bytes from [`data_ptr`](Self::data_ptr) a write writes.
+    fn data_len(&self) -> usize;
+}
+
+/// Implements [`IoBuf`] from a type's [`IoBufMut`] implementation (whose
+/// contract is stronger).
+macro_rules! io_buf_from_mut {
+    ($($t:ty),*) => {$(
+        // SAFETY: IoBufMut promises stable, owned storage whose first
+        // bytes_init() bytes are initialised (a superset of IoBuf).
+        unsafe impl IoBuf for $t {
+            fn data_ptr(&self) -> *const u8 {
+                IoBufMut::stable_ptr(self)
+            }
+            fn data_len(&self) -> usize {
+                IoBufMut::bytes_init(self)
+            }
+        }
+    )*};
+}
+io_buf_from_mut!(Vec<u8>, Box<[u8]>, AlignedBuf);
+#[cfg(feature = "bytes")]
+io_buf_from_mut!(bytes::BytesMut);
+
+/// With the `bytes` feature: writes the whole `Bytes`.
+// SAFETY: a `Bytes` views immutable storage (heap or `'static`) that stays
+// in place while any handle to it lives; its length never changes.
+#[cfg(feature = "bytes")]
+unsafe impl IoBuf for bytes::Bytes {
+    fn data_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn data_len(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: `'static` bytes never move, are never freed, and are immutable.
+unsafe impl IoBuf for &'static [u8] {
+    fn data_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn data_len(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: a String's bytes live on the heap (as a Vec's) and are all
+// initialised; the crate holds the String, so nothing changes them.
+unsafe impl IoBuf for String {
+    fn data_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn data_len(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Writes the window's initialised bytes: `begin()..end()`, or less if the
+/// buffer's initialised bytes end inside the window.
+// SAFETY: the window starts within the inner buffer's initialised bytes
+// (checked when it is made), so `begin..min(end, init)` are initialised
+// bytes of the inner buffer's stable storage.
+unsafe impl<B: IoBufMut> IoBuf for Slice<B> {
+    fn data_ptr(&self) -> *const u8 {
+        // SAFETY: begin <= bytes_init() <= bytes_total(): in bounds.
+        unsafe { IoBufMut::stable_ptr(&self.buf).add(self.begin) }
+    }
+    fn data_len(&self) -> usize {
+        IoBufMut::bytes_init(&self.buf)
+            .min(self.end)
+            .saturating_sub(self.begin)
+    }
+}
+
 /// An owned window `begin..end` of a buffer, made by
 /// [`IoBufMut::slice`]: an owned read into it fills the window **from its
 /// start** (the window is all spare capacity, whatever it held), and the

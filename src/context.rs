@@ -180,7 +180,8 @@ impl fmt::Display for BackendInfo {
 /// Counters since the context was created (a snapshot; see [`UringContext::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Reads handed to the kernel (ring SQEs, or blocking-pool `pread`s).
+    /// Ops handed to the kernel (ring SQEs, or blocking-pool calls): reads,
+    /// and the writes, syncs, `statx`es and opens of the write path.
     pub submitted: u64,
     /// Of those, how many the kernel has completed.
     pub completed: u64,
@@ -191,15 +192,15 @@ pub struct Stats {
     pub enters: u64,
     /// Reads served at once from the page cache (`RWF_NOWAIT`), no ring involved.
     pub inline_completed: u64,
-    /// Reads the kernel holds right now (`submitted - completed`; with
+    /// Ops the kernel holds right now (`submitted - completed`; with
     /// SQPOLL a completion can be seen before its submission is, so this
     /// never goes below 0).
     pub in_flight: u64,
     /// Times a ring's background driver task ran (io_uring backend): a
     /// measure of wake-ups, to set against `submitted`.
     pub driver_polls: u64,
-    /// Cancel requests sent to the kernel for reads whose future was
-    /// dropped while the kernel held them (io_uring backend). A read the
+    /// Cancel requests sent to the kernel for ops (reads, writes, …)
+    /// whose future was dropped while the kernel held them (io_uring backend). A read the
     /// kernel can still stop comes back at once with `ECANCELED`, which
     /// frees its in-flight slot; one the device already has completes as
     /// usual.
@@ -244,7 +245,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    fn fixed(&self) -> &dyn FixedFiles {
+    pub(crate) fn fixed(&self) -> &dyn FixedFiles {
         struct NoRings;
         impl FixedFiles for NoRings {
             fn update(&self, _: u32, _: i32) -> io::Result<()> {

@@ -135,6 +135,15 @@ pub(crate) fn offset_beyond_max(fid: FileId, offset: u64) -> io::Error {
     )
 }
 
+/// A write (or range op) of `len` bytes at `offset` that would reach
+/// beyond `i64::MAX`, which no file can.
+pub(crate) fn write_beyond_max(fid: FileId, offset: u64, len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{len} bytes at offset {offset} of {fid} would end beyond i64::MAX"),
+    )
+}
+
 /// A blocking-pool read whose task panicked.
 pub(crate) fn blocking_task_failed(join: &JoinError) -> io::Error {
     io::Error::other(format!("blocking read task failed: {join}"))

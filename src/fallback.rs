@@ -136,17 +136,19 @@ impl Fallback {
         }))
     }
 
-    /// Runs `read`, a positioned read into memory it owns (or holds under a
-    /// lock), on the blocking pool, holding `permit` until it is over.
+    /// Runs `job` on the blocking pool, counted and shut down like a read,
+    /// holding `permit` until it is over: a positioned read into memory it
+    /// owns (or holds under a lock), a write, a sync, an open. `job` owns
+    /// whatever it touches, so a dropped future merely detaches it.
     pub(crate) fn run<T: Send + 'static>(
         &self,
         permit: Permit,
-        read: impl FnOnce() -> T + Send + 'static,
+        job: impl FnOnce() -> T + Send + 'static,
     ) -> io::Result<JoinHandle<T>> {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
             let _done = (done, permit);
-            read()
+            job()
         }))
     }
 

@@ -104,6 +104,7 @@ mod ring;
 mod scan;
 mod sys;
 mod vectored;
+mod write;
 
 /// Logs a one-time decision through `tracing` (feature `tracing`); nothing
 /// otherwise. The arguments are those of `tracing::event!` after the level.
@@ -116,7 +117,7 @@ macro_rules! decision {
 pub(crate) use decision;
 
 pub use batch::{ReadBatch, ReadBatchStream};
-pub use buf::{AlignedBuf, IoBufMut, Slice, SliceError};
+pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 
 /// The design document (`docs/DESIGN.md` in the repository): architecture,
 /// the op lifecycle and why cancellation is sound, wakeups, the failure
@@ -138,3 +139,7 @@ pub use files::FileRoute;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
 pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
+pub use write::{
+    FileStat, OpenOptions, UringOpenFuture, UringStatxFuture, UringSyncFuture, UringWriteAllFuture,
+    UringWriteAllOwnedFuture, UringWriteFuture, UringWriteOwnedFuture,
+};

@@ -114,7 +114,7 @@ impl Deref for Ctx<'_> {
 impl<'a> Ctx<'a> {
     /// The ring a read issued from thread slot `slot` goes to, as the read
     /// holds it; `None` on the fallback backend.
-    fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
+    pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
         match self {
             Ctx::Borrowed(inner) => {
                 let inner: &'a Inner = inner;
@@ -144,8 +144,8 @@ impl<'a> Ctx<'a> {
 /// One of the context's rings, as a read holds it — borrowed like its
 /// context, or shared — with its index in the context only to name it in
 /// `Debug`.
-struct RingRef<'a> {
-    index: usize,
+pub(crate) struct RingRef<'a> {
+    pub(crate) index: usize,
     ring: Held<'a>,
 }
 
@@ -187,7 +187,7 @@ enum State<'a, J> {
 /// that with EINVAL; no file extends that far, so nothing is lost): an
 /// offset at `i64::MAX` reads `Ok(0)` like any offset past the end of file.
 /// Offsets beyond `i64::MAX` cannot be expressed to the kernel at all.
-fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
+pub(crate) fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
     let max = i64::MAX.unsigned_abs();
     if offset > max {
         return Err(error::offset_beyond_max(fid, offset));

@@ -83,3 +83,43 @@ fn borrowed_reads_allocate_bounded_bounce_buffers() {
         });
     }
 }
+
+/// The write side (issue #11): a borrowed write of 48 MiB copies at most
+/// one `BORROWED_CHUNK` at a time into its bounce buffer, on both backends,
+/// and lands whole.
+#[test]
+fn borrowed_writes_allocate_bounded_bounce_buffers() {
+    const WRITE: usize = 48 << 20;
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        let opened = vec![std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap()];
+        let check = path.clone();
+        common::run("memory-write", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b);
+            let data: Vec<u8> = (0..WRITE).map(|i| (i % 251) as u8).collect();
+            LARGEST.store(0, Ordering::Relaxed);
+            RECORDING.store(true, Ordering::Relaxed);
+            let n = ctx.write(0u32, 0, &data).await.expect("large write");
+            RECORDING.store(false, Ordering::Relaxed);
+            let largest = LARGEST.load(Ordering::Relaxed);
+            assert_eq!(n, WRITE, "{choice:?}: the caller sees one write");
+            eprintln!(
+                "{choice:?}: a {WRITE}-byte borrowed write allocated at most {largest} bytes at once"
+            );
+            assert!(
+                largest <= BORROWED_CHUNK + 4096,
+                "{choice:?}: a {WRITE}-byte borrowed write allocated {largest} bytes at once"
+            );
+            let on_disk = std::fs::read(&check).unwrap();
+            assert!(on_disk == data, "{choice:?}: the file holds the write");
+        });
+        drop(dir);
+    }
+}

@@ -796,3 +796,53 @@ fn a_failing_or_stalled_block_device() {
     drop(dev);
     drop(set);
 }
+
+/// The write path on FUSE (issue #11): a FUSE file's writes, syncs and
+/// `statx` go where its reads go (the blocking pool), and give clear
+/// answers — the size, `PermissionDenied` for a read-only file, the file
+/// system's word on `fsync` — never a hang; `open` through the context
+/// routes the file the same way and reads it correctly.
+#[test]
+fn fuse_files_take_writes_and_syncs_to_the_blocking_pool() {
+    let spec = FileSpec::new("ro", 2 * MIB, 0x7011);
+    let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), false) else {
+        return;
+    };
+    let path = fs.path("ro");
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let (path, spec) = (path.clone(), spec.clone());
+        common::run("fuse_writes", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, vec![File::open(&path).unwrap()], |b| b);
+            assert!(
+                matches!(
+                    ctx.file_route(0u32).unwrap(),
+                    uring_positioned_io::FileRoute::BlockingPool(_)
+                ),
+                "{choice:?}: FUSE goes to the blocking pool"
+            );
+            assert_eq!(ctx.file_size(0u32).await.unwrap(), spec.len);
+            let e = ctx.write(0u32, 0, b"nope").await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{choice:?}: {e}");
+            match ctx.fdatasync(0u32).await {
+                Ok(()) => {}
+                Err(e) => assert!(e.raw_os_error().is_some(), "{choice:?}: {e}"),
+            }
+            let opts = uring_positioned_io::OpenOptions::new().read(true).clone();
+            let fid = ctx.open(&path, &opts).await.unwrap();
+            assert!(matches!(
+                ctx.file_route(fid).unwrap(),
+                uring_positioned_io::FileRoute::BlockingPool(_)
+            ));
+            let mut buf = vec![0u8; 4096];
+            assert_eq!(ctx.read(fid, 8192, &mut buf).await.unwrap(), 4096);
+            assert_eq!(buf, common::expected(spec.seed, spec.len, 8192, 4096));
+            let rw = uring_positioned_io::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .clone();
+            let e = ctx.open(&path, &rw).await.unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{choice:?}: {e}");
+            eprintln!("{choice:?}: FUSE statx, write, fdatasync and open answered");
+        });
+    }
+}

@@ -64,11 +64,13 @@ use crate::sys;
 
 mod complete;
 mod driver;
+mod ops;
 mod submit;
 
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
+pub(crate) use ops::RingOp;
 pub(crate) use submit::Deferral;
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
@@ -102,7 +104,8 @@ pub(crate) struct RingConfig {
 
 /// What an op keeps alive until it is removed from the table.
 pub(crate) struct Keep {
-    _file: Arc<FileEntry>,
+    /// `None` for an op on no file (an open).
+    _file: Option<Arc<FileEntry>>,
     _permit: Permit,
 }
 

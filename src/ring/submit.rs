@@ -174,7 +174,7 @@ impl Ring {
         let key = st.ops.insert(
             buf,
             Keep {
-                _file: file,
+                _file: Some(file),
                 _permit: permit,
             },
         );

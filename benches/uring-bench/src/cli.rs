@@ -284,6 +284,59 @@ pub enum Mode {
     /// hot and cold; every block verified. The rate is `--rate`, or `--load`
     /// times the highest rate the crate keeps up with (found first).
     OpenLoop(OpenLoopArgs),
+
+    /// The write path: random 4 KiB O_DIRECT writes at each depth against
+    /// fio `randwrite` and `pwrite` threads, and WAL-style appends (many
+    /// writers, group commit with fdatasync, commit latency percentiles)
+    /// against `tokio::fs` and threads. Every written block and every
+    /// acknowledged record is read back and checked after each run; each
+    /// cell is repeated (`--repeat`) and the medians reported with
+    /// same-run ratios.
+    Write(WriteArgs),
+}
+
+/// Flags of `uring-bench write`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WriteArgs {
+    /// Parts to run.
+    #[arg(long, value_delimiter = ',', default_values = ["randwrite", "wal"])]
+    pub parts: Vec<crate::write_bench::Part>,
+
+    /// Writes in flight (randwrite): tasks / threads / fio iodepth.
+    #[arg(short, long, value_delimiter = ',', default_values = ["8", "32", "512"], value_parser = parse_depth)]
+    pub depths: Vec<usize>,
+
+    /// Worker threads of the `uring` randwrite engine's runtime.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub workers: u64,
+
+    /// Size of the randwrite file in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub file_mib: u64,
+
+    /// Measured seconds per cell.
+    #[arg(short = 't', long, default_value = "1.5", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Repeats of every cell (the median is reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+
+    /// WAL writers (each appends and waits for its commit, in a loop).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub wal_writers: u64,
+
+    /// WAL record payload bytes.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
+    pub record_bytes: u64,
+
+    /// Directory of the files written (on the device under test).
+    #[arg(long, default_value = "bench-data")]
+    pub dir: PathBuf,
+
+    /// The fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: PathBuf,
 }
 
 /// Flags of `uring-bench open-loop`.
@@ -510,6 +563,29 @@ mod tests {
         }
         for bad in ["0", "-0.5", "nan", "5"] {
             assert!(Args::try_parse_from(["uring-bench", "open-loop", "--load", bad]).is_err());
+        }
+        let a = Args::parse_from(["uring-bench", "write"]);
+        let Some(Mode::Write(w)) = a.mode else {
+            panic!("write parses as its mode")
+        };
+        assert_eq!((w.depths, w.repeat, w.workers), (vec![8, 32, 512], 3, 2));
+        assert_eq!(w.parts.len(), 2);
+        let a = Args::parse_from(["uring-bench", "write", "--parts", "wal", "-t", "3"]);
+        let Some(Mode::Write(w)) = a.mode else {
+            panic!("write parses as its mode")
+        };
+        assert_eq!(
+            (w.parts, w.secs),
+            (vec![crate::write_bench::Part::Wal], 3.0)
+        );
+        for bad in [
+            ["--depths", "0"],
+            ["--repeat", "0"],
+            ["--record-bytes", "8"],
+        ] {
+            let mut args = vec!["uring-bench", "write"];
+            args.extend(bad);
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
         }
     }
 }

@@ -3,7 +3,8 @@
 //! direct; every block verified. `uring-bench cpu-per-read` measures CPU per
 //! read on cached data against a raw ring loop; `uring-bench lines` counts
 //! the lines of a large text file every way of the study "Towards Fast IO on
-//! Linux using Rust" and with this crate's scan. See docs/BENCHMARKS.md.
+//! Linux using Rust" and with this crate's scan; `uring-bench write` the
+//! write path (random O_DIRECT writes, WAL group commit). See docs/BENCHMARKS.md.
 
 mod buf;
 mod charts;
@@ -16,6 +17,7 @@ mod open_loop;
 mod probes;
 mod report;
 mod verify;
+mod write_bench;
 
 use clap::Parser;
 use cli::{Args, Mode, Regime};
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Some(Mode::CpuPerRead(a)) => cpu_per_read::run(a),
         Some(Mode::Lines(a)) => lines::run(a),
         Some(Mode::OpenLoop(a)) => open_loop::run(a),
+        Some(Mode::Write(a)) => write_bench::run(a),
         None => run(&args),
     };
     match result {

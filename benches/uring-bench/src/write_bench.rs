@@ -1,0 +1,741 @@
+//! `uring-bench write`: the write path (issue #11).
+//!
+//! Part `randwrite`: random 4 KiB `O_DIRECT` writes into a preallocated,
+//! pre-written file at depths 8/32/512 (default): this crate
+//! (`write_all_owned` of an `AlignedBuf`, `depth` tasks on a 2-worker
+//! runtime), fio `randwrite` (`ioengine=io_uring`, registered files and
+//! buffers) and `pwrite` threads (`depth` threads). Writer `w` of `depth`
+//! owns the blocks `b` with `b % depth == w`, so the last write to each
+//! block is known; every block is stamped (block, sequence, writer) and,
+//! after each of our engines' runs, every block written is read back and
+//! checked (fio writes its own data; its run is not verified).
+//!
+//! Part `wal`: WAL-style appends — `--wal-writers` writers each append a
+//! record and wait for its commit, in a loop; one committer writes every
+//! record waiting as one group at the log's tail, `fdatasync`s, and then
+//! acknowledges the group. Engines: this crate (`write_all` + `fdatasync`
+//! through the ring) as `uring-serial` (one group at a time, as the others)
+//! and as `uring` (pipelined: the next group is written while up to 4
+//! groups' `fdatasync`s are in flight — each sync started after its group's
+//! write completed, groups acknowledged in order; a design the crate's
+//! cheap concurrent ops on one shared descriptor allow, and
+//! `tokio::fs::File`'s `&mut self` API does not), `tokio::fs` (`File::write_all` + `sync_data`) and
+//! threads (`write_all_at` + `sync_data`, std channels). Commit latency is
+//! from `append` to its acknowledgement. After each run the log is parsed
+//! and every acknowledged record checked.
+//!
+//! Each cell is repeated `--repeat` times (default 3) in rotation, and the
+//! median is reported with the same-run ratios.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use uring_positioned_io::{AlignedBuf, UringContext};
+
+use crate::cli::WriteArgs;
+
+const BLOCK: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Randwrite,
+    Wal,
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// user + system CPU seconds of this process so far.
+fn cpu_secs() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+// ------------------------------------------------------------- randwrite
+
+/// The stamp of block `block`'s `seq`-th write by `writer`: header words
+/// then a body derived from them (so a misplaced or torn block shows).
+fn stamp(buf: &mut [u8], block: u64, seq: u64, writer: u64) {
+    buf[0..8].copy_from_slice(&block.to_le_bytes());
+    buf[8..16].copy_from_slice(&seq.to_le_bytes());
+    buf[16..24].copy_from_slice(&writer.to_le_bytes());
+    let x = (block ^ seq.rotate_left(17) ^ writer.rotate_left(40)) as u8;
+    for (k, b) in buf[24..64].iter_mut().enumerate() {
+        *b = x.wrapping_add(k as u8);
+    }
+    buf[BLOCK - 8..].copy_from_slice(&(block ^ seq).to_le_bytes());
+}
+
+fn stamp_ok(buf: &[u8], block: u64, seq: u64, writer: u64) -> bool {
+    let mut want = [0u8; BLOCK];
+    want.copy_from_slice(buf);
+    stamp(&mut want, block, seq, writer);
+    want[..] == buf[..]
+}
+
+/// Per block: (seq + 1, writer) of its last write; 0 = not written.
+type Written = Vec<(u64, u64)>;
+
+/// Writer `w`'s next block: a random one among the blocks it owns.
+fn pick(rng: &mut u64, w: u64, depth: u64, blocks: u64) -> u64 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let owned = (blocks - w).div_ceil(depth);
+    w + (*rng % owned) * depth
+}
+
+fn open_direct(path: &Path) -> Result<File, String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| format!("open O_DIRECT {}: {e}", path.display()))
+}
+
+fn uring_randwrite(
+    path: &Path,
+    depth: usize,
+    blocks: u64,
+    secs: f64,
+    workers: usize,
+) -> Result<(f64, Written), String> {
+    let file = open_direct(path)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let ctx = UringContext::builder()
+            .max_in_flight(depth.max(64))
+            .build(vec![file])
+            .map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..depth as u64 {
+            let (ctx, stop) = (ctx.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (w + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+                let mut buf = AlignedBuf::new(BLOCK, BLOCK);
+                let mut last = HashMap::new();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let block = pick(&mut rng, w, depth as u64, blocks);
+                    stamp(&mut buf, block, n, w);
+                    let (r, back) = ctx.write_all_owned(0u32, block * BLOCK as u64, buf).await;
+                    buf = back;
+                    r.map_err(|e| format!("write of block {block}: {e}"))?;
+                    last.insert(block, n);
+                    n += 1;
+                }
+                Ok::<_, String>((n, last, w))
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut written = vec![(0, 0); blocks as usize];
+        let mut total = 0;
+        for t in tasks {
+            let (n, last, w) = t.await.map_err(|e| e.to_string())??;
+            total += n;
+            for (b, s) in last {
+                written[b as usize] = (s + 1, w);
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        Ok((total as f64 / elapsed, written))
+    })
+}
+
+fn pwrite_randwrite(
+    path: &Path,
+    depth: usize,
+    blocks: u64,
+    secs: f64,
+) -> Result<(f64, Written), String> {
+    let file = Arc::new(open_direct(path)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..depth as u64)
+        .map(|w| {
+            let (file, stop) = (file.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = 0x9e37_79b9_7f4a_7c15 ^ (w + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+                let mut buf = AlignedBuf::new(BLOCK, BLOCK);
+                let mut last = HashMap::new();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let block = pick(&mut rng, w, depth as u64, blocks);
+                    stamp(&mut buf, block, n, w);
+                    file.write_all_at(&buf, block * BLOCK as u64)
+                        .map_err(|e| format!("pwrite of block {block}: {e}"))?;
+                    last.insert(block, n);
+                    n += 1;
+                }
+                Ok::<_, String>((n, last, w))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut written = vec![(0, 0); blocks as usize];
+    let mut total = 0;
+    for t in threads {
+        let (n, last, w) = t
+            .join()
+            .map_err(|_| "pwrite thread panicked".to_owned())??;
+        total += n;
+        for (b, s) in last {
+            written[b as usize] = (s + 1, w);
+        }
+    }
+    Ok((total as f64 / started.elapsed().as_secs_f64(), written))
+}
+
+fn fio_randwrite(fio: &Path, path: &Path, depth: usize, secs: f64) -> Result<f64, String> {
+    let ms = (secs * 1000.0).round() as u64;
+    let out = Command::new(fio)
+        .arg("--name=uring-bench-write")
+        .arg(format!("--filename={}", path.display()))
+        .args([
+            "--rw=randwrite",
+            "--bs=4k",
+            "--ioengine=io_uring",
+            "--direct=1",
+        ])
+        .arg(format!("--iodepth={depth}"))
+        .arg(format!("--iodepth_batch_complete_max={depth}"))
+        .args([
+            "--registerfiles=1",
+            "--fixedbufs=1",
+            "--norandommap",
+            "--randrepeat=0",
+        ])
+        .args([
+            "--invalidate=0",
+            "--time_based",
+            "--numjobs=1",
+            "--group_reporting",
+        ])
+        .arg(format!("--runtime={ms}ms"))
+        .arg("--output-format=json")
+        .output()
+        .map_err(|e| format!("fio: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("fio: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let s = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&s[s.find('{').ok_or("fio: no JSON")?..])
+        .map_err(|e| format!("fio JSON: {e}"))?;
+    let job = &v["jobs"][0]["write"];
+    let ios = job["total_ios"].as_f64().ok_or("fio: no total_ios")?;
+    let ms = job["runtime"].as_f64().ok_or("fio: no runtime")?;
+    Ok(ios / (ms / 1000.0).max(1e-9))
+}
+
+/// Reads back every block `written` says was written and checks its stamp.
+fn verify_blocks(path: &Path, written: &Written) -> Result<u64, String> {
+    let f = File::open(path).map_err(|e| e.to_string())?;
+    let mut chunk = vec![0u8; 256 * BLOCK];
+    let mut checked = 0;
+    for (c, blocks) in written.chunks(256).enumerate() {
+        let at = (c * 256 * BLOCK) as u64;
+        let buf = &mut chunk[..blocks.len() * BLOCK];
+        f.read_exact_at(buf, at).map_err(|e| e.to_string())?;
+        for (k, &(seq1, w)) in blocks.iter().enumerate() {
+            if seq1 == 0 {
+                continue;
+            }
+            let block = (c * 256 + k) as u64;
+            if !stamp_ok(&buf[k * BLOCK..(k + 1) * BLOCK], block, seq1 - 1, w) {
+                return Err(format!(
+                    "block {block} does not hold its last write (seq {})",
+                    seq1 - 1
+                ));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
+
+fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
+    let path = dir.join("randwrite.dat");
+    let size = a.file_mib * 1024 * 1024;
+    let blocks = size / BLOCK as u64;
+    {
+        // Pre-written (not just fallocated), so no engine pays for
+        // converting unwritten extents.
+        let mut f = File::create(&path).map_err(|e| e.to_string())?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..a.file_mib {
+            f.write_all(&zeros).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
+    let fio_missing = Command::new(&a.fio).arg("--version").output().is_err();
+    println!(
+        "== randwrite: 4 KiB O_DIRECT random writes into {} MiB at {}, {} s per cell, {} repeats, uring on {} workers (load {})",
+        a.file_mib,
+        path.display(),
+        a.secs,
+        a.repeat,
+        a.workers,
+        load()
+    );
+    println!(
+        "{:>6} {:>12} {:>12} {:>12} {:>10} {:>10}  load",
+        "depth", "uring w/s", "fio w/s", "pwrite w/s", "uring/fio", "uring/pw"
+    );
+    let mut ok = true;
+    for &depth in &a.depths {
+        let (mut u, mut fi, mut pw) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut u_cpu, mut pw_cpu) = (Vec::new(), Vec::new());
+        let mut verified = 0;
+        for _ in 0..a.repeat {
+            if !fio_missing {
+                fi.push(fio_randwrite(&a.fio, &path, depth, a.secs)?);
+            }
+            let c = cpu_secs();
+            let (rate, written) =
+                uring_randwrite(&path, depth, blocks, a.secs, a.workers as usize)?;
+            u_cpu.push((cpu_secs() - c) / (rate * a.secs) * 1e6);
+            verified += verify_blocks(&path, &written)?;
+            u.push(rate);
+            let c = cpu_secs();
+            let (rate, written) = pwrite_randwrite(&path, depth, blocks, a.secs)?;
+            pw_cpu.push((cpu_secs() - c) / (rate * a.secs) * 1e6);
+            verified += verify_blocks(&path, &written)?;
+            pw.push(rate);
+        }
+        let (u, pw) = (median(u), median(pw));
+        let fi = if fi.is_empty() { f64::NAN } else { median(fi) };
+        println!(
+            "{depth:>6} {u:>12.0} {fi:>12.0} {pw:>12.0} {:>10.2} {:>10.2}  {}   (CPU µs/write: uring {:.1}, pwrite {:.1}; {verified} blocks verified)",
+            u / fi,
+            u / pw,
+            load(),
+            median(u_cpu),
+            median(pw_cpu),
+        );
+        ok &= verified > 0;
+    }
+    if fio_missing {
+        println!("fio not found ({}): its column is NaN", a.fio.display());
+    }
+    std::fs::remove_file(&path).ok();
+    Ok(ok)
+}
+
+// ------------------------------------------------------------------- wal
+
+const HEADER: usize = 16;
+
+/// Group syncs in flight at once in the pipelined `uring` engine.
+const PIPELINE: usize = 4;
+
+fn record(writer: u64, i: u64, len: usize) -> Vec<u8> {
+    let mut r = vec![0u8; len];
+    r[..8].copy_from_slice(&writer.to_le_bytes());
+    r[8..16].copy_from_slice(&i.to_le_bytes());
+    for (k, b) in r[16..].iter_mut().enumerate() {
+        *b = (writer as u8) ^ (i as u8).wrapping_mul(7) ^ (k as u8);
+    }
+    r
+}
+
+/// Encodes one record: `[len u32][sum u32][seq u64][payload]`.
+fn encode(seq: u64, payload: &[u8], out: &mut Vec<u8>) {
+    let sum = payload
+        .iter()
+        .fold(seq as u32, |s, &b| s.rotate_left(5) ^ u32::from(b));
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Parses the log; checks every acknowledged (writer, i) is in it, whole.
+fn verify_log(path: &Path, acked: &[(u64, u64)], len: usize) -> Result<usize, String> {
+    let data = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut found = std::collections::HashSet::new();
+    let mut at = 0;
+    let mut seq = 0u64;
+    while at + HEADER <= data.len() {
+        let n = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        let sum = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap());
+        let s = u64::from_le_bytes(data[at + 8..at + 16].try_into().unwrap());
+        if s != seq || at + HEADER + n > data.len() {
+            break;
+        }
+        let p = &data[at + HEADER..at + HEADER + n];
+        if p.iter()
+            .fold(s as u32, |x, &b| x.rotate_left(5) ^ u32::from(b))
+            != sum
+        {
+            break;
+        }
+        let w = u64::from_le_bytes(p[..8].try_into().unwrap());
+        let i = u64::from_le_bytes(p[8..16].try_into().unwrap());
+        if p != &record(w, i, len)[..] {
+            return Err(format!("record {seq} (writer {w}, #{i}) is corrupt"));
+        }
+        found.insert((w, i));
+        at += HEADER + n;
+        seq += 1;
+    }
+    for a in acked {
+        if !found.contains(a) {
+            return Err(format!("acknowledged record {a:?} is not in the log"));
+        }
+    }
+    Ok(acked.len())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalEngine {
+    UringPipelined,
+    Uring,
+    TokioFs,
+    Threads,
+}
+
+struct WalOutcome {
+    commits_per_sec: f64,
+    hist: Histogram<u64>,
+    groups: u64,
+    acked: Vec<(u64, u64)>,
+}
+
+type Ack = tokio::sync::oneshot::Sender<()>;
+
+/// One committer round: encode `group` at `seq`.
+fn encode_group(group: &[(u64, u64)], seq: &mut u64, len: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    for &(w, i) in group {
+        encode(*seq, &record(w, i, len), buf);
+        *seq += 1;
+    }
+}
+
+fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (writers, len, secs) = (a.wal_writers, a.record_bytes as usize, a.secs);
+    let path = path.to_path_buf();
+    rt.block_on(async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<((u64, u64), Ack)>();
+        let committer = tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut buf = Vec::new();
+            let mut groups = 0u64;
+            let mut tail = 0u64;
+            let ctx;
+            let mut tfile = None;
+            if engine != WalEngine::TokioFs {
+                let file = File::create(&path).map_err(|e| e.to_string())?;
+                ctx = Some(UringContext::new(vec![file]).map_err(|e| e.to_string())?);
+            } else {
+                ctx = None;
+                tfile = Some(
+                    tokio::fs::File::create(&path)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            if let (WalEngine::UringPipelined, Some(ctx)) = (engine, &ctx) {
+                // Group N+1 is written while group N's fdatasync is in
+                // flight; each group's fdatasync starts after its own write
+                // completed (so it covers it), and groups are acknowledged
+                // in order as their syncs complete.
+                let mut syncs = futures::stream::FuturesOrdered::new();
+                let mut open = true;
+                while open || !syncs.is_empty() {
+                    tokio::select! {
+                        biased;
+                        Some((res, group)) = syncs.next(), if !syncs.is_empty() => {
+                            let res: std::io::Result<()> = res;
+                            res.map_err(|e| e.to_string())?;
+                            let group: Vec<((u64, u64), Ack)> = group;
+                            for (_, ack) in group {
+                                let _ = ack.send(());
+                            }
+                        }
+                        first = rx.recv(), if open && syncs.len() < PIPELINE => {
+                            let Some(first) = first else {
+                                open = false;
+                                continue;
+                            };
+                            let mut group = vec![first];
+                            while let Ok(m) = rx.try_recv() {
+                                group.push(m);
+                            }
+                            let ids: Vec<_> = group.iter().map(|g| g.0).collect();
+                            encode_group(&ids, &mut seq, len, &mut buf);
+                            ctx.write_all(0u32, tail, &buf).await.map_err(|e| e.to_string())?;
+                            tail += buf.len() as u64;
+                            groups += 1;
+                            let sync = ctx.fdatasync(0u32);
+                            syncs.push_back(async move { (sync.await, group) });
+                        }
+                    }
+                }
+                return Ok::<_, String>(groups);
+            }
+            while let Some(first) = rx.recv().await {
+                let mut group = vec![first];
+                while let Ok(m) = rx.try_recv() {
+                    group.push(m);
+                }
+                let ids: Vec<_> = group.iter().map(|g| g.0).collect();
+                encode_group(&ids, &mut seq, len, &mut buf);
+                if let Some(ctx) = &ctx {
+                    ctx.write_all(0u32, tail, &buf)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    ctx.fdatasync(0u32).await.map_err(|e| e.to_string())?;
+                } else if let Some(f) = &mut tfile {
+                    use tokio::io::AsyncWriteExt;
+                    f.write_all(&buf).await.map_err(|e| e.to_string())?;
+                    f.sync_data().await.map_err(|e| e.to_string())?;
+                }
+                tail += buf.len() as u64;
+                groups += 1;
+                for (_, ack) in group {
+                    let _ = ack.send(());
+                }
+            }
+            Ok::<_, String>(groups)
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let (tx, stop) = (tx.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new(3).unwrap();
+                let mut acked = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let (ack, rx) = tokio::sync::oneshot::channel();
+                    if tx.send(((w, i), ack)).is_err() || rx.await.is_err() {
+                        break;
+                    }
+                    hist.record(t.elapsed().as_nanos() as u64).ok();
+                    acked.push((w, i));
+                    i += 1;
+                }
+                (hist, acked)
+            }));
+        }
+        drop(tx);
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        let mut acked = Vec::new();
+        for t in tasks {
+            let (h, a) = t.await.map_err(|e| e.to_string())?;
+            hist.add(&h).ok();
+            acked.extend(a);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let groups = committer.await.map_err(|e| e.to_string())??;
+        Ok(WalOutcome {
+            commits_per_sec: acked.len() as f64 / elapsed,
+            hist,
+            groups,
+            acked,
+        })
+    })
+}
+
+fn wal_threads(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
+    let (writers, len, secs) = (a.wal_writers, a.record_bytes as usize, a.secs);
+    let file = File::create(path).map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::channel::<((u64, u64), std::sync::mpsc::SyncSender<()>)>();
+    let committer = std::thread::spawn(move || {
+        let (mut seq, mut tail, mut groups) = (0u64, 0u64, 0u64);
+        let mut buf = Vec::new();
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            while let Ok(m) = rx.try_recv() {
+                group.push(m);
+            }
+            let ids: Vec<_> = group.iter().map(|g| g.0).collect();
+            encode_group(&ids, &mut seq, len, &mut buf);
+            file.write_all_at(&buf, tail).map_err(|e| e.to_string())?;
+            file.sync_data().map_err(|e| e.to_string())?;
+            tail += buf.len() as u64;
+            groups += 1;
+            for (_, ack) in group {
+                let _ = ack.send(());
+            }
+        }
+        Ok::<_, String>(groups)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let (tx, stop, count) = (tx.clone(), stop.clone(), count.clone());
+            std::thread::spawn(move || {
+                let mut hist = Histogram::<u64>::new(3).unwrap();
+                let mut acked = Vec::new();
+                let (ack, done) = std::sync::mpsc::sync_channel(1);
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    if tx.send(((w, i), ack.clone())).is_err() || done.recv().is_err() {
+                        break;
+                    }
+                    hist.record(t.elapsed().as_nanos() as u64).ok();
+                    acked.push((w, i));
+                    count.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+                (hist, acked)
+            })
+        })
+        .collect();
+    drop(tx);
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = Histogram::<u64>::new(3).unwrap();
+    let mut acked = Vec::new();
+    for t in threads {
+        let (h, a) = t.join().map_err(|_| "writer thread panicked".to_owned())?;
+        hist.add(&h).ok();
+        acked.extend(a);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let groups = committer
+        .join()
+        .map_err(|_| "committer panicked".to_owned())??;
+    Ok(WalOutcome {
+        commits_per_sec: acked.len() as f64 / elapsed,
+        hist,
+        groups,
+        acked,
+    })
+}
+
+/// commits/s, groups/s, p50, p99, p99.9 (µs).
+type Row = (f64, f64, f64, f64, f64);
+
+fn wal(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
+    let path = dir.join("wal.log");
+    println!(
+        "== wal: {} writers, {}-byte records, group commit with fdatasync, {} s per cell, {} repeats (load {})",
+        a.wal_writers,
+        a.record_bytes,
+        a.secs,
+        a.repeat,
+        load()
+    );
+    println!(
+        "{:>12} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
+        "engine", "commits/s", "groups/s", "p50 µs", "p99 µs", "p99.9 µs"
+    );
+    let engines = [
+        WalEngine::UringPipelined,
+        WalEngine::Uring,
+        WalEngine::TokioFs,
+        WalEngine::Threads,
+    ];
+    let mut rows: HashMap<&str, Vec<Row>> = HashMap::new();
+    for _ in 0..a.repeat {
+        for e in engines {
+            let out = match e {
+                WalEngine::Threads => wal_threads(&path, a)?,
+                e => wal_async(e, &path, a)?,
+            };
+            verify_log(&path, &out.acked, a.record_bytes as usize)?;
+            let q = |p: f64| out.hist.value_at_quantile(p) as f64 / 1000.0;
+            let name = match e {
+                WalEngine::UringPipelined => "uring",
+                WalEngine::Uring => "uring-serial",
+                WalEngine::TokioFs => "tokio-fs",
+                WalEngine::Threads => "threads",
+            };
+            rows.entry(name).or_default().push((
+                out.commits_per_sec,
+                out.groups as f64 / a.secs,
+                q(0.5),
+                q(0.99),
+                q(0.999),
+            ));
+        }
+    }
+    let mut med = HashMap::new();
+    for name in ["uring", "uring-serial", "tokio-fs", "threads"] {
+        let r = &rows[name];
+        let m = |f: fn(&Row) -> f64| median(r.iter().map(f).collect());
+        let row = (m(|x| x.0), m(|x| x.1), m(|x| x.2), m(|x| x.3), m(|x| x.4));
+        println!(
+            "{name:>12} {:>11.0} {:>9.0} {:>10.0} {:>10.0} {:>10.0}  {}",
+            row.0,
+            row.1,
+            row.2,
+            row.3,
+            row.4,
+            load()
+        );
+        med.insert(name, row);
+    }
+    let (t, th) = (med["tokio-fs"], med["threads"]);
+    for name in ["uring", "uring-serial"] {
+        let u = med[name];
+        println!(
+            "ratios {name}: commits/s vs tokio-fs {:.2}, vs threads {:.2}; p99 vs tokio-fs {:.2}, vs threads {:.2}",
+            u.0 / t.0,
+            u.0 / th.0,
+            u.3 / t.3,
+            u.3 / th.3
+        );
+    }
+    println!("(every acknowledged record verified after each run)");
+    std::fs::remove_file(&path).ok();
+    Ok(true)
+}
+
+pub fn run(a: &WriteArgs) -> Result<bool, String> {
+    std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
+    let dir: PathBuf = a.dir.clone();
+    let mut ok = true;
+    for part in &a.parts {
+        ok &= match part {
+            Part::Randwrite => randwrite(a, &dir)?,
+            Part::Wal => wal(a, &dir)?,
+        };
+    }
+    Ok(ok)
+}
