@@ -390,7 +390,17 @@ fn hang_case(direct_io: bool) {
     let dropped = t.elapsed();
     let (r, _) =
         join_within(h, Duration::from_secs(5)).unwrap_or_else(|_| panic!("hung after drop"));
-    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    // The harness answers hung requests with EIO as it unmounts; if the
+    // unmount aborts the connection first, the kernel says ECONNABORTED
+    // (seen once under load). Either way the read is released with an error.
+    let e = r.unwrap_err();
+    assert!(
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EIO | libc::ECONNABORTED | libc::ENOTCONN)
+        ),
+        "{mode}: {e}"
+    );
     println!("{mode}: drop with a hung read took {dropped:?}");
 }
 

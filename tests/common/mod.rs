@@ -226,6 +226,50 @@ pub fn drop_cache(f: &File) {
     }
 }
 
+/// How many of the pages of `f` in `offset..offset + len` are in the page
+/// cache (`mincore` on a mapping; touches nothing).
+pub fn resident_pages(f: &File, offset: u64, len: usize) -> usize {
+    let page = 4096usize;
+    // SAFETY: a read-only shared mapping of a valid fd; it is only passed
+    // to mincore and unmapped below, never dereferenced.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED, "mmap for mincore");
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `addr..addr + len` is the mapping made above; `vec` has one
+    // byte per page of it.
+    let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    assert_eq!(r, 0, "mincore");
+    vec.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// Evicts `f`'s pages in `offset..offset + len` until none is cached (a
+/// page under writeback or in a per-CPU LRU batch can survive one
+/// `POSIX_FADV_DONTNEED` on a busy machine); panics if they stay.
+pub fn drop_cache_until_gone(f: &File, offset: u64, len: usize) {
+    for _ in 0..50 {
+        drop_cache(f);
+        if resident_pages(f, offset, len) == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "{} pages of {offset}..+{len} stay cached after 50 evictions",
+        resident_pages(f, offset, len)
+    );
+}
+
 /// Number of open file descriptors of this process.
 pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")
