@@ -6,15 +6,19 @@
 //! `Vec` for borrowed reads, the caller's buffer for owned reads), so a
 //! dropped future merely detaches a task that finishes on its own.
 
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Context;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -37,9 +41,25 @@ pub(crate) struct Fallback {
     idle: Arc<Notify>,
     /// `shutdown()` stopped waiting for the reads still running
     /// (`wait_idle` timed out): borrowed reads waiting for them fail.
-    pub(crate) gave_up: AtomicBool,
+    gave_up: AtomicBool,
     /// Notified (to every waiter) when `gave_up` is set.
-    pub(crate) gave_up_notify: Arc<Notify>,
+    gave_up_notify: Arc<Notify>,
+}
+
+/// What a future waiting for blocking work watches to learn that
+/// `shutdown()` gave up on it: only work that may be left to finish on its
+/// own (its task owns everything it touches) watches; the rest waits.
+pub(crate) struct GiveUpWatch(Option<Pin<Box<OwnedNotified>>>);
+
+impl GiveUpWatch {
+    /// Whether `shutdown()` gave up on blocking work (registers `cx` to be
+    /// woken when it does).
+    pub(crate) fn gave_up(&mut self, fb: &Fallback, cx: &mut Context<'_>) -> bool {
+        match &mut self.0 {
+            Some(n) => n.as_mut().poll(cx).is_ready() || fb.gave_up.load(Ordering::Acquire),
+            None => false,
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -150,6 +170,13 @@ impl Fallback {
             let _done = (done, permit);
             job()
         }))
+    }
+
+    /// A watch for `shutdown()` giving up, for work that may be left to
+    /// finish on its own (`detachable`); created before the work starts, so
+    /// no give-up is missed.
+    pub(crate) fn watch_give_up(&self, detachable: bool) -> GiveUpWatch {
+        GiveUpWatch(detachable.then(|| Box::pin(self.gave_up_notify.clone().notified_owned())))
     }
 
     pub(crate) fn counters(&self) -> Counts {

@@ -28,13 +28,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::sync::futures::OwnedNotified;
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::context::{Backend, Inner};
 use crate::error::{self, shut_down_error};
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, GiveUpWatch};
 use crate::files::{thread_slot, FileEntry};
 use crate::inline::{self, pread_nowait, Nowait};
 use crate::permit::{self, Acquired, Permit};
@@ -178,7 +177,7 @@ enum State<'a, J> {
     },
     /// On the blocking pool; a borrowed read also watches for `shutdown()`
     /// giving up on it.
-    Blocking(JoinHandle<J>, Option<Pin<Box<OwnedNotified>>>),
+    Blocking(JoinHandle<J>, GiveUpWatch),
     Done,
 }
 
@@ -425,15 +424,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
                 }
                 State::Blocking(handle, gave_up) => {
                     let Poll::Ready(out) = Pin::new(handle).poll(cx) else {
-                        if let Some(g) = gave_up {
-                            if g.as_mut().poll(cx).is_ready()
-                                || self.ctx.blocking.gave_up.load(Ordering::Acquire)
-                            {
-                                // The task reads into its own buffer and
-                                // keeps it (and its slot) until pread returns.
-                                self.state = State::Done;
-                                return Poll::Ready(Err(error::gave_up()));
-                            }
+                        if gave_up.gave_up(&self.ctx.blocking, cx) {
+                            // The task keeps its own buffer (and its slot)
+                            // until its syscall returns.
+                            self.state = State::Done;
+                            return Poll::Ready(Err(error::gave_up()));
                         }
                         return Poll::Pending;
                     };
@@ -575,8 +570,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
             let h = self
                 .target
                 .spawn_blocking(fb, file, offset, self.done, self.piece, permit)?;
-            let gave_up = T::BLOCKING_DETACHABLE
-                .then(|| Box::pin(fb.gave_up_notify.clone().notified_owned()));
+            let gave_up = fb.watch_give_up(T::BLOCKING_DETACHABLE);
             self.state = State::Blocking(h, gave_up);
             return Ok(());
         };

@@ -32,13 +32,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::sync::futures::OwnedNotified;
 use tokio::task::JoinHandle;
 
 use crate::buf::IoBuf;
 use crate::context::Inner;
 use crate::error::{self, shut_down_error};
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, GiveUpWatch};
 use crate::files::{thread_slot, FileEntry};
 use crate::permit::{self, Acquired, Permit};
 use crate::read::{Ctx, RingRef, BORROWED_CHUNK};
@@ -95,7 +94,7 @@ enum State<'a, J> {
     },
     /// On the blocking pool; a detachable job also watches for
     /// `shutdown()` giving up on it.
-    Blocking(JoinHandle<J>, Option<Pin<Box<OwnedNotified>>>),
+    Blocking(JoinHandle<J>, GiveUpWatch),
     Done,
 }
 
@@ -174,13 +173,11 @@ impl<'a, J: Job> OpCore<'a, J> {
                 }
                 State::Blocking(handle, gave_up) => {
                     let Poll::Ready(out) = Pin::new(handle).poll(cx) else {
-                        if let Some(g) = gave_up {
-                            if g.as_mut().poll(cx).is_ready()
-                                || self.ctx.blocking.gave_up.load(Ordering::Acquire)
-                            {
-                                self.state = State::Done;
-                                return Poll::Ready(Err(error::gave_up()));
-                            }
+                        if gave_up.gave_up(&self.ctx.blocking, cx) {
+                            // The task keeps its own buffer (and its slot)
+                            // until its syscall returns.
+                            self.state = State::Done;
+                            return Poll::Ready(Err(error::gave_up()));
                         }
                         return Poll::Pending;
                     };
@@ -251,8 +248,7 @@ impl<'a, J: Job> OpCore<'a, J> {
             let h = self
                 .job
                 .spawn_blocking(&self.ctx.blocking, self.file.clone(), permit)?;
-            let gave_up = J::BLOCKING_DETACHABLE
-                .then(|| Box::pin(self.ctx.blocking.gave_up_notify.clone().notified_owned()));
+            let gave_up = self.ctx.blocking.watch_give_up(J::BLOCKING_DETACHABLE);
             self.state = State::Blocking(h, gave_up);
             return Ok(());
         };

@@ -72,18 +72,7 @@ async fn healthy_load(
     secs: f64,
 ) -> (u64, Duration) {
     let stop = Instant::now() + Duration::from_secs_f64(secs);
-    let ticker = tokio::spawn(async move {
-        let mut worst = Duration::ZERO;
-        let mut last = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        while Instant::now() < stop {
-            tick.tick().await;
-            let now = Instant::now();
-            worst = worst.max(now - last);
-            last = now;
-        }
-        worst
-    });
+    let ticker = ticker(stop);
     let readers: Vec<_> = (0..32u64)
         .map(|r| {
             let (ctx, file) = (ctx.clone(), file.clone());
