@@ -276,8 +276,9 @@ impl Builder {
     /// limit). Reads stuck on one file — storage that never answers, or a
     /// file being hammered — then cannot take every slot and stall reads of
     /// healthy files. A read over its file's share waits for it without
-    /// holding a slot. A value at or above the per-ring limit turns the
-    /// share off. Must be at least 1.
+    /// holding a slot. A value set here applies over all rings (and to the
+    /// pool); at or above `max_in_flight` it turns the share off. Must be
+    /// at least 1.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_in_flight_per_file(mut self, reads: usize) -> Self {
         self.max_in_flight_per_file = Some(reads);
@@ -308,26 +309,29 @@ impl Builder {
             )
         })?;
         let plan = self.validate(&handle, files.len())?;
-        let share = |limit: usize| match self.max_in_flight_per_file {
-            Some(n) => n.min(limit),
-            None => limit - limit / 4,
+        // The default: three quarters of `one` (one ring's slots, or the
+        // pool's), so a quarter of every ring stays for other files. A
+        // share the user sets is bounded only by `all` (every ring's slots):
+        // at or above it, no share.
+        let share = |one: usize, all: usize| match self.max_in_flight_per_file {
+            Some(n) => n.min(all),
+            None => one - one / 4,
         };
+        let ring_slots = plan.ring_cfgs.iter().map(|c| c.in_flight);
         let policy = Policy {
             fuse_via_blocking_pool: self.fuse_via_blocking_pool,
             network_via_blocking_pool: self.network_fs_via_blocking_pool,
-            // Over all rings, bounded by the smallest ring: reads of one file
-            // never fill any ring, wherever they are issued.
-            ring_share: share(
-                plan.ring_cfgs
-                    .iter()
-                    .map(|c| c.in_flight)
-                    .min()
-                    .unwrap_or(1),
-            ),
-            pool_share: share(match self.backend {
-                BackendChoice::Fallback => plan.fallback_in_flight,
-                _ => plan.routed_in_flight,
-            }),
+            // Counted over all rings; by default bounded by the smallest
+            // ring, so reads of one file never fill any ring, wherever they
+            // are issued.
+            ring_share: share(ring_slots.clone().min().unwrap_or(1), ring_slots.sum()),
+            pool_share: {
+                let pool = match self.backend {
+                    BackendChoice::Fallback => plan.fallback_in_flight,
+                    _ => plan.routed_in_flight,
+                };
+                share(pool, pool)
+            },
         };
         let files = FileTable::new(files, plan.capacity, plan.rings, policy)?;
         let (backend, info) = match self.backend {
@@ -348,7 +352,10 @@ impl Builder {
                 ),
                 Err(e) => match (choice, unavailable_here(&e)) {
                     (BackendChoice::Auto, Some(why)) => {
-                        files.set_pool_share(share(plan.fallback_in_flight));
+                        files.set_pool_share(share(
+                            plan.fallback_in_flight,
+                            plan.fallback_in_flight,
+                        ));
                         crate::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
