@@ -940,3 +940,44 @@ fn f13_read_bound_at_first_poll() {
         });
     }
 }
+
+// ---------------------------------------------------------------------------
+// The smallest per-file share: one read of a file in flight at a time. Many
+// concurrent reads of one file (through the kernel: no page-cache fast path,
+// cache dropped) and of a second file all complete, with the right bytes —
+// a read waiting for its file's share never holds a slot another needs.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_share_of_one_serialises_without_deadlock() {
+    let set = common::FileSet::new(0x6a1, &[2 << 20, 2 << 20]);
+    for choice in BOTH {
+        let (files, opened) = (set.files.clone(), set.open_all());
+        common::run("share_of_one", Flavor::Multi, 60, move || async move {
+            files.iter().for_each(common::TestFile::drop_cache);
+            let ctx = common::build_ctx(choice, opened, |b| {
+                b.max_in_flight(2)
+                    .max_in_flight_per_file(1)
+                    .inline_nowait(false)
+            });
+            let tasks: Vec<_> = (0..128u64)
+                .map(|i| {
+                    let (ctx, file) = (ctx.clone(), files[(i % 2) as usize].clone());
+                    tokio::spawn(async move {
+                        let off = (i * 7919 % 512) * 4096;
+                        let mut buf = vec![0u8; 4096];
+                        ctx.read_exact((i % 2) as u32, off, &mut buf).await.unwrap();
+                        assert!(
+                            buf == file.expected(off, 4096),
+                            "{choice:?}: wrong bytes at {off}"
+                        );
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(ctx.stats().in_flight, 0);
+        });
+    }
+}
