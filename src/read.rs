@@ -217,6 +217,9 @@ pub(crate) struct ReadCore<'a, T: Target> {
     /// is continued until the end of the file, and a failure after some
     /// bytes is an error, not a short count.
     exact: bool,
+    /// Skip the page-cache fast path: go straight to the ring (a scan's
+    /// read-ahead, see `ScanOptions`).
+    ring_only: bool,
     state: State<'a, T::Blocking>,
     pub(crate) target: T,
 }
@@ -233,9 +236,16 @@ impl<'a, T: Target> ReadCore<'a, T> {
             bound: None,
             resumed: false,
             exact: false,
+            ring_only: false,
             state: State::Start,
             target,
         }
+    }
+
+    /// Makes this read skip the page-cache fast path (see `ring_only`).
+    pub(crate) fn ring_only(mut self) -> Self {
+        self.ring_only = true;
+        self
     }
 
     /// Bytes read so far (all of them, once the read is over).
@@ -334,7 +344,11 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         self.acquire(None, file)?;
                         continue;
                     };
-                    if ctx.inline_nowait && file.nowait_ok() && ring.inline.worth_trying() {
+                    if ctx.inline_nowait
+                        && !self.ring_only
+                        && file.nowait_ok()
+                        && ring.inline.worth_trying()
+                    {
                         // A batch's reads do not yield one by one (that
                         // would split the batch's submission over polls);
                         // tokio's coop budget still bounds its polls.
@@ -841,6 +855,14 @@ impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
     pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, buf: B) -> Self {
         UringReadOwnedFuture {
             core: ReadCore::new(ctx, fid, offset, Owned::new(buf)),
+        }
+    }
+
+    /// Makes this read skip the page-cache fast path and go to a ring even
+    /// when its range is cached (a scan's read-ahead; see `scan.rs`).
+    pub(crate) fn ring_only(self) -> Self {
+        UringReadOwnedFuture {
+            core: self.core.ring_only(),
         }
     }
 }

@@ -62,6 +62,19 @@
 //! yielded once and ends the stream (reads interrupted with `EINTR` are
 //! retried).
 //!
+//! # Cached and uncached files
+//!
+//! When at least 512 KiB of reads are kept ahead of the consumer
+//! (`chunk_size × (in_flight − 1)`, as with the defaults), the scan's reads
+//! go straight to a ring instead of first trying the page cache on the
+//! consumer's thread (`preadv2(RWF_NOWAIT)`, which plain reads do). On an
+//! uncached file, such attempts start the kernel's readahead out of order
+//! and break its window into small requests; on a cached one, the ring lets
+//! the thread that submits (usually another runtime worker) copy the next
+//! chunk while the consumer works on this one. With less ahead, the ring's
+//! round trip would not be hidden, so reads take the page cache inline. The
+//! measurements are in the crate's `docs/DESIGN.md` ("Scans").
+//!
 //! # Dropping
 //!
 //! Dropping the stream drops the reads it has in flight, which is sound: the
@@ -90,12 +103,17 @@ use crate::read::UringReadOwnedFuture;
 const DEFAULT_CHUNK: usize = 1 << 20;
 const DEFAULT_IN_FLIGHT: usize = 4;
 const DEFAULT_ALIGN: usize = 4096;
+/// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
+/// scan's reads skip the page-cache fast path and go to a ring (see the
+/// module's "Cached and uncached files"); measured crossover, 2 vCPUs.
+const RING_AHEAD: usize = 512 << 10;
 
 /// Settings of a scan; [`scan`](ScanOptions::scan) starts one.
 ///
 /// A scan is a free-standing builder rather than a method of
-/// [`UringContext`] so that it is built only on the context's public read
-/// API (`read_owned` of aligned buffers).
+/// [`UringContext`]: it is built on the context's owned reads
+/// (`read_owned` of aligned buffers), holding no more of the context than
+/// any caller of `read_owned` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanOptions {
     chunk_size: usize,
@@ -143,6 +161,12 @@ impl ScanOptions {
     pub fn align(mut self, bytes: usize) -> Self {
         self.align = bytes;
         self
+    }
+
+    /// Whether this scan's reads skip the page-cache fast path (see the
+    /// module's "Cached and uncached files").
+    fn ring_only(&self) -> bool {
+        self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
     }
 
     /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
@@ -274,11 +298,17 @@ fn read_rest<'a>(
     fid: FileId,
     slot: &Slot<'a>,
     buf: AlignedBuf,
+    ring_only: bool,
 ) -> UringReadOwnedFuture<'a, Slice<AlignedBuf>> {
     // read_from <= want <= buf.len() (zeroed, all initialised), so the
     // window fits.
     let win = buf.slice(slot.read_from..slot.want);
-    ctx.read_owned(fid, slot.offset + slot.read_from as u64, win)
+    let read = ctx.read_owned(fid, slot.offset + slot.read_from as u64, win);
+    if ring_only {
+        read.ring_only()
+    } else {
+        read
+    }
 }
 
 /// One chunk being read: `want` bytes of the file at `offset` (aligned).
@@ -352,6 +382,11 @@ impl<'a> Scan<'a> {
             };
             // want <= chunk, the buffer's length.
             let fut = self.ctx.read_owned(self.fid, self.next, buf.slice(..want));
+            let fut = if self.opts.ring_only() {
+                fut.ring_only()
+            } else {
+                fut
+            };
             self.slots.push_back(Slot {
                 offset: self.next,
                 want,
@@ -381,8 +416,13 @@ impl<'a> Scan<'a> {
                         } else {
                             // Short read before the end: read the rest.
                             slot.read_from = slot.done;
-                            slot.state =
-                                SlotState::Reading(read_rest(self.ctx, self.fid, slot, buf));
+                            slot.state = SlotState::Reading(read_rest(
+                                self.ctx,
+                                self.fid,
+                                slot,
+                                buf,
+                                self.opts.ring_only(),
+                            ));
                         }
                     }
                     Err(e)
@@ -395,7 +435,13 @@ impl<'a> Scan<'a> {
                         slot.state = SlotState::Done(buf);
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                        slot.state = SlotState::Reading(read_rest(self.ctx, self.fid, slot, buf));
+                        slot.state = SlotState::Reading(read_rest(
+                            self.ctx,
+                            self.fid,
+                            slot,
+                            buf,
+                            self.opts.ring_only(),
+                        ));
                     }
                     Err(e) => {
                         self.pool.put(buf);

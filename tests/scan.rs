@@ -306,6 +306,69 @@ fn buffers_recycled(choice: BackendChoice) {
     });
 }
 
+/// A scan that keeps at least 512 KiB of reads ahead of its consumer sends
+/// them to the ring even when the file is cached (the thread entering the
+/// ring copies while the consumer works, and uncached reads keep the
+/// kernel's readahead window whole); with less ahead it takes the
+/// page-cache fast path. Content is checked either way, on both runtime
+/// flavours.
+fn read_ahead_goes_to_the_ring(flavor: Flavor) {
+    let set = common::FileSet::new(0x7ead, &[(6 << 20) + 4097]);
+    common::run(
+        "read_ahead_goes_to_the_ring",
+        flavor,
+        30,
+        move || async move {
+            let file = set.files[0].clone();
+            let ctx = common::default_ctx(BackendChoice::IoUring, set.open_all());
+            // Cache the file, and learn that the fast path hits.
+            let warm = ScanOptions::new().chunk_size(1 << 20).in_flight(1);
+            check_scan(&ctx, 0, &file, warm, 0..u64::MAX).await;
+            let before = ctx.stats();
+            check_scan(&ctx, 0, &file, warm, 0..u64::MAX).await;
+            let after = ctx.stats();
+            assert!(
+                after.inline_completed >= before.inline_completed + 6,
+                "in_flight(1) on a cached file: {} of 7 chunks served inline",
+                after.inline_completed - before.inline_completed
+            );
+            // Ring only from 512 KiB ahead: 1 MiB x 4, 128 KiB x 5, 512 KiB x 2.
+            for (chunk, in_flight) in [(1 << 20, 4), (128 << 10, 5), (512 << 10, 2)] {
+                let opts = ScanOptions::new().chunk_size(chunk).in_flight(in_flight);
+                let before = ctx.stats();
+                let chunks = check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await;
+                let after = ctx.stats();
+                assert_eq!(
+                    after.inline_completed, before.inline_completed,
+                    "{chunk} x {in_flight}: read-ahead must not take the fast path"
+                );
+                assert!(
+                    after.submitted >= before.submitted + chunks as u64,
+                    "{chunk} x {in_flight}: {} ring reads for {chunks} chunks",
+                    after.submitted - before.submitted
+                );
+            }
+            // Less than 512 KiB ahead (128 KiB x 4): the fast path again.
+            let opts = ScanOptions::new().chunk_size(128 << 10).in_flight(4);
+            let before = ctx.stats();
+            check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await;
+            assert!(ctx.stats().inline_completed > before.inline_completed);
+            drop(file);
+            drop(set);
+        },
+    );
+}
+
+#[test]
+fn read_ahead_goes_to_the_ring_multi_thread() {
+    read_ahead_goes_to_the_ring(Flavor::Multi);
+}
+
+#[test]
+fn read_ahead_goes_to_the_ring_current_thread() {
+    read_ahead_goes_to_the_ring(Flavor::Current);
+}
+
 fn bad_options() {
     common::run("bad_options", Flavor::Current, 10, || async {
         let f = tempfile::tempfile().unwrap();
