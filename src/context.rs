@@ -930,6 +930,12 @@ impl UringContext {
         })
     }
 
+    /// Whether file `fid` was opened with `O_DIRECT` (false for an unknown
+    /// id: its reads will say why).
+    pub(crate) fn file_is_direct(&self, fid: FileId) -> bool {
+        self.inner.files.get(fid).is_ok_and(|f| f.direct)
+    }
+
     /// Whether the bounce buffers are registered with the kernel (io_uring
     /// backend; false when RLIMIT_MEMLOCK did not allow it).
     #[must_use]

@@ -75,6 +75,11 @@
 //! round trip would not be hidden, so reads take the page cache inline. The
 //! measurements are in the crate's `docs/DESIGN.md` ("Scans").
 //!
+//! On a file opened with `O_DIRECT` the default chunk is 2 MiB rather than
+//! 1 MiB: an [`AlignedBuf`] that large is backed by transparent huge pages
+//! where the system allows it, and a physically contiguous buffer lets each
+//! read reach the device in a few segments instead of one per 4 KiB page.
+//!
 //! # Dropping
 //!
 //! Dropping the stream drops the reads it has in flight, which is sound: the
@@ -101,6 +106,10 @@ use crate::error::invalid;
 use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
+/// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,
+/// so that each chunk buffer can be physically contiguous (`AlignedBuf`
+/// maps buffers this large with `MADV_HUGEPAGE`).
+const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
 const DEFAULT_IN_FLIGHT: usize = 4;
 const DEFAULT_ALIGN: usize = 4096;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
@@ -117,6 +126,8 @@ const RING_AHEAD: usize = 512 << 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanOptions {
     chunk_size: usize,
+    /// `chunk_size` was set by the caller (else it depends on `O_DIRECT`).
+    chunk_set: bool,
     in_flight: usize,
     align: usize,
 }
@@ -125,6 +136,7 @@ impl Default for ScanOptions {
     fn default() -> Self {
         ScanOptions {
             chunk_size: DEFAULT_CHUNK,
+            chunk_set: false,
             in_flight: DEFAULT_IN_FLIGHT,
             align: DEFAULT_ALIGN,
         }
@@ -138,11 +150,13 @@ impl ScanOptions {
         Self::default()
     }
 
-    /// Bytes per chunk and per read (default 1 MiB); a non-zero multiple of
-    /// the alignment.
+    /// Bytes per chunk and per read; a non-zero multiple of the alignment.
+    /// Default: 1 MiB, or 2 MiB on a file opened with `O_DIRECT` (see the
+    /// module's "Cached and uncached files").
     #[must_use]
     pub fn chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
+        self.chunk_set = true;
         self
     }
 
@@ -169,20 +183,8 @@ impl ScanOptions {
         self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
     }
 
-    /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
-    /// end beyond the file stops at end of file). Nothing is read until the
-    /// stream is polled.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` for settings out of range (naming them) or a range
-    /// whose start is beyond its end.
-    pub fn scan<'a>(
-        &self,
-        ctx: &'a UringContext,
-        fid: impl Into<FileId>,
-        range: impl RangeBounds<u64>,
-    ) -> io::Result<Scan<'a>> {
+    /// The settings' own checks.
+    fn check(&self) -> io::Result<()> {
         if !self.align.is_power_of_two() {
             return invalid(format!(
                 "ScanOptions::align({}): must be a power of two",
@@ -198,6 +200,29 @@ impl ScanOptions {
         if self.in_flight == 0 {
             return invalid("ScanOptions::in_flight(0): must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
+    /// end beyond the file stops at end of file). Nothing is read until the
+    /// stream is polled.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for settings out of range (naming them) or a range
+    /// whose start is beyond its end.
+    pub fn scan<'a>(
+        &self,
+        ctx: &'a UringContext,
+        fid: impl Into<FileId>,
+        range: impl RangeBounds<u64>,
+    ) -> io::Result<Scan<'a>> {
+        let fid = fid.into();
+        let mut opts = *self;
+        if !opts.chunk_set && ctx.file_is_direct(fid) {
+            opts.chunk_size = DEFAULT_DIRECT_CHUNK.max(opts.align);
+        }
+        opts.check()?;
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s.saturating_add(1),
@@ -214,15 +239,15 @@ impl ScanOptions {
         let align = self.align as u64;
         Ok(Scan {
             ctx,
-            fid: fid.into(),
-            opts: *self,
+            fid,
+            opts,
             start,
             end,
             next: start - start % align,
-            slots: VecDeque::with_capacity(self.in_flight),
+            slots: VecDeque::with_capacity(opts.in_flight),
             pool: Arc::new(Pool {
                 state: Mutex::new(PoolState {
-                    free: Vec::with_capacity(self.in_flight),
+                    free: Vec::with_capacity(opts.in_flight),
                     waker: None,
                 }),
                 allocated: AtomicUsize::new(0),

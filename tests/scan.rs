@@ -134,7 +134,10 @@ fn ranges_mid_chunk(choice: BackendChoice) {
 }
 
 fn o_direct(choice: BackendChoice) {
-    let set = common::FileSet::new(0xd12ec7, &[(1 << 20) + 8192 + 123, 4096, 100]);
+    let set = common::FileSet::new(
+        0xd12ec7,
+        &[(1 << 20) + 8192 + 123, 4096, 100, (5 << 20) + 4096 + 77],
+    );
     set.sync_all();
     let open = |f: &TestFile| {
         std::fs::OpenOptions::new()
@@ -168,6 +171,23 @@ fn o_direct(choice: BackendChoice) {
                     check_scan(&ctx, fid as u32, file, opts, r.clone()).await;
                 }
             }
+        }
+        // Default chunks on an O_DIRECT file are 2 MiB (huge-page
+        // buffers); on the same file opened buffered, 1 MiB.
+        let big = &set.files[3];
+        let direct = ctx.register_file(open(big).unwrap()).unwrap();
+        let buffered = ctx.register_file(File::open(&big.path).unwrap()).unwrap();
+        for (fid, chunk) in [(direct, 2 << 20), (buffered, 1 << 20)] {
+            let mut scan = ScanOptions::new().scan(&ctx, fid, ..).unwrap();
+            let mut at = 0;
+            while let Some(c) = scan.next().await {
+                let c = c.unwrap();
+                assert_eq!(c.offset(), at);
+                assert_eq!(c.len() as u64, (big.len - at).min(chunk), "{fid:?} @ {at}");
+                check_pattern(big.seed, at, &c).unwrap();
+                at += c.len() as u64;
+            }
+            assert_eq!(at, big.len);
         }
         drop(set);
     });

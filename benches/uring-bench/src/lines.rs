@@ -25,7 +25,6 @@ use uring_positioned_io::{AlignedBuf, ScanOptions, UringContext};
 const BUFFER_SIZE: usize = 8192;
 const NUM_BUFFERS: usize = 32;
 /// Chunk size of the crate's scan.
-const SCAN_CHUNK: usize = 1 << 20;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq, Clone)]
 struct Manifest {
@@ -331,7 +330,7 @@ fn uring_vectored(p: &Path) -> io::Result<Counted> {
     Ok((n, Some(reads)))
 }
 
-/// This crate's scan: `depth` chunks of 1 MiB in flight, counted with the
+/// This crate's scan: `depth` chunks in flight (the scan's default size), counted with the
 /// same SIMD count as `mmap + memchr`.
 fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Counted> {
     let file = if direct {
@@ -345,10 +344,8 @@ fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Counted> {
         .build()?;
     rt.block_on(async {
         let ctx = UringContext::new(vec![file])?;
-        let mut s = ScanOptions::new()
-            .chunk_size(SCAN_CHUNK)
-            .in_flight(depth)
-            .scan(&ctx, 0u32, ..)?;
+        // Default chunks: 1 MiB buffered, 2 MiB (huge-page buffers) O_DIRECT.
+        let mut s = ScanOptions::new().in_flight(depth).scan(&ctx, 0u32, ..)?;
         let mut n = 0;
         while let Some(c) = s.next().await {
             n += simd(&c?);
