@@ -414,8 +414,15 @@ fn wc(p: &Path) -> Result<Measured, String> {
 /// io_uring, or buffered with 1 MiB `read`s (`psync`; the kernel's
 /// readahead keeps the device busy): wall time of the read itself
 /// (fio's runtime), its CPU (children), and its I/O count.
-fn fio(fio: &Path, p: &Path, size: u64, direct: bool) -> Result<Measured, String> {
-    let how: &[&str] = if direct {
+fn fio(fio: &Path, p: &Path, size: u64, direct: bool, huge: bool) -> Result<Measured, String> {
+    let how: &[&str] = if direct && huge {
+        &[
+            "--ioengine=io_uring",
+            "--iodepth=16",
+            "--direct=1",
+            "--mem=shmhuge",
+        ]
+    } else if direct {
         &["--ioengine=io_uring", "--iodepth=16", "--direct=1"]
     } else {
         &["--ioengine=psync", "--direct=0", "--invalidate=0"]
@@ -488,7 +495,62 @@ fn methods() -> Vec<(String, Method)> {
     m
 }
 
-fn run_one(a: &LinesArgs, p: &Path, size: u64, m: &Method) -> Result<Measured, String> {
+/// Huge pages for fio's O_DIRECT buffers (`--mem=shmhuge`), reserved for
+/// the run when too few are free and put back as they were on drop; fio's
+/// default buffers of 4 KiB pages make every 1 MiB O_DIRECT read 256
+/// scatter-gather segments, which on the measured virtio disk cost 5× the
+/// throughput — the device's ceiling needs contiguous buffers, as the
+/// crate's O_DIRECT scan has (see DESIGN, "Scans").
+struct HugePages {
+    /// `nr_hugepages` to restore, when this run raised it.
+    restore: Option<u64>,
+}
+
+impl HugePages {
+    const PATH: &'static str = "/proc/sys/vm/nr_hugepages";
+    /// 16 × 1 MiB in flight, in 2 MiB pages, and room for fio's own use.
+    const NEED: u64 = 16;
+
+    fn meminfo(key: &str) -> Option<u64> {
+        let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let l = m.lines().find(|l| l.starts_with(key))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    fn reserve() -> Result<HugePages, String> {
+        let free = Self::meminfo("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
+        if free >= Self::NEED {
+            return Ok(HugePages { restore: None });
+        }
+        let total: u64 = std::fs::read_to_string(Self::PATH)
+            .map_err(|e| format!("{}: {e}", Self::PATH))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{}: {e}", Self::PATH))?;
+        let want = total + (Self::NEED - free);
+        std::fs::write(Self::PATH, want.to_string()).map_err(|e| format!("{}: {e}", Self::PATH))?;
+        let held = HugePages {
+            restore: Some(total),
+        };
+        match Self::meminfo("HugePages_Free:") {
+            Some(f) if f >= Self::NEED => Ok(held),
+            f => Err(format!(
+                "asked for {want} huge pages, {} free",
+                f.unwrap_or(0)
+            )),
+        }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        if let Some(n) = self.restore {
+            let _ = std::fs::write(Self::PATH, n.to_string());
+        }
+    }
+}
+
+fn run_one(a: &LinesArgs, p: &Path, size: u64, m: &Method, huge: bool) -> Result<Measured, String> {
     let inproc = |f: &dyn Fn() -> io::Result<Counted>| -> Result<Measured, String> {
         let c0 = rusage(libc::RUSAGE_SELF);
         let t = Instant::now();
@@ -500,7 +562,7 @@ fn run_one(a: &LinesArgs, p: &Path, size: u64, m: &Method) -> Result<Measured, S
         Method::InProc(f) => inproc(&|| f(p)),
         &Method::Scan { direct, depth } => inproc(&|| scan(p, direct, depth)),
         Method::Wc => wc(p),
-        &Method::Fio { direct } => fio(&a.fio, p, size, direct),
+        &Method::Fio { direct } => fio(&a.fio, p, size, direct, huge),
     }
 }
 
@@ -536,6 +598,20 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
         crate::dataset::gib(size),
         a.repeat
     );
+    let huge = if fio_ok
+        && selected
+            .iter()
+            .any(|(n, _)| n.starts_with("fio seq read (direct"))
+    {
+        HugePages::reserve()
+    } else {
+        Err("not needed".into())
+    };
+    let fio_buffers = match &huge {
+        Ok(_) => "fio's O_DIRECT buffers: huge pages (`--mem=shmhuge`).".to_string(),
+        Err(why) => format!("fio's O_DIRECT buffers: 4 KiB pages (huge pages unavailable: {why})."),
+    };
+    println!("{fio_buffers}");
     let mut rows = Vec::new();
     let mut ok = true;
     for regime in &a.regimes {
@@ -559,7 +635,7 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
                     "cold" => evict(&path).map_err(|e| format!("evict: {e}"))?,
                     _ => warm(&path).map_err(|e| format!("warm: {e}"))?,
                 }
-                match run_one(a, &path, size, m) {
+                match run_one(a, &path, size, m, huge.is_ok()) {
                     Ok(meas) => {
                         if !matches!(m, Method::Fio { .. }) && meas.3 != lines {
                             eprintln!(
@@ -632,7 +708,8 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
             });
         }
     }
-    let table = render(&rows, &path, size, lines);
+    drop(huge);
+    let table = render(&rows, &path, size, lines, &fio_buffers);
     println!("{table}");
     let (_, stamp) = crate::utc_now();
     let dir = a.output_dir.join(format!("lines-{stamp}"));
@@ -669,10 +746,10 @@ fn rows_for(rows: &[Row], regime: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
-fn render(rows: &[Row], path: &Path, size: u64, lines: u64) -> String {
+fn render(rows: &[Row], path: &Path, size: u64, lines: u64, fio_buffers: &str) -> String {
     let mut s = format!(
         "Counting the lines of {} ({:.2} GiB, {lines} lines); {}; kernel {}\n\
-         × fio: against the faster of fio's two sequential reads in the same regime.\n",
+         × fio: against the faster of fio's two sequential reads in the same regime. {fio_buffers}\n",
         path.display(),
         crate::dataset::gib(size),
         crate::cpu_model(),
