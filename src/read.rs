@@ -194,6 +194,18 @@ pub(crate) fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usiz
     Ok(usize::try_from(max - offset).map_or(len, |room| len.min(room)))
 }
 
+/// A read and the page-cache fast path (`preadv2(RWF_NOWAIT)` on the
+/// polling thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FastPath {
+    /// Try it first (when the context and the file allow).
+    Try,
+    /// Go straight to a ring (a scan's read-ahead, see `scan.rs`).
+    Skip,
+    /// It served the whole read.
+    Served,
+}
+
 pub(crate) struct ReadCore<'a, T: Target> {
     ctx: Ctx<'a>,
     fid: FileId,
@@ -217,9 +229,9 @@ pub(crate) struct ReadCore<'a, T: Target> {
     /// is continued until the end of the file, and a failure after some
     /// bytes is an error, not a short count.
     exact: bool,
-    /// Skip the page-cache fast path: go straight to the ring (a scan's
-    /// read-ahead, see `ScanOptions`).
-    ring_only: bool,
+    /// Whether this read tries the page-cache fast path, and whether it
+    /// served the whole read.
+    fast_path: FastPath,
     state: State<'a, T::Blocking>,
     pub(crate) target: T,
 }
@@ -236,16 +248,21 @@ impl<'a, T: Target> ReadCore<'a, T> {
             bound: None,
             resumed: false,
             exact: false,
-            ring_only: false,
+            fast_path: FastPath::Try,
             state: State::Start,
             target,
         }
     }
 
-    /// Makes this read skip the page-cache fast path (see `ring_only`).
+    /// Makes this read skip the page-cache fast path (see `FastPath::Skip`).
     pub(crate) fn ring_only(mut self) -> Self {
-        self.ring_only = true;
+        self.fast_path = FastPath::Skip;
         self
+    }
+
+    /// Whether the page-cache fast path served the whole read.
+    pub(crate) fn served_inline(&self) -> bool {
+        self.fast_path == FastPath::Served
     }
 
     /// Bytes read so far (all of them, once the read is over).
@@ -345,7 +362,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         continue;
                     };
                     if ctx.inline_nowait
-                        && !self.ring_only
+                        && self.fast_path != FastPath::Skip
                         && file.nowait_ok()
                         && ring.inline.worth_trying()
                     {
@@ -371,12 +388,14 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             match self.target.nowait(fd, start..total, at) {
                                 Nowait::Read(0) => {
                                     ring.inline.hit();
+                                    self.fast_path = FastPath::Served;
                                     return Poll::Ready(Ok(self.done));
                                 }
                                 Nowait::Read(n) => {
                                     self.done += n;
                                     if self.done == total {
                                         ring.inline.hit();
+                                        self.fast_path = FastPath::Served;
                                         return Poll::Ready(Ok(self.done));
                                     }
                                 }
@@ -864,6 +883,12 @@ impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
         UringReadOwnedFuture {
             core: self.core.ring_only(),
         }
+    }
+
+    /// Whether this read, once complete, was served whole from the page
+    /// cache on the polling thread.
+    pub(crate) fn served_inline(&self) -> bool {
+        self.core.served_inline()
     }
 }
 
