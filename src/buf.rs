@@ -640,13 +640,8 @@ impl<B> From<SliceError<B>> for io::Error {
 /// full one, to use as a plain `&mut [u8]` (or as owned storage through
 /// [`slice`](IoBufMut::slice)).
 ///
-/// A buffer of 2 MiB or more (with an alignment of at most 2 MiB) is a
-/// memory mapping of its own, aligned to 2 MiB and advised
-/// `MADV_HUGEPAGE`, so that where transparent huge pages are enabled
-/// (`always` or `madvise`) it is physically contiguous: an `O_DIRECT` read
-/// into it reaches the device in a few large segments rather than one per
-/// 4 KiB page, which made sequential `O_DIRECT` reads several times faster
-/// on the virtio disk measured (the crate's `docs/DESIGN.md`, "Scans").
+/// [`new_huge`](Self::new_huge) makes a buffer that can be backed by
+/// transparent huge pages, for large `O_DIRECT` reads (see there).
 ///
 /// ```
 /// # use std::io::Write;
@@ -680,6 +675,8 @@ pub struct AlignedBuf {
     /// Allocated bytes.
     cap: usize,
     align: usize,
+    /// A mapping of its own (`map`), not the global allocator's.
+    mapped: bool,
 }
 
 // SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>.
@@ -708,7 +705,7 @@ impl AlignedBuf {
     /// `InvalidInput` if `align` is not a power of two or `len` is too large
     /// for any allocation; `OutOfMemory` if the allocator says no.
     pub fn try_new(len: usize, align: usize) -> io::Result<AlignedBuf> {
-        Self::allocate(len, align, true).map(|mut b| {
+        Self::allocate(len, align, true, false).map(|mut b| {
             b.len = len;
             b
         })
@@ -733,7 +730,7 @@ impl AlignedBuf {
     ///
     /// As [`try_new`](Self::try_new).
     pub fn try_with_capacity(capacity: usize, align: usize) -> io::Result<AlignedBuf> {
-        Self::allocate(capacity, align, false)
+        Self::allocate(capacity, align, false, false)
     }
 
     fn unwrap(res: io::Result<AlignedBuf>, len: usize, align: usize) -> AlignedBuf {
@@ -746,10 +743,48 @@ impl AlignedBuf {
         }
     }
 
-    /// An empty buffer with `cap` bytes of storage, zeroed or not.
-    fn allocate(cap: usize, align: usize, zeroed: bool) -> io::Result<AlignedBuf> {
+    /// Allocates `len` zeroed bytes aligned to `align`, as
+    /// [`new`](Self::new), and where `len` is at least 2 MiB (and `align`
+    /// at most 2 MiB) as a memory mapping of its own, aligned to 2 MiB and
+    /// advised `MADV_HUGEPAGE`. Where transparent huge pages are enabled
+    /// (`always` or `madvise`), its memory is then physically contiguous in
+    /// 2 MiB pieces, and an `O_DIRECT` read into it reaches the device in a
+    /// few large segments instead of one per 4 KiB page: on the virtio disk
+    /// measured, sequential `O_DIRECT` reads ran 3–5× faster (the crate's
+    /// `docs/DESIGN.md`, "Scans"). Scans of `O_DIRECT` files use it.
+    ///
+    /// The cost: four system calls to make and one to free it, and the
+    /// first touch of each 2 MiB may wait for the kernel to find (or
+    /// compact) a free huge page (with THP `defrag` at its default,
+    /// `madvise`). Allocate such buffers once and reuse them.
+    ///
+    /// # Panics
+    ///
+    /// As [`new`](Self::new); [`try_new_huge`](Self::try_new_huge) returns
+    /// an error instead.
+    #[must_use]
+    pub fn new_huge(len: usize, align: usize) -> AlignedBuf {
+        Self::unwrap(Self::try_new_huge(len, align), len, align)
+    }
+
+    /// [`new_huge`](Self::new_huge), returning an error instead of
+    /// panicking.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_new`](Self::try_new).
+    pub fn try_new_huge(len: usize, align: usize) -> io::Result<AlignedBuf> {
+        Self::allocate(len, align, true, true).map(|mut b| {
+            b.len = len;
+            b
+        })
+    }
+
+    /// An empty buffer with `cap` bytes of storage, zeroed or not; its own
+    /// huge-page mapping if `huge` and it is large enough.
+    fn allocate(cap: usize, align: usize, zeroed: bool, huge: bool) -> io::Result<AlignedBuf> {
         let layout = Self::layout(cap, align)?;
-        if mapped(cap, align) {
+        if huge && cap >= HUGE && align <= HUGE {
             return Self::map(cap, align);
         }
         // SAFETY: the layout has a non-zero size.
@@ -771,10 +806,11 @@ impl AlignedBuf {
             len: 0,
             cap,
             align,
+            mapped: false,
         })
     }
 
-    /// A buffer of at least [`HUGE`] bytes: its own anonymous mapping,
+    /// A huge buffer of at least [`HUGE`] bytes: its own anonymous mapping,
     /// aligned to [`HUGE`] and advised `MADV_HUGEPAGE`, so that its memory
     /// can be transparent huge pages — physically contiguous, which lets an
     /// `O_DIRECT` read reach the device in one segment per 2 MiB instead of
@@ -828,6 +864,7 @@ impl AlignedBuf {
             len: 0,
             cap,
             align,
+            mapped: true,
         })
     }
 
@@ -896,7 +933,7 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if mapped(self.cap, self.align) {
+        if self.mapped {
             // SAFETY: `map` made exactly [ptr, ptr + mapped_len(cap)) a
             // mapping of its own, which this buffer alone owns.
             unsafe {
@@ -914,16 +951,10 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Buffers of at least this many bytes (and alignment at most this) are
-/// mapped by [`AlignedBuf::map`]: the size of an x86-64 transparent huge
-/// page.
+/// Huge buffers of at least this many bytes (and alignment at most this)
+/// are mapped by [`AlignedBuf::map`]: the size of an x86-64 transparent
+/// huge page.
 const HUGE: usize = 2 << 20;
-
-/// Whether a buffer of `cap` bytes aligned to `align` is mapped by
-/// [`AlignedBuf::map`] rather than taken from the global allocator.
-fn mapped(cap: usize, align: usize) -> bool {
-    cap >= HUGE && align <= HUGE
-}
 
 /// The length of the mapping of a mapped buffer of `cap` bytes: whole
 /// pages. (A last partial 2 MiB stays in small pages: the mapping does not
@@ -1026,9 +1057,10 @@ impl fmt::Debug for BufferPool {
 mod tests {
     use super::*;
 
-    /// Buffers of 2 MiB and more are their own mappings, 2 MiB-aligned,
+    /// Huge buffers of 2 MiB and more are their own mappings, 2 MiB-aligned,
     /// zeroed, and given back whole: many allocations leave the address
-    /// space as it was. An alignment above 2 MiB takes the allocator.
+    /// space as it was. An alignment above 2 MiB, or less than 2 MiB, takes
+    /// the allocator; so do plain buffers of any size.
     #[test]
     fn big_buffers_are_huge_page_mappings() {
         fn vm_kib() -> u64 {
@@ -1043,19 +1075,20 @@ mod tests {
             (HUGE, HUGE),
             (HUGE, 2 * HUGE),
         ] {
-            let mut b = AlignedBuf::new(len, align);
+            let mut b = AlignedBuf::new_huge(len, align);
+            assert_eq!(b.mapped, align <= HUGE, "{len} / {align}");
             assert_eq!(b.as_ptr() as usize % align.max(HUGE), 0, "{len} / {align}");
             assert_eq!((b.len(), b.capacity()), (len, len));
             assert!(b.iter().all(|&x| x == 0));
             b[len - 1] = 7;
             b[0] = 9;
             assert_eq!((b[0], b[len - 1]), (9, 7));
-            let e = AlignedBuf::with_capacity(len, align);
-            assert_eq!(e.stable_ptr() as usize % align.max(HUGE), 0);
+            assert!(!AlignedBuf::new(len, align).mapped);
         }
+        assert!(!AlignedBuf::new_huge(HUGE - 4096, 4096).mapped);
         let before = vm_kib();
         for _ in 0..2000 {
-            drop(AlignedBuf::new(3 * HUGE + 4097, 4096));
+            drop(AlignedBuf::new_huge(3 * HUGE + 4097, 4096));
         }
         let grown = vm_kib().saturating_sub(before);
         assert!(grown < 64 << 10, "address space grew by {grown} KiB");

@@ -80,8 +80,8 @@
 //! crate's `docs/DESIGN.md` ("Scans").
 //!
 //! On a file opened with `O_DIRECT` the default chunk is 2 MiB rather than
-//! 1 MiB: an [`AlignedBuf`] that large is backed by transparent huge pages
-//! where the system allows it, and a physically contiguous buffer lets each
+//! 1 MiB: the scan's buffers are [`AlignedBuf::new_huge`], backed by
+//! transparent huge pages where the system allows it, and a physically contiguous buffer lets each
 //! read reach the device in a few segments instead of one per 4 KiB page.
 //!
 //! # Dropping
@@ -111,8 +111,8 @@ use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
 /// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,
-/// so that each chunk buffer can be physically contiguous (`AlignedBuf`
-/// maps buffers this large with `MADV_HUGEPAGE`).
+/// so that each chunk buffer can be physically contiguous
+/// (`AlignedBuf::new_huge`).
 const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
 const DEFAULT_IN_FLIGHT: usize = 4;
 const DEFAULT_ALIGN: usize = 4096;
@@ -297,7 +297,9 @@ impl Pool {
         if self.allocated.load(Ordering::Relaxed) < max {
             self.allocated.fetch_add(1, Ordering::Relaxed);
             drop(st);
-            return Some(AlignedBuf::new(size, align));
+            // Huge-page buffers (from 2 MiB): physically contiguous, for
+            // O_DIRECT (see the module's "Cached and uncached files").
+            return Some(AlignedBuf::new_huge(size, align));
         }
         if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
             st.waker = Some(waker.clone());
