@@ -1086,6 +1086,13 @@ mod tests {
             assert!(!AlignedBuf::new(len, align).mapped);
         }
         assert!(!AlignedBuf::new_huge(HUGE - 4096, 4096).mapped);
+        // Absurd sizes and alignments are errors, not panics.
+        let e = AlignedBuf::try_new_huge(usize::MAX, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let e = AlignedBuf::try_new_huge(isize::MAX as usize - 4095, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+        let e = AlignedBuf::try_new_huge(HUGE, 3).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let before = vm_kib();
         for _ in 0..2000 {
             drop(AlignedBuf::new_huge(3 * HUGE + 4097, 4096));

@@ -189,6 +189,15 @@ fn o_direct(choice: BackendChoice) {
             }
             assert_eq!(at, big.len);
         }
+        // Dropped with huge-page reads in flight, the first chunk kept: the
+        // chunk stays valid, and every read comes back.
+        let mut scan = ScanOptions::new().scan(&ctx, direct, ..).unwrap();
+        let first = scan.next().await.unwrap().unwrap();
+        drop(scan);
+        check_pattern(big.seed, 0, &first).unwrap();
+        drop(first);
+        let n = common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await;
+        assert_eq!(n, 0, "reads of a dropped O_DIRECT scan still in flight");
         drop(set);
     });
 }
