@@ -1241,7 +1241,11 @@ impl crate::UringContext {
     /// Writes the initialised bytes of the owned buffer `buf` (see
     /// [`IoBuf`](crate::IoBuf)) to file `fid` at `offset`, zero-copy; the
     /// buffer comes back with the number of bytes written. Use an
-    /// [`AlignedBuf`](crate::AlignedBuf) for `O_DIRECT` files. Short
+    /// [`AlignedBuf`](crate::AlignedBuf) for `O_DIRECT` files — for large
+    /// sequential writes one from
+    /// [`AlignedBuf::new_huge`](crate::AlignedBuf::new_huge), which wrote
+    /// twice as fast on the disk measured (the crate's
+    /// `docs/BENCHMARKS.md`, "Sequential O_DIRECT writes"). Short
     /// writes and errors as [`write`](Self::write); a write is not split
     /// (up to the kernel's limit of 2 GiB − 4 KiB per call).
     ///

@@ -101,6 +101,16 @@ fn parse_secs_or_zero(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_seq_mib(s: &str) -> Result<u64, String> {
+    let v: u64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if v == 0 || v % 2 != 0 || v > 1 << 20 {
+        return Err(format!(
+            "{v}: must be a positive multiple of 2, at most 1048576"
+        ));
+    }
+    Ok(v)
+}
+
 fn parse_depth(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(d) if (1..=65536).contains(&d) => Ok(d),
@@ -299,7 +309,7 @@ pub enum Mode {
 #[derive(Debug, Clone, clap::Args)]
 pub struct WriteArgs {
     /// Parts to run.
-    #[arg(long, value_delimiter = ',', default_values = ["randwrite", "wal"])]
+    #[arg(long, value_delimiter = ',', default_values = ["randwrite", "seqwrite", "wal"])]
     pub parts: Vec<crate::write_bench::Part>,
 
     /// Writes in flight (randwrite): tasks / threads / fio iodepth.
@@ -313,6 +323,11 @@ pub struct WriteArgs {
     /// Size of the randwrite file in MiB.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub file_mib: u64,
+
+    /// Size of the seqwrite file in MiB (a multiple of 2: it is written in
+    /// 2 MiB writes).
+    #[arg(long, default_value_t = 1024, value_parser = parse_seq_mib)]
+    pub seq_mib: u64,
 
     /// Measured seconds per cell.
     #[arg(short = 't', long, default_value = "1.5", value_parser = parse_secs)]

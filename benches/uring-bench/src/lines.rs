@@ -510,7 +510,7 @@ fn methods() -> Vec<(String, Method)> {
 /// scatter-gather segments, which on the measured virtio disk cost 5× the
 /// throughput — the device's ceiling needs contiguous buffers, as the
 /// crate's O_DIRECT scan has (see DESIGN, "Scans").
-struct HugePages {
+pub(crate) struct HugePages {
     /// `nr_hugepages` to restore, when this run raised it.
     restore: Option<u64>,
 }
@@ -526,7 +526,7 @@ impl HugePages {
         l.split_whitespace().nth(1)?.parse().ok()
     }
 
-    fn reserve() -> Result<HugePages, String> {
+    pub(crate) fn reserve() -> Result<HugePages, String> {
         let free = Self::meminfo("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
         if free >= Self::NEED {
             return Ok(HugePages { restore: None });

@@ -10,6 +10,14 @@
 //! after each of our engines' runs, every block written is read back and
 //! checked (fio writes its own data; its run is not verified).
 //!
+//! Part `seqwrite`: a file (`--seq-mib`, 1 GiB) written sequentially with 2 MiB
+//! `O_DIRECT` writes, 4 in flight, then `fdatasync` (how a storage engine
+//! writes a compaction's output): this crate (`write_all_owned`, 4 tasks)
+//! from buffers of `AlignedBuf::new_huge` (transparent huge pages) and of
+//! `AlignedBuf::new` (4 KiB pages), against fio `--rw=write` with the same
+//! size, depth and `end_fsync` from huge-page (`--mem=shmhuge`) and `malloc`
+//! buffers. Every 4 KiB block of the crate's runs is stamped and read back.
+//!
 //! Part `wal`: WAL-style appends — `--wal-writers` writers each append a
 //! record and wait for its commit, in a loop; one committer writes every
 //! record waiting as one group at the log's tail, `fdatasync`s, and then
@@ -48,6 +56,7 @@ const BLOCK: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     Randwrite,
+    Seqwrite,
     Wal,
 }
 
@@ -349,6 +358,185 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
     }
     std::fs::remove_file(&path).ok();
     Ok(ok)
+}
+
+// -------------------------------------------------------------- seqwrite
+
+const SEQ_CHUNK: usize = 2 << 20;
+const SEQ_DEPTH: usize = 4;
+
+/// This crate writing the whole file in `SEQ_CHUNK`s, `SEQ_DEPTH` tasks
+/// (task `t` writes chunks `t, t + SEQ_DEPTH, ...`), then `fdatasync`;
+/// every block stamped with run `run`. Returns GB/s.
+fn uring_seqwrite(path: &Path, size: u64, huge: bool, run: u64) -> Result<f64, String> {
+    let file = open_direct(path)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let ctx = UringContext::new(vec![file]).map_err(|e| e.to_string())?;
+        let chunks = size / SEQ_CHUNK as u64;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for t in 0..SEQ_DEPTH as u64 {
+            let ctx = ctx.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut buf = if huge {
+                    AlignedBuf::new_huge(SEQ_CHUNK, BLOCK)
+                } else {
+                    AlignedBuf::new(SEQ_CHUNK, BLOCK)
+                };
+                let mut c = t;
+                while c < chunks {
+                    for (i, b) in buf.chunks_exact_mut(BLOCK).enumerate() {
+                        stamp(b, c * (SEQ_CHUNK / BLOCK) as u64 + i as u64, run, 0);
+                    }
+                    let (r, back) = ctx.write_all_owned(0u32, c * SEQ_CHUNK as u64, buf).await;
+                    buf = back;
+                    r.map_err(|e| format!("write of chunk {c}: {e}"))?;
+                    c += SEQ_DEPTH as u64;
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        for t in tasks {
+            t.await.map_err(|e| e.to_string())??;
+        }
+        ctx.fdatasync(0u32)
+            .await
+            .map_err(|e| format!("fdatasync: {e}"))?;
+        Ok(size as f64 / started.elapsed().as_secs_f64() / 1e9)
+    })
+}
+
+/// fio's sequential O_DIRECT write of the same file: GB/s (its runtime,
+/// including the final fsync).
+fn fio_seqwrite(fio: &Path, path: &Path, size: u64, huge: bool) -> Result<f64, String> {
+    let out = Command::new(fio)
+        .arg("--name=uring-bench-seqwrite")
+        .arg(format!("--filename={}", path.display()))
+        .args(["--rw=write", "--ioengine=io_uring", "--direct=1"])
+        .arg(format!("--bs={SEQ_CHUNK}"))
+        .arg(format!("--iodepth={SEQ_DEPTH}"))
+        .arg(format!("--size={size}"))
+        .arg(if huge {
+            "--mem=shmhuge"
+        } else {
+            "--mem=malloc"
+        })
+        .args(["--end_fsync=1", "--invalidate=0", "--output-format=json"])
+        .output()
+        .map_err(|e| format!("fio: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("fio: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let s = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&s[s.find('{').ok_or("fio: no JSON")?..])
+        .map_err(|e| format!("fio JSON: {e}"))?;
+    let bytes = v["jobs"][0]["write"]["io_bytes"]
+        .as_f64()
+        .ok_or("fio: no io_bytes")?;
+    // job_runtime covers the whole job, end_fsync included.
+    let ms = v["jobs"][0]["job_runtime"]
+        .as_f64()
+        .ok_or("fio: no job_runtime")?;
+    Ok(bytes / (ms / 1000.0).max(1e-9) / 1e9)
+}
+
+/// Reads the file back and checks every block's stamp from run `run`.
+fn verify_seq(path: &Path, size: u64, run: u64) -> Result<u64, String> {
+    let f = File::open(path).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut block = 0u64;
+    let mut at = 0u64;
+    while at < size {
+        f.read_exact_at(&mut buf, at)
+            .map_err(|e| format!("read back @ {at}: {e}"))?;
+        for b in buf.chunks_exact(BLOCK) {
+            if !stamp_ok(b, block, run, 0) {
+                return Err(format!("seqwrite: block {block} of run {run} is wrong"));
+            }
+            block += 1;
+        }
+        at += buf.len() as u64;
+    }
+    Ok(block)
+}
+
+fn seqwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
+    let path = dir.join("seqwrite.dat");
+    let size = a.seq_mib << 20;
+    {
+        // Pre-written, so no engine pays for allocating extents.
+        let mut f = File::create(&path).map_err(|e| e.to_string())?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..a.seq_mib {
+            f.write_all(&zeros).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
+    let fio_missing = Command::new(&a.fio).arg("--version").output().is_err();
+    let huge = crate::lines::HugePages::reserve();
+    println!(
+        "== seqwrite: {} MiB written sequentially in 2 MiB O_DIRECT writes, 4 in flight, then fdatasync, at {}, {} repeats (load {}); fio huge pages: {}",
+        a.seq_mib,
+        path.display(),
+        a.repeat,
+        load(),
+        match &huge {
+            Ok(_) => "yes".to_string(),
+            Err(why) => format!("no ({why})"),
+        }
+    );
+    let mut rows: Vec<(&str, Vec<f64>)> = vec![
+        ("uring, new_huge buffers", Vec::new()),
+        ("uring, 4 KiB-page buffers", Vec::new()),
+        ("fio, huge pages (shmhuge)", Vec::new()),
+        ("fio, malloc", Vec::new()),
+    ];
+    let mut verified = 0;
+    for rep in 0..a.repeat {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let gbs = match i {
+                0 | 1 => {
+                    let run = rep * 2 + i as u64 + 1;
+                    let g = uring_seqwrite(&path, size, i == 0, run)?;
+                    verified += verify_seq(&path, size, run)?;
+                    g
+                }
+                2 if fio_missing || huge.is_err() => continue,
+                3 if fio_missing => continue,
+                _ => fio_seqwrite(&a.fio, &path, size, i == 2)?,
+            };
+            row.1.push(gbs);
+        }
+    }
+    drop(huge);
+    let med: Vec<Option<f64>> = rows
+        .iter()
+        .map(|(_, v)| (!v.is_empty()).then(|| median(v.clone())))
+        .collect();
+    println!(
+        "{:<28} {:>8} {:>10} {:>10}",
+        "engine", "GB/s", "x fio huge", "x fio malloc"
+    );
+    for ((name, _), m) in rows.iter().zip(&med) {
+        let r = |base: Option<f64>| match (m, base) {
+            (Some(m), Some(b)) => format!("{:.2}", m / b),
+            _ => "-".into(),
+        };
+        println!(
+            "{name:<28} {:>8} {:>10} {:>10}",
+            m.map_or("-".into(), |m| format!("{m:.2}")),
+            r(med[2]),
+            r(med[3])
+        );
+    }
+    println!("({verified} blocks of this crate's runs read back and verified)");
+    std::fs::remove_file(&path).ok();
+    Ok(verified > 0)
 }
 
 // ------------------------------------------------------------------- wal
@@ -734,6 +922,7 @@ pub fn run(a: &WriteArgs) -> Result<bool, String> {
     for part in &a.parts {
         ok &= match part {
             Part::Randwrite => randwrite(a, &dir)?,
+            Part::Seqwrite => seqwrite(a, &dir)?,
             Part::Wal => wal(a, &dir)?,
         };
     }

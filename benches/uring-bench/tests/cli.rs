@@ -338,3 +338,48 @@ fn lines_mode_end_to_end() {
     assert!(o.status.success());
     assert!(!stdout(&o).contains("making"), "the file was made again");
 }
+
+/// `uring-bench write --parts seqwrite` on a small file: this crate's runs
+/// (huge-page and ordinary buffers) are read back block by block, and the
+/// table names every engine.
+#[test]
+fn seqwrite_end_to_end() {
+    let dir = tmp();
+    if !direct_io_works(dir.path()) {
+        println!("skipped: no O_DIRECT under {}", dir.path().display());
+        return;
+    }
+    let o = Command::new(BIN)
+        .args([
+            "write",
+            "--parts",
+            "seqwrite",
+            "--seq-mib",
+            "8",
+            "--repeat",
+            "1",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("run uring-bench write");
+    let out = stdout(&o);
+    eprintln!("--- stdout\n{out}\n--- stderr\n{}", stderr(&o));
+    assert!(o.status.success(), "seqwrite failed");
+    assert!(out.contains("uring, new_huge buffers") && out.contains("uring, 4 KiB-page buffers"));
+    // 8 MiB = 2048 blocks, two runs of this crate.
+    assert!(
+        out.contains("(4096 blocks of this crate's runs read back and verified)"),
+        "{out}"
+    );
+    let o = Command::new(BIN)
+        .args(["write", "--parts", "seqwrite", "--seq-mib", "3", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("multiple of 2"),
+        "{}",
+        stderr(&o)
+    );
+}
