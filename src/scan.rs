@@ -81,8 +81,9 @@
 //!
 //! On a file opened with `O_DIRECT` the default chunk is 2 MiB rather than
 //! 1 MiB: the scan's buffers are [`AlignedBuf::new_huge`], backed by
-//! transparent huge pages where the system allows it, and a physically contiguous buffer lets each
-//! read reach the device in a few segments instead of one per 4 KiB page.
+//! transparent huge pages where the system allows it, and a physically
+//! contiguous buffer lets each read reach the device in a few segments
+//! instead of one per 4 KiB page.
 //!
 //! # Dropping
 //!
