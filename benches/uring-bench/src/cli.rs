@@ -584,7 +584,8 @@ mod tests {
             panic!("write parses as its mode")
         };
         assert_eq!((w.depths, w.repeat, w.workers), (vec![8, 32, 512], 3, 2));
-        assert_eq!(w.parts.len(), 2);
+        assert_eq!(w.parts.len(), 3);
+        assert_eq!(w.seq_mib, 1024);
         let a = Args::parse_from(["uring-bench", "write", "--parts", "wal", "-t", "3"]);
         let Some(Mode::Write(w)) = a.mode else {
             panic!("write parses as its mode")
@@ -597,6 +598,8 @@ mod tests {
             ["--depths", "0"],
             ["--repeat", "0"],
             ["--record-bytes", "8"],
+            ["--seq-mib", "3"],
+            ["--seq-mib", "0"],
         ] {
             let mut args = vec!["uring-bench", "write"];
             args.extend(bad);
