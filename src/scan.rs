@@ -75,7 +75,9 @@
 //! second chunk handed out on) still tries the page cache on the consumer's
 //! thread, so that on a cached file the consumer takes a share of the
 //! copying; the first such read that misses turns this off for the rest of
-//! the scan. With less ahead, the ring's round trip would not be hidden, so
+//! the scan. A consumer that is itself a task runs on a runtime worker,
+//! whose own poll would submit the ring reads and copy them anyway: there
+//! every read after the first chunk tries the page cache, until one misses. With less ahead, the ring's round trip would not be hidden, so
 //! every read takes the page cache inline. The measurements are in the
 //! crate's `docs/DESIGN.md` ("Scans").
 //!
@@ -437,7 +439,11 @@ impl<'a> Scan<'a> {
             let mut consumer = false;
             let fut = if self.opts.ring_only() {
                 let turn = (self.next / chunk as u64) % CONSUMER_SHARE == CONSUMER_SHARE - 1;
-                consumer = turn && self.yielded && !self.missed;
+                // A consumer inside a task runs on a runtime worker, where
+                // its own poll submits the ring read and copies it anyway:
+                // every read takes the page cache while it hits.
+                let share = turn || tokio::task::try_id().is_some();
+                consumer = share && self.yielded && !self.missed;
                 if consumer {
                     fut
                 } else {

@@ -340,9 +340,9 @@ fn buffers_recycled(choice: BackendChoice) {
 /// ring copies while the consumer works, and uncached reads keep the
 /// kernel's readahead window whole), except one chunk in four after the
 /// first chunk is out, which the consumer's thread reads from the page cache
-/// (its share of the copying). With less ahead, every read takes the
-/// page-cache fast path. Content is checked either way, on both runtime
-/// flavours.
+/// (its share of the copying) — or every one after the first burst when the
+/// consumer is a task. With less ahead, every read takes the page-cache
+/// fast path. Content is checked either way, on both runtime flavours.
 fn read_ahead_goes_to_the_ring(flavor: Flavor) {
     let set = common::FileSet::new(0x7ead, &[(24 << 20) + 4097]);
     common::run(
@@ -387,6 +387,25 @@ fn read_ahead_goes_to_the_ring(flavor: Flavor) {
             let chunks = check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await as u64;
             let inline = ctx.stats().inline_completed - before.inline_completed;
             assert!(inline > chunks / 2, "{inline} of {chunks} inline");
+            // A consumer inside a task (on a runtime worker, whose own poll
+            // would submit and copy the ring reads anyway): after the first
+            // burst, every read takes the page cache while it hits.
+            let (ctx2, file2) = (ctx.clone(), file.clone());
+            let (chunks, inline) = tokio::spawn(async move {
+                let opts = ScanOptions::new().chunk_size(1 << 20).in_flight(4);
+                let before = ctx2.stats();
+                let chunks = check_scan(&ctx2, 0, &file2, opts, 0..u64::MAX).await as u64;
+                (
+                    chunks,
+                    ctx2.stats().inline_completed - before.inline_completed,
+                )
+            })
+            .await
+            .unwrap();
+            assert!(
+                inline >= chunks - 4 && inline < chunks,
+                "in a task: {inline} of {chunks} chunks inline, want all but the first burst of 4"
+            );
             drop(file);
             drop(set);
         },
