@@ -331,12 +331,13 @@ fn uring_vectored(p: &Path) -> io::Result<Counted> {
 }
 
 /// This crate's scan: `depth` chunks in flight (the scan's default size),
-/// counted with the same SIMD count as `mmap + memchr`. Timed from the first
-/// poll of the scan to its end: making the runtime and the `UringContext`
-/// (11–13 ms here, mostly registering the rings' bounce buffers: a cost an
-/// application pays once, not per scan) stays outside, as fio's reported
-/// runtime leaves out fio's own setup.
-fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Measured> {
+/// counted with the same SIMD count as `mmap + memchr`, by `block_on`'s
+/// thread or (`task`) by a spawned task on a runtime worker. Timed from the
+/// first poll of the scan to its end: making the runtime and the
+/// `UringContext` (11–13 ms here, mostly registering the rings' bounce
+/// buffers: a cost an application pays once, not per scan) stays outside,
+/// as fio's reported runtime leaves out fio's own setup.
+fn scan(p: &Path, direct: bool, depth: usize, task: bool) -> io::Result<Measured> {
     let file = if direct {
         open_direct(p)?
     } else {
@@ -346,7 +347,7 @@ fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Measured> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let run = async move {
         let ctx = UringContext::new(vec![file])?;
         let c0 = rusage(libc::RUSAGE_SELF);
         let t = Instant::now();
@@ -361,7 +362,12 @@ fn scan(p: &Path, direct: bool, depth: usize) -> io::Result<Measured> {
         let cpu = rusage(libc::RUSAGE_SELF) - c0;
         let st = ctx.stats();
         Ok((wall, cpu, Some(st.submitted + st.inline_completed), n))
-    })
+    };
+    if task {
+        rt.block_on(async move { tokio::spawn(run).await.map_err(io::Error::other)? })
+    } else {
+        rt.block_on(run)
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -457,9 +463,17 @@ fn fio(fio: &Path, p: &Path, size: u64, direct: bool, huge: bool) -> Result<Meas
 
 enum Method {
     InProc(fn(&Path) -> io::Result<Counted>),
-    Scan { direct: bool, depth: usize },
+    Scan {
+        direct: bool,
+        depth: usize,
+        /// The consumer is a spawned task (on a runtime worker), not
+        /// `block_on`'s thread.
+        task: bool,
+    },
     Wc,
-    Fio { direct: bool },
+    Fio {
+        direct: bool,
+    },
 }
 
 fn methods() -> Vec<(String, Method)> {
@@ -488,10 +502,22 @@ fn methods() -> Vec<(String, Method)> {
             let kind = if direct { "O_DIRECT" } else { "buffered" };
             m.push((
                 format!("scan {kind} depth {depth}"),
-                Method::Scan { direct, depth },
+                Method::Scan {
+                    direct,
+                    depth,
+                    task: false,
+                },
             ));
         }
     }
+    m.push((
+        "scan buffered depth 4, consumer a task".into(),
+        Method::Scan {
+            direct: false,
+            depth: 4,
+            task: true,
+        },
+    ));
     m.push(("wc -l".into(), Method::Wc));
     m.push((
         "fio seq read (direct, QD16)".into(),
@@ -569,7 +595,11 @@ fn run_one(a: &LinesArgs, p: &Path, size: u64, m: &Method, huge: bool) -> Result
     };
     match m {
         Method::InProc(f) => inproc(&|| f(p)),
-        &Method::Scan { direct, depth } => scan(p, direct, depth).map_err(|e| e.to_string()),
+        &Method::Scan {
+            direct,
+            depth,
+            task,
+        } => scan(p, direct, depth, task).map_err(|e| e.to_string()),
         Method::Wc => wc(p),
         &Method::Fio { direct } => fio(&a.fio, p, size, direct, huge),
     }
