@@ -30,7 +30,9 @@
 //! `tokio::fs::File`'s `&mut self` API does not), `tokio::fs` (`File::write_all` + `sync_data`) and
 //! threads (`write_all_at` + `sync_data`, std channels). Commit latency is
 //! from `append` to its acknowledgement. After each run the log is parsed
-//! and every acknowledged record checked.
+//! and every acknowledged record checked. Before each round, the flush
+//! floor: one writer's serial append + `fdatasync`, whose p50 sets the
+//! ceiling `writers / p50` commits/s that no engine can pass.
 //!
 //! Each cell is repeated `--repeat` times (default 3) in rotation, and the
 //! median is reported with the same-run ratios.
@@ -839,6 +841,34 @@ fn wal_threads(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
 /// commits/s, groups/s, p50, p99, p99.9 (µs).
 type Row = (f64, f64, f64, f64, f64);
 
+/// The device's flush floor: one thread appending one record at a time to
+/// a fresh log with `write_all_at` + `fdatasync` (the least a commit can
+/// wait for), for `secs` seconds. Returns (p50, p99) of one append+sync, µs.
+///
+/// A closed-loop writer waits for at least one such flush per commit, so
+/// `writers` writers commit at most `writers / p50` records a second,
+/// whatever the engine: the ceiling every engine's commits/s is compared
+/// with.
+fn wal_floor(path: &Path, a: &WriteArgs) -> Result<(f64, f64), String> {
+    let file = File::create(path).map_err(|e| e.to_string())?;
+    let mut hist = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let (mut seq, mut tail) = (0u64, 0u64);
+    let mut buf = Vec::new();
+    let started = Instant::now();
+    let mut i = 0u64;
+    while started.elapsed().as_secs_f64() < a.secs || hist.len() < 10 {
+        encode_group(&[(0, i)], &mut seq, a.record_bytes as usize, &mut buf);
+        let t = Instant::now();
+        file.write_all_at(&buf, tail).map_err(|e| e.to_string())?;
+        file.sync_data().map_err(|e| e.to_string())?;
+        hist.record(t.elapsed().as_nanos() as u64).ok();
+        tail += buf.len() as u64;
+        i += 1;
+    }
+    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+    Ok((q(0.5), q(0.99)))
+}
+
 fn wal(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
     let path = dir.join("wal.log");
     println!(
@@ -860,7 +890,9 @@ fn wal(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         WalEngine::Threads,
     ];
     let mut rows: HashMap<&str, Vec<Row>> = HashMap::new();
+    let mut floors = Vec::new();
     for _ in 0..a.repeat {
+        floors.push(wal_floor(&path, a)?);
         for e in engines {
             let out = match e {
                 WalEngine::Threads => wal_threads(&path, a)?,
@@ -898,6 +930,23 @@ fn wal(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
             load()
         );
         med.insert(name, row);
+    }
+    let floor_p50 = median(floors.iter().map(|f| f.0).collect());
+    let floor_p99 = median(floors.iter().map(|f| f.1).collect());
+    let ceiling = a.wal_writers as f64 / (floor_p50 / 1e6);
+    println!(
+        "{:>12} {:>11.0} {:>9} {:>10.0} {:>10.0} {:>10}  (one writer: append + fdatasync, serial)",
+        "flush floor", "-", "-", floor_p50, floor_p99, "-"
+    );
+    println!(
+        "ceiling: {} closed-loop writers / {floor_p50:.0} µs per flush = {ceiling:.0} commits/s for any engine",
+        a.wal_writers
+    );
+    for name in ["uring", "uring-serial", "tokio-fs", "threads"] {
+        println!(
+            "  {name}: {:.2} of the ceiling",
+            med[name].0 / ceiling.max(1e-9)
+        );
     }
     let (t, th) = (med["tokio-fs"], med["threads"]);
     for name in ["uring", "uring-serial"] {

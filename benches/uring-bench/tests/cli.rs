@@ -383,3 +383,54 @@ fn seqwrite_end_to_end() {
         stderr(&o)
     );
 }
+
+/// `uring-bench write --parts wal`, short: every engine commits and has its
+/// log verified, and the flush floor and the ceiling it sets are reported.
+#[test]
+fn wal_end_to_end() {
+    let dir = tmp();
+    let o = Command::new(BIN)
+        .args([
+            "write",
+            "--parts",
+            "wal",
+            "--repeat",
+            "1",
+            "-t",
+            "0.2",
+            "--wal-writers",
+            "8",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("run uring-bench write");
+    let out = stdout(&o);
+    eprintln!("--- stdout\n{out}\n--- stderr\n{}", stderr(&o));
+    assert!(o.status.success(), "wal failed");
+    for engine in [
+        "uring",
+        "uring-serial",
+        "tokio-fs",
+        "threads",
+        "flush floor",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with(engine)),
+            "no row for {engine}"
+        );
+    }
+    let ceiling = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ceiling: 8 closed-loop writers / "))
+        .expect("a ceiling line");
+    let per_sec: f64 = ceiling
+        .rsplit_once(" = ")
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("commits/s of the ceiling");
+    assert!(per_sec > 0.0, "{ceiling}");
+    assert!(out.contains("of the ceiling"));
+    assert!(out.contains("(every acknowledged record verified after each run)"));
+    assert!(!dir.path().join("wal.log").exists(), "the log is removed");
+}
