@@ -255,6 +255,7 @@ impl Ring {
                             EnterPlan {
                                 to_submit: 0,
                                 flags: ENTER_GETEVENTS,
+                                batch: u32::MAX,
                             },
                             0,
                         );
@@ -337,6 +338,7 @@ impl Ring {
                     EnterPlan {
                         to_submit: 0,
                         flags: ENTER_GETEVENTS,
+                        batch: u32::MAX,
                     },
                     0,
                 );

@@ -181,6 +181,9 @@ pub(crate) struct Ring {
     pool_registered: bool,
     pub(crate) permits: Slots,
     submit_pending: AtomicBool,
+    /// A batch ([`submit::Deferral`]) queued its reads: the next enter hands
+    /// all of them over at once, shallow ring or not (a batch is one enter).
+    pub(super) whole_batch: AtomicBool,
     /// The driver is asleep with nothing queued: the next reader to queue
     /// an SQE claims this and submits it itself (see `submit_read`).
     pub(super) idle: AtomicBool,
@@ -305,6 +308,7 @@ impl Ring {
             pool_registered,
             permits: Slots::new(cfg.in_flight),
             submit_pending: AtomicBool::new(false),
+            whole_batch: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             driver_waker: AtomicWaker::new(),
             cq_ready,
@@ -473,6 +477,7 @@ impl Drop for Ring {
                     EnterPlan {
                         to_submit: 0,
                         flags: ENTER_GETEVENTS,
+                        batch: u32::MAX,
                     },
                     0,
                 );

@@ -44,7 +44,25 @@ const ENTER_SQ_WAKEUP: u32 = 2;
 pub(super) struct EnterPlan {
     pub(super) to_submit: u32,
     pub(super) flags: u32,
+    /// Most SQEs to hand over per enter ([`SHALLOW_BATCH`] on a shallow
+    /// ring, unless a batch asked for one enter; else all of them in one).
+    pub(super) batch: u32,
 }
+
+/// A ring with at most this many reads in the kernel, counting the ones
+/// being submitted, is *shallow*: the device is not kept full, and a read's
+/// latency is what counts.
+const SHALLOW_DEPTH: u64 = 64;
+
+/// Most SQEs one enter hands to a shallow ring. The block layer holds the
+/// requests of one submission batch in a plug until all of them are issued
+/// (~3 µs each on a virtio disk), so the first of 32 reached the disk
+/// ~100 µs late; in enters of 8 the disk gets them as they are issued.
+/// Measured (DESIGN, "Low depth"), with one ring for two workers: at depth
+/// 32, 0.91–0.93× → 1.07× a raw ring loop. A deep ring keeps one enter per
+/// batch: at depth 512 the same cap applied throughout cost 5–25 % (the
+/// disk is full either way, and the extra enters are CPU).
+const SHALLOW_BATCH: u32 = 8;
 
 thread_local! {
     /// Addresses of the rings whose submissions this thread defers (see
@@ -85,6 +103,7 @@ impl Drop for Deferral<'_> {
         DEFERRED.with(|d| d.borrow_mut().truncate(self.mark));
         for ring in self.rings {
             if ring.has_unsubmitted() {
+                ring.whole_batch.store(true, Ordering::Release);
                 ring.submit_queued();
             }
         }
@@ -324,26 +343,67 @@ impl Ring {
             return (flags != 0).then_some(EnterPlan {
                 to_submit: pending,
                 flags,
+                batch: u32::MAX,
             });
         }
+        let depth = st
+            .submitted
+            .saturating_sub(st.completed)
+            .saturating_add(u64::from(pending));
+        let whole = self.whole_batch.swap(false, Ordering::AcqRel);
+        let batch = if depth <= SHALLOW_DEPTH && !whole {
+            SHALLOW_BATCH
+        } else {
+            u32::MAX
+        };
         (pending > 0 || flags != 0).then_some(EnterPlan {
             to_submit: pending,
             flags,
+            batch,
         })
     }
 
-    /// One `io_uring_enter`, without the state lock, submitting exactly the
-    /// SQEs `plan` counted and waiting for `wait` completions.
+    /// `io_uring_enter` without the state lock, submitting exactly the SQEs
+    /// `plan` counted and waiting for `wait` completions: one enter, or, on
+    /// a shallow ring and with nothing to wait for, one per `plan.batch`
+    /// SQEs. An enter that fails after earlier ones submitted returns what
+    /// they submitted; the rest stays in the SQ for the next round (as after
+    /// a short submit).
     pub(super) fn enter(&self, plan: EnterPlan, wait: u32) -> io::Result<usize> {
+        if wait > 0 || plan.to_submit <= plan.batch {
+            return self.enter_once(plan.to_submit, plan.flags, wait);
+        }
+        let mut done = 0usize;
+        let mut left = plan.to_submit;
+        while left > 0 {
+            let n = left.min(plan.batch);
+            match self.enter_once(n, plan.flags, 0) {
+                Ok(got) => {
+                    done += got;
+                    if got < n as usize {
+                        // The kernel stopped early (an SQE it refused):
+                        // the driver's next round sees the rest.
+                        break;
+                    }
+                    left -= n;
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    fn enter_once(&self, to_submit: u32, flags: u32, wait: u32) -> io::Result<usize> {
         loop {
             // SAFETY: the SQEs being submitted each point into memory owned
             // by their op until its CQE (see `push_locked`); no extra
             // argument is passed (null, size 0).
             let r = unsafe {
                 self.uring.submitter().enter::<libc::sigset_t>(
-                    plan.to_submit,
+                    to_submit,
                     wait,
-                    plan.flags | if wait > 0 { ENTER_GETEVENTS } else { 0 },
+                    flags | if wait > 0 { ENTER_GETEVENTS } else { 0 },
                     None,
                 )
             };
