@@ -93,6 +93,8 @@ impl Default for Builder {
     }
 }
 
+/// Default reads in flight per runtime worker, or per ring when `rings` is
+/// set (the total of the one-ring-per-worker default it replaced).
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
 /// Longest `inline_stretch`: beyond it a poll could hold a worker for
 /// seconds, which no setting should allow.
@@ -147,7 +149,8 @@ impl Builder {
         self
     }
 
-    /// Reads in the kernel at once, over all rings (default 512 per ring).
+    /// Reads in the kernel at once, over all rings (default 512 per runtime
+    /// worker, or 512 per ring when [`rings`](Self::rings) is set).
     /// Further reads wait asynchronously for a slot. The limit is split over
     /// the rings exactly (the first `max_in_flight % rings` rings get one
     /// more), so it must be at least the number of rings set with
@@ -276,8 +279,9 @@ impl Builder {
 
     /// The most reads of one file in flight at once, over all rings
     /// (default: three quarters of one ring's part of
-    /// [`max_in_flight`](Self::max_in_flight) — 384 with the default 512
-    /// per ring — so that a quarter of every ring stays for other files;
+    /// [`max_in_flight`](Self::max_in_flight) — 768 on 2 workers with the
+    /// defaults (one ring of 1024), 384 for a ring of 512 — so that a
+    /// quarter of every ring stays for other files;
     /// for a file read on the blocking pool, three quarters of the pool's
     /// limit). Reads stuck on one file — storage that never answers, or a
     /// file being hammered — then cannot take every slot and stall reads of
@@ -454,9 +458,9 @@ impl Builder {
             (None, Some(m)) => default_rings.min(m),
             (None, None) => default_rings,
         };
-        let max_in_flight = self
-            .max_in_flight
-            .unwrap_or(DEFAULT_IN_FLIGHT_PER_RING * rings);
+        let max_in_flight = self.max_in_flight.unwrap_or(
+            DEFAULT_IN_FLIGHT_PER_RING * if self.rings.is_some() { rings } else { workers },
+        );
         if self.backend != BackendChoice::Fallback && max_in_flight > MAX_IN_FLIGHT_PER_RING * rings
         {
             return invalid(format!(
