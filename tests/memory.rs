@@ -51,6 +51,9 @@ static ALLOC: Recording = Recording;
 
 #[test]
 fn borrowed_reads_allocate_bounded_bounce_buffers() {
+    // The recording allocator is process-wide: the other test's 48 MiB
+    // buffers must not be allocated while this one records.
+    let _serial = common::serial();
     const READ: usize = 48 << 20;
     for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
         // Sparse: a hole reads as zeros; the last bytes are real data.
@@ -89,6 +92,7 @@ fn borrowed_reads_allocate_bounded_bounce_buffers() {
 /// and lands whole.
 #[test]
 fn borrowed_writes_allocate_bounded_bounce_buffers() {
+    let _serial = common::serial();
     const WRITE: usize = 48 << 20;
     for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
         let dir = tempfile::tempdir().unwrap();
