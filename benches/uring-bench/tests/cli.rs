@@ -339,6 +339,20 @@ fn lines_mode_end_to_end() {
     assert!(!stdout(&o).contains("making"), "the file was made again");
 }
 
+/// `uring-bench write <args> --dir <dir>`, its output echoed for a failing
+/// test's log.
+fn run_write(dir: &Path, args: &[&str]) -> Output {
+    let o = Command::new(BIN)
+        .arg("write")
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .expect("run uring-bench write");
+    eprintln!("--- stdout\n{}\n--- stderr\n{}", stdout(&o), stderr(&o));
+    o
+}
+
 /// `uring-bench write --parts seqwrite` on a small file: this crate's runs
 /// (huge-page and ordinary buffers) are read back block by block, and the
 /// table names every engine.
@@ -349,22 +363,11 @@ fn seqwrite_end_to_end() {
         println!("skipped: no O_DIRECT under {}", dir.path().display());
         return;
     }
-    let o = Command::new(BIN)
-        .args([
-            "write",
-            "--parts",
-            "seqwrite",
-            "--seq-mib",
-            "8",
-            "--repeat",
-            "1",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("run uring-bench write");
+    let o = run_write(
+        dir.path(),
+        &["--parts", "seqwrite", "--seq-mib", "8", "--repeat", "1"],
+    );
     let out = stdout(&o);
-    eprintln!("--- stdout\n{out}\n--- stderr\n{}", stderr(&o));
     assert!(o.status.success(), "seqwrite failed");
     assert!(out.contains("uring, new_huge buffers") && out.contains("uring, 4 KiB-page buffers"));
     // 8 MiB = 2048 blocks, two runs of this crate.
@@ -372,11 +375,7 @@ fn seqwrite_end_to_end() {
         out.contains("(4096 blocks of this crate's runs read back and verified)"),
         "{out}"
     );
-    let o = Command::new(BIN)
-        .args(["write", "--parts", "seqwrite", "--seq-mib", "3", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let o = run_write(dir.path(), &["--parts", "seqwrite", "--seq-mib", "3"]);
     assert!(
         !o.status.success() && stderr(&o).contains("multiple of 2"),
         "{}",
@@ -389,9 +388,9 @@ fn seqwrite_end_to_end() {
 #[test]
 fn wal_end_to_end() {
     let dir = tmp();
-    let o = Command::new(BIN)
-        .args([
-            "write",
+    let o = run_write(
+        dir.path(),
+        &[
             "--parts",
             "wal",
             "--repeat",
@@ -400,13 +399,9 @@ fn wal_end_to_end() {
             "0.2",
             "--wal-writers",
             "8",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("run uring-bench write");
+        ],
+    );
     let out = stdout(&o);
-    eprintln!("--- stdout\n{out}\n--- stderr\n{}", stderr(&o));
     assert!(o.status.success(), "wal failed");
     for engine in [
         "uring",
