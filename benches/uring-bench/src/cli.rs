@@ -341,6 +341,14 @@ pub struct WriteArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub wal_writers: u64,
 
+    /// WAL log files: `preallocated` (zero-filled and synced before each
+    /// run, so a commit's `fdatasync` overwrites allocated blocks and has no
+    /// size change to journal — how production WALs recycle their logs) and
+    /// `append` (a fresh empty file grown by every group). Each kind gets
+    /// its own table, flush floor and ceiling.
+    #[arg(long, value_delimiter = ',', default_values = ["preallocated", "append"])]
+    pub wal_log: Vec<crate::write_bench::LogKind>,
+
     /// WAL record payload bytes.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
     pub record_bytes: u64,

@@ -403,29 +403,45 @@ fn wal_end_to_end() {
     );
     let out = stdout(&o);
     assert!(o.status.success(), "wal failed");
+    // Both kinds of log, each with its own table, floor and ceiling.
+    for kind in ["== wal, preallocated log", "== wal, appended log"] {
+        assert_eq!(out.matches(kind).count(), 1, "one {kind} table");
+    }
     for engine in [
         "uring",
         "uring-serial",
         "tokio-fs",
         "threads",
+        "no-backend",
         "flush floor",
     ] {
-        assert!(
-            out.lines().any(|l| l.trim_start().starts_with(engine)),
-            "no row for {engine}"
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.trim_start().starts_with(&format!("{engine} ")))
+                .count(),
+            2,
+            "a row for {engine} in each table"
         );
     }
-    let ceiling = out
+    let ceilings: Vec<f64> = out
         .lines()
-        .find_map(|l| l.strip_prefix("ceiling: 8 closed-loop writers / "))
-        .expect("a ceiling line");
-    let per_sec: f64 = ceiling
-        .rsplit_once(" = ")
-        .and_then(|(_, r)| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .expect("commits/s of the ceiling");
-    assert!(per_sec > 0.0, "{ceiling}");
+        .filter_map(|l| l.strip_prefix("ceiling: 8 closed-loop writers / "))
+        .map(|c| {
+            c.rsplit_once(" = ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .expect("commits/s of the ceiling")
+        })
+        .collect();
+    assert_eq!(ceilings.len(), 2, "a ceiling per table");
+    assert!(ceilings.iter().all(|&c| c > 0.0), "{ceilings:?}");
     assert!(out.contains("of the ceiling"));
-    assert!(out.contains("(every acknowledged record verified after each run)"));
+    assert_eq!(out.matches("bound of the serial group commit").count(), 2);
+    assert_eq!(out.matches("do flushes overlap?").count(), 2);
+    assert_eq!(
+        out.matches("(every acknowledged record verified after each run)")
+            .count(),
+        2
+    );
     assert!(!dir.path().join("wal.log").exists(), "the log is removed");
 }
