@@ -1082,14 +1082,28 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "{:>12} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
         "engine", "commits/s", "groups/s", "p50 µs", "p99 µs", "p99.9 µs"
     );
-    let engines = [
+    // `uring-dsync` needs O_DIRECT, which some file systems (tmpfs) refuse.
+    prepare_log(&path, kind, 0)?;
+    let direct = match std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(&path)
+    {
+        Ok(_) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let engines: Vec<WalEngine> = [
         WalEngine::UringPipelined,
         WalEngine::Uring,
         WalEngine::UringDsync,
         WalEngine::TokioFs,
         WalEngine::Threads,
         WalEngine::Blocking,
-    ];
+    ]
+    .into_iter()
+    .filter(|&e| direct || e != WalEngine::UringDsync)
+    .collect();
     let mut rows: HashMap<&str, Vec<Row>> = HashMap::new();
     let mut floors = Vec::new();
     let mut overflowed = 0u64;
@@ -1107,7 +1121,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         concurrent.push(wal_flushers(&path, a, FLUSHERS, wrap)? / (1e6 / floor.0.max(1.0)));
         let rate = (a.wal_writers as f64 / (floor.0.max(1.0) / 1e6)).min(MAX_PREALLOC_RATE);
         let bytes = prealloc_bytes(rate, a);
-        for e in engines {
+        for &e in &engines {
             prepare_log(&path, kind, bytes)?;
             let out = match e {
                 WalEngine::Threads => wal_threads(&path, a)?,
@@ -1138,7 +1152,10 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "threads",
         "no-backend",
     ] {
-        let r = &rows[name];
+        let Some(r) = rows.get(name) else {
+            println!("{name:>12}  n/a: this file system refuses O_DIRECT");
+            continue;
+        };
         let m = |f: fn(&Row) -> f64| median(r.iter().map(f).collect());
         let row = (m(|x| x.0), m(|x| x.1), m(|x| x.2), m(|x| x.3), m(|x| x.4));
         println!(
@@ -1171,14 +1188,12 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "threads",
         "no-backend",
     ] {
-        println!(
-            "  {name}: {:.2} of the ceiling",
-            med[name].0 / ceiling.max(1e-9)
-        );
+        let Some(row) = med.get(name) else { continue };
+        println!("  {name}: {:.2} of the ceiling", row.0 / ceiling.max(1e-9));
     }
     let (t, th) = (med["tokio-fs"], med["threads"]);
     for name in ["uring", "uring-serial", "uring-dsync"] {
-        let u = med[name];
+        let Some(&u) = med.get(name) else { continue };
         println!(
             "ratios {name}: commits/s vs tokio-fs {:.2}, vs threads {:.2}; p99 vs tokio-fs {:.2}, vs threads {:.2}",
             u.0 / t.0,
