@@ -705,12 +705,30 @@ fn prepare_log(path: &Path, kind: LogKind, bytes: u64) -> Result<(), String> {
     f.sync_all().map_err(err)
 }
 
+/// Most bytes a log is preallocated with: beyond it (large records) a run
+/// appends the rest, which the table reports.
+const MAX_PREALLOC: u64 = 1 << 30;
+
 /// Bytes to preallocate for a run at up to `rate` commits/s: the run's
-/// records with half as much again to spare, whole MiB, at least 8 MiB.
-fn prealloc_bytes(rate: f64, a: &WriteArgs) -> u64 {
+/// records with half as much again to spare, whole MiB, at least 8 MiB, at
+/// most `MAX_PREALLOC` and a quarter of the free space of `dir`.
+fn prealloc_bytes(rate: f64, a: &WriteArgs, dir: &Path) -> u64 {
     let per = (HEADER as u64 + a.record_bytes) as f64;
-    let bytes = (rate * per * (a.secs + 0.5) * 1.5) as u64;
-    bytes.div_ceil(1 << 20).max(8) << 20
+    let want = (rate * per * (a.secs + 0.5) * 1.5) as u64;
+    let cap = MAX_PREALLOC.min(free_bytes(dir).map_or(u64::MAX, |f| f / 4));
+    (want.div_ceil(1 << 20).max(8) << 20).min(cap)
+}
+
+/// Free bytes of the file system holding `dir` (`statvfs`), if known.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path; statvfs fills the zeroed
+    // struct it is given and reads nothing else.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &raw mut st) };
+    (rc == 0).then(|| st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
@@ -1110,7 +1128,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
     let mut concurrent = Vec::new();
     for _ in 0..a.repeat {
         // One writer, one flush at a time: tens of thousands a second at most.
-        prepare_log(&path, kind, prealloc_bytes(50_000.0, a))?;
+        prepare_log(&path, kind, prealloc_bytes(50_000.0, a, dir))?;
         let floor = wal_floor(&path, a)?;
         floors.push(floor);
         // Pages of 4 KiB each flusher cycles through on a preallocated log.
@@ -1120,7 +1138,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         let wrap = (kind == LogKind::Preallocated).then_some(WRAP);
         concurrent.push(wal_flushers(&path, a, FLUSHERS, wrap)? / (1e6 / floor.0.max(1.0)));
         let rate = (a.wal_writers as f64 / (floor.0.max(1.0) / 1e6)).min(MAX_PREALLOC_RATE);
-        let bytes = prealloc_bytes(rate, a);
+        let bytes = prealloc_bytes(rate, a, dir);
         for &e in &engines {
             prepare_log(&path, kind, bytes)?;
             let out = match e {
@@ -1268,6 +1286,31 @@ mod tests {
         let (_d, path) = log_with(&[(1, 0), (2, 0), (1, 1)], 1 << 16);
         assert_eq!(verify_log(&path, &[(1, 0), (2, 0), (1, 1)], 32), Ok(3));
         assert!(verify_log(&path, &[(2, 1)], 32).is_err());
+    }
+
+    #[test]
+    fn preallocation_is_bounded() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let args = |extra: &[&str]| {
+            let mut v = vec!["uring-bench", "write"];
+            v.extend_from_slice(extra);
+            match crate::cli::Args::parse_from(v).mode {
+                Some(crate::cli::Mode::Write(w)) => w,
+                _ => unreachable!(),
+            }
+        };
+        // Small records: the run's records and some, at least 8 MiB.
+        let a = args(&["-t", "1"]);
+        let b = prealloc_bytes(100_000.0, &a, dir.path());
+        assert!(b >= 100_000 * 144 * 3 / 2 && b % (1 << 20) == 0, "{b}");
+        assert_eq!(prealloc_bytes(1.0, &a, dir.path()), 8 << 20);
+        // Megabyte records at the floor's 50 k/s would be 60+ GB: capped
+        // (this was ENOSPC).
+        let a = args(&["--record-bytes", "1048576"]);
+        let b = prealloc_bytes(50_000.0, &a, dir.path());
+        assert!(b <= MAX_PREALLOC, "{b}");
+        assert!(b <= free_bytes(dir.path()).unwrap() / 4, "{b}");
     }
 
     #[test]
