@@ -655,8 +655,10 @@ enum WalEngine {
     UringDsync,
     /// The serial committer calling `pwrite` + `fdatasync` itself, blocking
     /// its runtime worker: what the serial group commit does with an I/O
-    /// backend that costs nothing (an upper bound for `uring-serial` and
-    /// `tokio-fs`, not a design to copy).
+    /// backend that costs nothing — the reference `uring-serial` and
+    /// `tokio-fs` are measured against, not a strict bound (blocking a
+    /// worker also changes how the writers are scheduled) and not a design
+    /// to copy.
     Blocking,
 }
 
