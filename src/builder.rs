@@ -343,7 +343,7 @@ impl Builder {
                 share(pool, pool)
             },
         };
-        let files = FileTable::new(files, plan.capacity, plan.rings, policy)?;
+        let files = FileTable::new(files, plan.capacity, plan.shards, policy)?;
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => {
                 crate::decision!(
@@ -536,7 +536,10 @@ impl Builder {
         };
         let rem = max_in_flight % rings;
         Ok(Plan {
-            rings,
+            // One file-table replica per worker (at least one per ring): a
+            // ring shared by two workers must not make them share the
+            // table's lock word (see `files::FileTable`).
+            shards: rings.max(workers),
             capacity,
             fallback_in_flight,
             routed_in_flight: max_in_flight.clamp(1, MAX_ROUTED_IN_FLIGHT),
@@ -559,7 +562,8 @@ impl Builder {
 /// The resolved settings.
 #[derive(Debug)]
 struct Plan {
-    rings: usize,
+    /// Replicas of the file table (see `files::FileTable`).
+    shards: usize,
     capacity: u32,
     fallback_in_flight: usize,
     /// Blocking-pool reads at once for files routed off the rings: such
