@@ -129,7 +129,8 @@ mod tests {
     fn hits_from_every_thread_are_counted() {
         let p = std::sync::Arc::new(Policy::default());
         // More threads than counters: some share one.
-        let threads: Vec<_> = (0..HIT_SHARDS * 2 + 1)
+        let n = HIT_SHARDS * 2 + 1;
+        let threads: Vec<_> = (0..n)
             .map(|_| {
                 let p = p.clone();
                 std::thread::spawn(move || {
@@ -142,7 +143,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(p.hits(), (HIT_SHARDS as u64 * 2 + 1) * 1000);
+        assert_eq!(p.hits(), n as u64 * 1000);
     }
 
     #[test]
