@@ -1227,7 +1227,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
     }
     let nb = med["no-backend"];
     println!(
-        "bound of the serial group commit: with no I/O backend cost at all (the committer blocking in pwrite + fdatasync) {:.2}x tokio-fs",
+        "reference, the serial group commit with no I/O backend cost (the committer blocking in pwrite + fdatasync): {:.2}x tokio-fs",
         nb.0 / t.0
     );
     println!(

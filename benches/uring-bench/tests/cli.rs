@@ -436,7 +436,11 @@ fn wal_end_to_end() {
     assert_eq!(ceilings.len(), 2, "a ceiling per table");
     assert!(ceilings.iter().all(|&c| c > 0.0), "{ceilings:?}");
     assert!(out.contains("of the ceiling"));
-    assert_eq!(out.matches("bound of the serial group commit").count(), 2);
+    assert_eq!(
+        out.matches("reference, the serial group commit with no I/O backend cost")
+            .count(),
+        2
+    );
     assert_eq!(out.matches("do flushes overlap?").count(), 2);
     assert_eq!(
         out.matches("(every acknowledged record verified after each run)")
