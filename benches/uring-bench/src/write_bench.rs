@@ -48,6 +48,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::future::Future;
 use std::io::Write as _;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -671,6 +672,15 @@ struct WalOutcome {
 
 type Ack = tokio::sync::oneshot::Sender<()>;
 
+/// A group: `first` and every record already waiting behind it.
+fn gather<T>(first: T, rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> Vec<T> {
+    let mut group = vec![first];
+    while let Ok(m) = rx.try_recv() {
+        group.push(m);
+    }
+    group
+}
+
 /// One committer round: encode `group` at `seq`.
 fn encode_group(group: &[(u64, u64)], seq: &mut u64, len: usize, buf: &mut Vec<u8>) {
     buf.clear();
@@ -772,18 +782,23 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
                         .map_err(|e| format!("{}: {e}", path.display()))?,
                 );
             }
-            if let (WalEngine::UringDsync, Some(ctx)) = (engine, &ctx) {
-                // Each group is written where the last one's padding ends,
-                // durable when its write completes (O_DSYNC); later groups
-                // are written while earlier ones are in flight, and groups
-                // are acknowledged in order, so an acknowledged record never
-                // follows one that may be lost.
-                let mut writes = futures::stream::FuturesOrdered::new();
+            if let (WalEngine::UringDsync | WalEngine::UringPipelined, Some(ctx)) = (engine, &ctx) {
+                // Later groups are written while earlier ones are being made
+                // durable, and groups are acknowledged in order as that
+                // completes, so an acknowledged record never follows one
+                // that may be lost. `uring`: each group's fdatasync starts
+                // after its own write completed (so it covers it).
+                // `uring-dsync`: each group is one O_DSYNC write, durable
+                // when it completes, padded to whole blocks so that no two
+                // writes in flight share one.
+                let dsync = engine == WalEngine::UringDsync;
+                let depth = if dsync { DSYNC_PIPELINE } else { PIPELINE };
+                let mut durable = futures::stream::FuturesOrdered::new();
                 let mut open = true;
-                while open || !writes.is_empty() {
+                while open || !durable.is_empty() {
                     tokio::select! {
                         biased;
-                        Some((res, group)) = writes.next(), if !writes.is_empty() => {
+                        Some((res, group)) = durable.next(), if !durable.is_empty() => {
                             let res: std::io::Result<()> = res;
                             res.map_err(|e| e.to_string())?;
                             let group: Vec<((u64, u64), Ack)> = group;
@@ -791,74 +806,35 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
                                 let _ = ack.send(());
                             }
                         }
-                        first = rx.recv(), if open && writes.len() < DSYNC_PIPELINE => {
+                        first = rx.recv(), if open && durable.len() < depth => {
                             let Some(first) = first else {
                                 open = false;
                                 continue;
                             };
-                            let mut group = vec![first];
-                            while let Ok(m) = rx.try_recv() {
-                                group.push(m);
-                            }
+                            let group = gather(first, &mut rx);
                             let ids: Vec<_> = group.iter().map(|g| g.0).collect();
                             let mut block = Vec::new();
                             encode_group(&ids, &mut seq, len, &mut block);
-                            block.resize(block.len().next_multiple_of(BLOCK), 0);
                             let at = tail;
-                            tail += block.len() as u64;
+                            let done: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send + '_>> =
+                                if dsync {
+                                    block.resize(block.len().next_multiple_of(BLOCK), 0);
+                                    tail += block.len() as u64;
+                                    Box::pin(async move { ctx.write_all(0u32, at, &block).await })
+                                } else {
+                                    ctx.write_all(0u32, at, &block).await.map_err(|e| e.to_string())?;
+                                    tail += block.len() as u64;
+                                    Box::pin(ctx.fdatasync(0u32))
+                                };
                             groups += 1;
-                            writes.push_back(async move {
-                                (ctx.write_all(0u32, at, &block).await, group)
-                            });
-                        }
-                    }
-                }
-                return Ok::<_, String>(groups);
-            }
-            if let (WalEngine::UringPipelined, Some(ctx)) = (engine, &ctx) {
-                // Group N+1 is written while group N's fdatasync is in
-                // flight; each group's fdatasync starts after its own write
-                // completed (so it covers it), and groups are acknowledged
-                // in order as their syncs complete.
-                let mut syncs = futures::stream::FuturesOrdered::new();
-                let mut open = true;
-                while open || !syncs.is_empty() {
-                    tokio::select! {
-                        biased;
-                        Some((res, group)) = syncs.next(), if !syncs.is_empty() => {
-                            let res: std::io::Result<()> = res;
-                            res.map_err(|e| e.to_string())?;
-                            let group: Vec<((u64, u64), Ack)> = group;
-                            for (_, ack) in group {
-                                let _ = ack.send(());
-                            }
-                        }
-                        first = rx.recv(), if open && syncs.len() < PIPELINE => {
-                            let Some(first) = first else {
-                                open = false;
-                                continue;
-                            };
-                            let mut group = vec![first];
-                            while let Ok(m) = rx.try_recv() {
-                                group.push(m);
-                            }
-                            let ids: Vec<_> = group.iter().map(|g| g.0).collect();
-                            encode_group(&ids, &mut seq, len, &mut buf);
-                            ctx.write_all(0u32, tail, &buf).await.map_err(|e| e.to_string())?;
-                            tail += buf.len() as u64;
-                            groups += 1;
-                            let sync = ctx.fdatasync(0u32);
-                            syncs.push_back(async move { (sync.await, group) });
+                            durable.push_back(async move { (done.await, group) });
                         }
                     }
                 }
                 return Ok::<_, String>(groups);
             }
             while let Some(first) = rx.recv().await {
-                let mut group = vec![first];
-                while let Ok(m) = rx.try_recv() {
-                    group.push(m);
-                }
+                let group = gather(first, &mut rx);
                 let ids: Vec<_> = group.iter().map(|g| g.0).collect();
                 encode_group(&ids, &mut seq, len, &mut buf);
                 if let Some(ctx) = &ctx {
