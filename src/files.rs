@@ -243,8 +243,9 @@ impl Shard {
 }
 
 /// The table, replicated once per runtime worker (and at least once per
-/// ring). A reader locks (for reading) only the shard of its thread, and on the page-cache fast path borrows the
-/// entry without touching its reference count: with one shared table and
+/// ring). A reader locks (for reading) only the shard of its thread, and
+/// on the page-cache fast path borrows the entry without touching its
+/// reference count: with one shared table and
 /// `Arc` clones, two workers reading the same file bounced the lock word and
 /// the count between their caches on every read (perf: ~5 % of a hot read).
 /// Writers (register/unregister, rare) lock every shard, in order.
