@@ -46,11 +46,13 @@ pub(crate) fn shut_down_error() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "the UringContext is shut down")
 }
 
-/// A borrowed read still in the kernel when `shutdown()` stopped waiting.
+/// A borrowed op (a read, write or sync) still in the kernel or on the
+/// blocking pool when `shutdown()` stopped waiting.
 pub(crate) fn gave_up() -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
-        "shutdown() stopped waiting for this read: the kernel did not complete or cancel it within the shutdown timeout",
+        "shutdown() stopped waiting for this operation: the kernel did not complete or cancel it \
+         within the shutdown timeout (a write may or may not have happened)",
     )
 }
 

@@ -77,6 +77,10 @@ pub(crate) trait Job {
     /// `shutdown()` gives up on it: its task owns everything it touches
     /// and nothing must come back to the caller (not an owned buffer).
     const BLOCKING_DETACHABLE: bool = true;
+    /// What a ring's completion of a piece means, before `advance`.
+    fn ring_result(&mut self, res: io::Result<usize>) -> io::Result<usize> {
+        res
+    }
     /// A piece is over with `res` (`tainted`: see `Op::tainted`): the
     /// op's result (`Some`), or `None` to issue the next piece.
     fn advance(&mut self, res: io::Result<usize>, tainted: bool) -> Option<io::Result<usize>>;
@@ -166,7 +170,7 @@ impl<'a, J: Job> OpCore<'a, J> {
                 State::InFlight { ring, key } => {
                     let done = ready!(ring.poll_complete(*key, cx, None));
                     self.state = State::Start;
-                    let res = done.res.map_err(|e| self.explain(e));
+                    let res = self.job.ring_result(done.res).map_err(|e| self.explain(e));
                     if let Some(res) = self.job.advance(res, done.tainted) {
                         return Poll::Ready(res.map_err(|e| self.explain(e)));
                     }
@@ -394,6 +398,24 @@ impl<S: Source> Job for Write<S> {
 
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         self.src.park()
+    }
+
+    /// `EAGAIN` from a ring write is a write that wrote nothing. When a
+    /// regular file takes fewer bytes than asked, io_uring retries the rest
+    /// itself; if a retry takes nothing, the request completes with the
+    /// bytes written before it, or with `-EAGAIN` when there were none
+    /// (`io_write`'s partial-write path, then io-wq giving up on `-EAGAIN`
+    /// for a file it cannot poll). Seen with a FUSE server that answers a
+    /// write with 0 bytes (`tests/storage.rs`,
+    /// `fuse_writes_that_fail_lie_or_hang`); `pwrite` returns 0 there, so
+    /// the two backends now agree: `write` returns `Ok(0)`, `write_all`
+    /// fails with `WriteZero`, and neither invites the caller to retry a
+    /// write that cannot progress, as `WouldBlock` would.
+    fn ring_result(&mut self, res: io::Result<usize>) -> io::Result<usize> {
+        match res {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(0),
+            res => res,
+        }
     }
 
     fn advance(&mut self, res: io::Result<usize>, tainted: bool) -> Option<io::Result<usize>> {

@@ -835,3 +835,239 @@ fn fuse_files_take_writes_and_syncs_to_the_blocking_pool() {
         });
     }
 }
+
+/// Writes and syncs on storage that fails, lies or never answers (issue
+/// #11: the storage-fault work applies to writes), on every route, with and
+/// without the page cache, against a writable FUSE file whose server-side
+/// content is the oracle:
+/// - a failing write or sync returns the file system's errno and the
+///   server's bytes are unchanged;
+/// - a short write returns the count the server took, and those bytes are
+///   right; `write_all` goes on until every byte is written; a server that
+///   takes nothing makes `write_all` fail with `WriteZero`, never loop;
+/// - a write or sync that never answers holds its caller only: a write to a
+///   healthy file goes on, dropping the hung one is sound, and `shutdown`
+///   returns within its timeout.
+#[test]
+fn fuse_writes_that_fail_lie_or_hang() {
+    const K: u64 = 128 * 1024;
+    for direct in [true, false] {
+        let spec = FileSpec::new("w", 4 * MIB, 0x7030);
+        let Some(fs) = FaultFs::mount_writable_or_skip(std::slice::from_ref(&spec), direct) else {
+            return;
+        };
+        let fs = std::sync::Arc::new(fs);
+        let path = fs.path("w");
+        let set = common::FileSet::new(0x7031, &[MIB]);
+        let healthy = set.files[0].path.clone();
+        for (r, route) in ROUTES.into_iter().enumerate() {
+            let (path, healthy, fs) = (path.clone(), healthy.clone(), fs.clone());
+            // Each route writes its own MiB of the file.
+            let base = r as u64 * MIB;
+            let label = format!("{route:?} direct={direct}");
+            common::run("fuse_write_faults", Flavor::Multi, 90, move || async move {
+                let rw = |p: &std::path::Path| {
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(p)
+                        .unwrap()
+                };
+                let ctx = route.ctx(vec![rw(&path), rw(&healthy)], |b| {
+                    b.shutdown_timeout(Duration::from_secs(1))
+                });
+                let data = |seed: u8, len: usize| -> Vec<u8> {
+                    (0..len)
+                        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+                        .collect()
+                };
+
+                // 1. A failing write: the errno, nothing written.
+                fs.set_write_fault("w", base..base + K, Fault::Errno(libc::EIO));
+                let before = fs.content("w");
+                let e = ctx.write(0u32, base, &data(1, 4096)).await.unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                let e = ctx
+                    .write_all(0u32, base + 8192, &data(2, 10_000))
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                let (res, buf) = ctx.write_all_owned(0u32, base, data(3, 4096)).await;
+                assert_eq!(res.unwrap_err().raw_os_error(), Some(libc::EIO), "{label}");
+                assert_eq!(buf, data(3, 4096), "{label}: the owned buffer comes back");
+                assert!(
+                    fs.content("w") == before,
+                    "{label}: a failed write changed the file"
+                );
+
+                // 2. A short write: the count the server took, right bytes;
+                // `write_all` finishes the job.
+                let off = base + K;
+                fs.set_write_fault("w", off..off + K, Fault::Short(1000));
+                let d = data(4, 4096);
+                let n = ctx.write(0u32, off, &d).await.unwrap();
+                assert!(n > 0 && n <= 4096, "{label}: short write returned {n}");
+                let now = fs.content("w");
+                assert!(
+                    now[off as usize..off as usize + n] == d[..n],
+                    "{label}: write returned Ok({n}) but the server holds other bytes"
+                );
+                eprintln!("{label}: a 4096-byte write on storage taking 1000 -> Ok({n})");
+                let d = data(5, 10_000);
+                ctx.write_all(0u32, off + 8192, &d).await.unwrap();
+                let (res, _) = ctx.write_all_owned(0u32, off + 32_768, data(6, 9000)).await;
+                res.unwrap();
+                let now = fs.content("w");
+                let at = |o: u64, len: usize| &now[o as usize..o as usize + len];
+                assert!(
+                    at(off + 8192, 10_000) == &d[..],
+                    "{label}: write_all lost bytes"
+                );
+                assert!(
+                    at(off + 32_768, 9000) == &data(6, 9000)[..],
+                    "{label}: write_all_owned"
+                );
+                let pieces = fs
+                    .write_log()
+                    .iter()
+                    .filter(|w| w.fault == Some(Fault::Short(1000)))
+                    .count();
+                assert!(pieces >= 10, "{label}: only {pieces} short replies seen");
+
+                // 3. A server that takes nothing: `write` says 0 (or fails),
+                // `write_all` fails with WriteZero; no loop.
+                let off = base + 2 * K;
+                fs.set_write_fault("w", off..off + K, Fault::Short(0));
+                let before = fs.content("w");
+                // Without the page cache the kernel passes the 0 on (as
+                // pwrite does; io_uring says EAGAIN, which the crate maps
+                // back); with it, the kernel fails the write with EIO.
+                match ctx.write(0u32, off, &data(7, 4096)).await {
+                    Ok(n) => assert_eq!(n, 0, "{label}: wrote {n} bytes to storage taking none"),
+                    Err(e) => {
+                        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                        assert!(!direct, "{label}: {e}");
+                    }
+                }
+                let e = ctx.write_all(0u32, off, &data(7, 4096)).await.unwrap_err();
+                if direct {
+                    assert_eq!(e.kind(), io::ErrorKind::WriteZero, "{label}: {e}");
+                } else {
+                    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                }
+                eprintln!("{label}: write_all to storage taking nothing: {e}");
+                assert!(
+                    fs.content("w") == before,
+                    "{label}: storage taking nothing changed"
+                );
+
+                // 4. A failing sync: the errno, for both calls.
+                fs.set_sync_fault("w", Fault::Errno(libc::EIO));
+                for e in [
+                    ctx.fdatasync(0u32).await.unwrap_err(),
+                    ctx.fsync(0u32).await.unwrap_err(),
+                ] {
+                    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                }
+                fs.clear_faults();
+                ctx.fdatasync(0u32).await.unwrap();
+
+                // 5. A write and a sync that never answer.
+                let off = base + 3 * K;
+                fs.set_write_fault("w", off..off + K, Fault::Hang);
+                fs.set_sync_fault("w", Fault::Hang);
+                let hung_write = {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move { ctx.write_all(0u32, off, &[9u8; 4096]).await })
+                };
+                let fs2 = fs.clone();
+                let n = tokio::task::spawn_blocking(move || {
+                    fs2.wait_writes_hung("w", 1, Duration::from_secs(10))
+                })
+                .await
+                .unwrap();
+                assert_eq!(n, 1, "{label}: the write did not reach the server");
+                let hung_sync = {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move { ctx.fdatasync(0u32).await })
+                };
+                let fs2 = fs.clone();
+                let n = tokio::task::spawn_blocking(move || {
+                    fs2.wait_writes_hung("w", 2, Duration::from_millis(300))
+                })
+                .await
+                .unwrap();
+                // Seen on kernel 6.18: the sync waits in the kernel behind
+                // the hung write (FUSE takes the inode lock for both), so
+                // the server sees only the write.
+                eprintln!("{label}: {n} write/sync requests hung in the server");
+                // The healthy file takes writes and syncs meanwhile.
+                let t = Instant::now();
+                for i in 0..64u64 {
+                    ctx.write_all(1u32, i * 4096, &data(i as u8, 4096))
+                        .await
+                        .unwrap();
+                }
+                ctx.fdatasync(1u32).await.unwrap();
+                eprintln!(
+                    "{label}: 64 healthy writes + fdatasync beside them: {:?}",
+                    t.elapsed()
+                );
+                // A borrowed write dropped while hung: sound (its bytes were
+                // copied out of the caller's buffer), and the caller is free.
+                {
+                    let mut mine = vec![8u8; 4096];
+                    let r = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        ctx.write(0u32, off + 8192, &mine),
+                    )
+                    .await;
+                    assert!(
+                        r.is_err(),
+                        "{label}: a write to hung storage finished: {r:?}"
+                    );
+                    mine.fill(0xEE);
+                    drop(mine);
+                }
+                assert!(
+                    !hung_write.is_finished() && !hung_sync.is_finished(),
+                    "{label}"
+                );
+                let t = Instant::now();
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                    .await
+                    .expect("shutdown hung on storage that never answers");
+                eprintln!("{label}: shutdown took {:?}", t.elapsed());
+                for (what, h) in [("write", hung_write), ("sync", hung_sync)] {
+                    // Failed by shutdown (given up, or never started), or
+                    // answered EIO once the test releases the hang below.
+                    let fs2 = fs.clone();
+                    let release = tokio::task::spawn_blocking(move || {
+                        std::thread::sleep(Duration::from_millis(500));
+                        fs2.clear_faults();
+                        fs2.release_hangs();
+                    });
+                    let res = tokio::time::timeout(Duration::from_secs(10), h)
+                        .await
+                        .unwrap_or_else(|_| panic!("{label}: a hung {what} still waits"))
+                        .unwrap();
+                    match (what, res) {
+                        (_, Err(e)) => eprintln!("{label}: hung {what} ended: {e}"),
+                        // A sync the kernel held back behind the hung write
+                        // (FUSE takes the inode lock for both) reaches the
+                        // server only after the release, when the fault is
+                        // cleared.
+                        ("sync", Ok(())) => eprintln!("{label}: the sync ran after the release"),
+                        (_, Ok(())) => panic!("{label}: a hung {what} succeeded"),
+                    }
+                    release.await.unwrap();
+                }
+                fs.clear_faults();
+                fs.release_hangs();
+            });
+        }
+        fs.release_hangs();
+        drop(fs);
+        drop(set);
+    }
+}

@@ -9,6 +9,22 @@
 //! Faults ([`Fault`]) are set per file and byte range at any time and apply to
 //! every FUSE read request that overlaps the range.
 //!
+//! # Writable mounts
+//!
+//! [`FaultFs::mount_writable`] mounts the same files read-write: their
+//! content starts as the pattern and is kept in memory, FUSE write requests
+//! change it (and may extend a file), `fsync`/`fdatasync` requests succeed,
+//! and reads return the current content ([`FaultFs::content`]). Faults for
+//! writes are set apart from read faults: [`FaultFs::set_write_fault`] applies
+//! to every FUSE write request overlapping a range (`Errno`: the write fails
+//! and changes nothing; `Short(n)`: only the first `n` bytes are written and
+//! the reply says so, `Short(0)` is a write of nothing; `Delay`; `Hang`) and
+//! [`FaultFs::set_sync_fault`] to the file's sync requests (`Errno`, `Hang`,
+//! `Delay`). Without the page cache (`direct_io`) a `pwrite` of up to 1 MiB
+//! is one request with the same offset and length; with it, writes go through
+//! the page cache to the server synchronously (write-through), in requests
+//! of whole pages where the write covers them.
+//!
 //! # What it needs
 //!
 //! * Linux, root (CAP_SYS_ADMIN) and `/dev/fuse`. The mount uses the `fuser`
@@ -80,8 +96,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen,
-    Request,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
 
 use super::fill_pattern;
@@ -138,10 +154,41 @@ pub struct ReadRecord {
     pub fault: Option<Fault>,
 }
 
+/// One write request as a writable file system received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRecord {
+    pub name: String,
+    pub offset: u64,
+    pub size: usize,
+    /// The fault that applied, if any.
+    pub fault: Option<Fault>,
+}
+
 struct FaultRule {
     file: usize,
     range: Range<u64>,
     fault: Fault,
+}
+
+/// A write or sync request that is hung.
+enum ParkedWrite {
+    Write { reply: ReplyWrite, file: usize },
+    Sync { reply: ReplyEmpty, file: usize },
+}
+
+impl ParkedWrite {
+    fn file(&self) -> usize {
+        match self {
+            ParkedWrite::Write { file, .. } | ParkedWrite::Sync { file, .. } => *file,
+        }
+    }
+
+    fn fail(self) {
+        match self {
+            ParkedWrite::Write { reply, .. } => reply.error(Errno::EIO),
+            ParkedWrite::Sync { reply, .. } => reply.error(Errno::EIO),
+        }
+    }
 }
 
 struct Parked {
@@ -161,10 +208,19 @@ struct Inner {
     shutting_down: bool,
     parked: Vec<Parked>,
     log: Vec<ReadRecord>,
+    /// Writable mounts: faults of write requests, most recent first.
+    write_faults: Vec<FaultRule>,
+    /// Writable mounts: the fault of each file's sync requests.
+    sync_faults: HashMap<usize, Fault>,
+    parked_writes: Vec<ParkedWrite>,
+    write_log: Vec<WriteRecord>,
+    syncs: u64,
 }
 
 struct Shared {
     files: Vec<FileSpec>,
+    /// Writable mounts: each file's current content (empty otherwise).
+    contents: Vec<Mutex<Vec<u8>>>,
     by_name: HashMap<String, usize>,
     inner: Mutex<Inner>,
     reads: AtomicU64,
@@ -185,8 +241,32 @@ impl Shared {
             .unwrap_or_else(|| panic!("FaultFs: no file named {name:?}"))
     }
 
+    fn writable(&self) -> bool {
+        !self.contents.is_empty()
+    }
+
+    fn content(&self, file: usize) -> MutexGuard<'_, Vec<u8>> {
+        self.contents[file]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn len(&self, file: usize) -> u64 {
+        if self.writable() {
+            self.content(file).len() as u64
+        } else {
+            self.files[file].len
+        }
+    }
+
     /// Reply to a read of `file` with correct content, at most `max` bytes.
     fn reply_data(&self, reply: ReplyData, file: usize, offset: u64, size: u32, max: u32) {
+        if self.writable() {
+            let content = self.content(file);
+            let start = (offset.min(content.len() as u64)) as usize;
+            let n = (content.len() - start).min(size as usize).min(max as usize);
+            return reply.data(&content[start..start + n]);
+        }
         let spec = &self.files[file];
         let n = spec
             .len
@@ -196,6 +276,28 @@ impl Shared {
         let mut buf = vec![0u8; n];
         fill_pattern(spec.seed, offset, &mut buf);
         reply.data(&buf);
+    }
+}
+
+impl Shared {
+    /// Run `job` (a reply) after `d` on the timer thread; at once when
+    /// shutting down or when the timer is gone.
+    fn later(&self, d: Duration, shutting_down: bool, job: Box<dyn FnOnce() + Send>) {
+        let timer = self
+            .timer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match timer {
+            Some(tx) if !shutting_down => {
+                if let Err(mpsc::SendError(TimerMsg::At(_, job))) =
+                    tx.send(TimerMsg::At(Instant::now() + d, job))
+                {
+                    job();
+                }
+            }
+            _ => job(),
+        }
     }
 }
 
@@ -248,6 +350,7 @@ fn ino_of(file: usize) -> u64 {
 struct Fs {
     shared: Arc<Shared>,
     direct_io: bool,
+    writable: bool,
     uid: u32,
     gid: u32,
 }
@@ -263,7 +366,8 @@ impl Fs {
             (FileType::Directory, 0, 0o555, 2)
         } else {
             let f = self.file_of(INodeNo(ino))?;
-            (FileType::RegularFile, self.shared.files[f].len, 0o444, 1)
+            let perm = if self.writable { 0o644 } else { 0o444 };
+            (FileType::RegularFile, self.shared.len(f), perm, 1)
         };
         Some(FileAttr {
             ino: INodeNo(ino),
@@ -316,7 +420,7 @@ impl Filesystem for Fs {
         if self.file_of(ino).is_none() {
             return reply.error(Errno::ENOENT);
         }
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+        if !self.writable && flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
         let fl = if self.direct_io {
@@ -384,25 +488,125 @@ impl Filesystem for Fs {
             Some(Fault::Delay(d)) => {
                 let shutting_down = inner.shutting_down;
                 drop(inner);
-                let timer = self
-                    .shared
-                    .timer
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
                 let shared = self.shared.clone();
                 let job: Box<dyn FnOnce() + Send> =
                     Box::new(move || shared.reply_data(reply, file, offset, size, u32::MAX));
-                match timer {
-                    Some(tx) if !shutting_down => {
-                        if let Err(mpsc::SendError(TimerMsg::At(_, job))) =
-                            tx.send(TimerMsg::At(Instant::now() + d, job))
-                        {
-                            job();
-                        }
-                    }
-                    _ => job(),
-                }
+                self.shared.later(d, shutting_down, job);
+            }
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(file) = self.file_of(ino).filter(|_| self.writable) else {
+            return reply.error(Errno::EBADF);
+        };
+        let end = offset.saturating_add(data.len().max(1) as u64);
+        let mut inner = self.shared.lock();
+        let fault = inner
+            .write_faults
+            .iter()
+            .find(|r| r.file == file && r.range.start < end && offset < r.range.end)
+            .map(|r| r.fault.clone());
+        inner.write_log.push(WriteRecord {
+            name: self.shared.files[file].name.clone(),
+            offset,
+            size: data.len(),
+            fault: fault.clone(),
+        });
+        let n = match &fault {
+            Some(Fault::Errno(e)) => {
+                drop(inner);
+                return reply.error(Errno::from_i32(*e));
+            }
+            Some(Fault::Short(n)) => data.len().min(*n as usize),
+            _ => data.len(),
+        };
+        // The data lands now; only the reply is delayed or hung.
+        {
+            let mut content = self.shared.content(file);
+            let (start, stop) = (offset as usize, offset as usize + n);
+            if content.len() < stop {
+                content.resize(stop, 0);
+            }
+            content[start..stop].copy_from_slice(&data[..n]);
+        }
+        match fault {
+            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
+                inner.parked_writes.push(ParkedWrite::Write { reply, file });
+            }
+            Some(Fault::Hang) => {
+                drop(inner);
+                reply.error(Errno::EIO);
+            }
+            Some(Fault::Delay(d)) => {
+                let shutting_down = inner.shutting_down;
+                drop(inner);
+                let job: Box<dyn FnOnce() + Send> = Box::new(move || reply.written(n as u32));
+                self.shared.later(d, shutting_down, job);
+            }
+            _ => {
+                drop(inner);
+                reply.written(n as u32);
+            }
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(file) = self.file_of(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let mut inner = self.shared.lock();
+        inner.syncs += 1;
+        match inner.sync_faults.get(&file).cloned() {
+            Some(Fault::Errno(e)) => {
+                drop(inner);
+                reply.error(Errno::from_i32(e));
+            }
+            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
+                inner.parked_writes.push(ParkedWrite::Sync { reply, file });
+            }
+            Some(Fault::Hang) => {
+                drop(inner);
+                reply.error(Errno::EIO);
+            }
+            Some(Fault::Delay(d)) => {
+                let shutting_down = inner.shutting_down;
+                drop(inner);
+                self.shared
+                    .later(d, shutting_down, Box::new(move || reply.ok()));
+            }
+            Some(Fault::Short(_)) | None => {
+                drop(inner);
+                reply.ok();
             }
         }
     }
@@ -451,6 +655,27 @@ impl FaultFs {
     /// cache is on (`FOPEN_KEEP_CACHE`, so a cached file stays cached).
     /// `Err(reason)` where FUSE is unavailable.
     pub fn mount(files: &[FileSpec], direct_io: bool) -> Result<FaultFs, String> {
+        FaultFs::mount_with(files, direct_io, false)
+    }
+
+    /// [`mount`](Self::mount), read-write: see "Writable mounts" above.
+    pub fn mount_writable(files: &[FileSpec], direct_io: bool) -> Result<FaultFs, String> {
+        FaultFs::mount_with(files, direct_io, true)
+    }
+
+    /// [`mount_writable`](Self::mount_writable), or print `skipped:
+    /// <reason>` and return `None` where FUSE is unavailable.
+    pub fn mount_writable_or_skip(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
+        match FaultFs::mount_writable(files, direct_io) {
+            Ok(fs) => Some(fs),
+            Err(reason) => {
+                println!("skipped: {reason}");
+                None
+            }
+        }
+    }
+
+    fn mount_with(files: &[FileSpec], direct_io: bool, writable: bool) -> Result<FaultFs, String> {
         let mut by_name = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             assert!(
@@ -477,8 +702,21 @@ impl FaultFs {
             .map_err(|e| format!("canonicalize mount point: {e}"))?;
 
         let (tx, rx) = mpsc::channel();
+        let contents = if writable {
+            files
+                .iter()
+                .map(|f| {
+                    let mut v = vec![0u8; usize::try_from(f.len).expect("file fits in memory")];
+                    fill_pattern(f.seed, 0, &mut v);
+                    Mutex::new(v)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let shared = Arc::new(Shared {
             files: files.to_vec(),
+            contents,
             by_name,
             inner: Mutex::new(Inner::default()),
             reads: AtomicU64::new(0),
@@ -494,16 +732,19 @@ impl FaultFs {
         let fs = Fs {
             shared: shared.clone(),
             direct_io,
+            writable,
             uid,
             gid,
         };
         let mut config = fuser::Config::default();
         config.mount_options = vec![
-            MountOption::RO,
             MountOption::FSName("faultfs".into()),
             MountOption::Subtype("faultfs".into()),
             MountOption::NoAtime,
         ];
+        if !writable {
+            config.mount_options.push(MountOption::RO);
+        }
         // Handlers never block, so two loops are plenty; the second one only
         // spares a request the wait while the first copies a large reply.
         config.n_threads = Some(2);
@@ -576,26 +817,102 @@ impl FaultFs {
         inner.faults.insert(0, FaultRule { file, range, fault });
     }
 
-    /// Remove every fault (hung reads stay hung until `release_hangs`).
+    /// Apply `fault` to every later write request of `name` overlapping
+    /// `range` (writable mounts). The most recently set fault wins.
+    pub fn set_write_fault(&self, name: &str, range: Range<u64>, fault: Fault) {
+        let file = self.shared.file_index(name);
+        let mut inner = self.shared.lock();
+        inner.hangs_released = false;
+        inner
+            .write_faults
+            .insert(0, FaultRule { file, range, fault });
+    }
+
+    /// Apply `fault` to every later `fsync`/`fdatasync` request of `name`
+    /// (`Short` means none).
+    pub fn set_sync_fault(&self, name: &str, fault: Fault) {
+        let file = self.shared.file_index(name);
+        let mut inner = self.shared.lock();
+        inner.hangs_released = false;
+        inner.sync_faults.insert(file, fault);
+    }
+
+    /// Remove every fault, read, write and sync (hung requests stay hung
+    /// until `release_hangs`).
     pub fn clear_faults(&self) {
         let mut inner = self.shared.lock();
         inner.faults.clear();
+        inner.write_faults.clear();
+        inner.sync_faults.clear();
         inner.hangs_released = false;
     }
 
-    /// Answer every hung read now with EIO; until the next `set_fault` (or
-    /// `clear_faults`), reads that would hang are answered with EIO at once
-    /// instead. (Not with data: in cached mode the kernel retries a failed
+    /// The current content of `name` as the server holds it (writable
+    /// mounts; the pattern otherwise).
+    pub fn content(&self, name: &str) -> Vec<u8> {
+        let file = self.shared.file_index(name);
+        if self.shared.writable() {
+            return self.shared.content(file).clone();
+        }
+        let spec = &self.shared.files[file];
+        let mut v = vec![0u8; spec.len as usize];
+        fill_pattern(spec.seed, 0, &mut v);
+        v
+    }
+
+    /// Every write request received so far, in arrival order.
+    pub fn write_log(&self) -> Vec<WriteRecord> {
+        self.shared.lock().write_log.clone()
+    }
+
+    /// Sync requests received so far.
+    pub fn syncs_served(&self) -> u64 {
+        self.shared.lock().syncs
+    }
+
+    /// Write and sync requests of `name` hung right now.
+    pub fn writes_hung_now(&self, name: &str) -> usize {
+        let file = self.shared.file_index(name);
+        let inner = self.shared.lock();
+        inner
+            .parked_writes
+            .iter()
+            .filter(|p| p.file() == file)
+            .count()
+    }
+
+    /// Poll until at least `n` write or sync requests of `name` are hung
+    /// or `within` passes; returns the last count.
+    pub fn wait_writes_hung(&self, name: &str, n: usize, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let k = self.writes_hung_now(name);
+            if k >= n || Instant::now() >= deadline {
+                return k;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Answer every hung read, write and sync now with EIO; until the next
+    /// `set_*fault` (or `clear_faults`), requests that would hang are
+    /// answered with EIO at once instead. (Not with data: in cached mode the kernel retries a failed
     /// readahead once with a single-page read, which would then succeed and
     /// hide the error from the reader.)
     pub fn release_hangs(&self) {
-        let parked = {
+        let (parked, writes) = {
             let mut inner = self.shared.lock();
             inner.hangs_released = true;
-            std::mem::take(&mut inner.parked)
+            (
+                std::mem::take(&mut inner.parked),
+                std::mem::take(&mut inner.parked_writes),
+            )
         };
         for p in parked {
             p.reply.error(Errno::EIO);
+        }
+        for w in writes {
+            w.fail();
         }
     }
 
