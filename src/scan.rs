@@ -118,6 +118,13 @@ const DEFAULT_CHUNK: usize = 1 << 20;
 /// (`AlignedBuf::new_huge`).
 const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
 const DEFAULT_IN_FLIGHT: usize = 4;
+/// Largest `chunk_size`: a chunk is one read, and one read moves at most
+/// ~2 GiB (`MAX_RW_COUNT`); a chunk of more than 1 GiB buys nothing.
+const MAX_CHUNK: usize = 1 << 30;
+/// Largest `in_flight`: far past where more read-ahead helps (4–16 here).
+const MAX_IN_FLIGHT: usize = 1024;
+/// Slots reserved up front; a deeper scan grows its queue as it goes.
+const INITIAL_SLOTS: usize = 16;
 const DEFAULT_ALIGN: usize = 4096;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
 /// scan's reads skip the page-cache fast path and go to a ring (see the
@@ -161,8 +168,8 @@ impl ScanOptions {
         Self::default()
     }
 
-    /// Bytes per chunk and per read; a non-zero multiple of the alignment.
-    /// Default: 1 MiB, or 2 MiB on a file opened with `O_DIRECT` (see the
+    /// Bytes per chunk and per read; a non-zero multiple of the alignment,
+    /// at most 1 GiB. Default: 1 MiB, or 2 MiB on a file opened with `O_DIRECT` (see the
     /// module's "Cached and uncached files").
     #[must_use]
     pub fn chunk_size(mut self, bytes: usize) -> Self {
@@ -172,7 +179,7 @@ impl ScanOptions {
     }
 
     /// Buffers of the scan (default 4): the reads in flight ahead of the
-    /// consumer plus the chunks it holds. At least 1.
+    /// consumer plus the chunks it holds. From 1 to 1024.
     #[must_use]
     pub fn in_flight(mut self, reads: usize) -> Self {
         self.in_flight = reads;
@@ -208,8 +215,17 @@ impl ScanOptions {
                 self.chunk_size, self.align
             ));
         }
-        if self.in_flight == 0 {
-            return invalid("ScanOptions::in_flight(0): must be at least 1".into());
+        if self.chunk_size > MAX_CHUNK {
+            return invalid(format!(
+                "ScanOptions::chunk_size({}): at most {MAX_CHUNK} (1 GiB; a chunk is one read)",
+                self.chunk_size
+            ));
+        }
+        if self.in_flight == 0 || self.in_flight > MAX_IN_FLIGHT {
+            return invalid(format!(
+                "ScanOptions::in_flight({}): must be from 1 to {MAX_IN_FLIGHT}",
+                self.in_flight
+            ));
         }
         Ok(())
     }
@@ -255,10 +271,10 @@ impl ScanOptions {
             start,
             end,
             next: start - start % align,
-            slots: VecDeque::with_capacity(opts.in_flight),
+            slots: VecDeque::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
             pool: Arc::new(Pool {
                 state: Mutex::new(PoolState {
-                    free: Vec::with_capacity(opts.in_flight),
+                    free: Vec::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
                     waker: None,
                 }),
                 allocated: AtomicUsize::new(0),
@@ -292,22 +308,38 @@ impl Pool {
 
     /// A free buffer, a new one while fewer than `max` exist, or `None`
     /// after registering `waker` to be woken by the next returned buffer.
-    fn take(&self, max: usize, size: usize, align: usize, waker: &Waker) -> Option<AlignedBuf> {
+    /// `Err` if a new buffer cannot be allocated.
+    fn take(
+        &self,
+        max: usize,
+        size: usize,
+        align: usize,
+        waker: &Waker,
+    ) -> io::Result<Option<AlignedBuf>> {
         let mut st = self.lock();
         if let Some(b) = st.free.pop() {
-            return Some(b);
+            return Ok(Some(b));
         }
         if self.allocated.load(Ordering::Relaxed) < max {
             self.allocated.fetch_add(1, Ordering::Relaxed);
             drop(st);
             // Huge-page buffers (from 2 MiB): physically contiguous, for
             // O_DIRECT (see the module's "Cached and uncached files").
-            return Some(AlignedBuf::new_huge(size, align));
+            return match AlignedBuf::try_new_huge(size, align) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) => {
+                    self.allocated.fetch_sub(1, Ordering::Relaxed);
+                    Err(io::Error::new(
+                        e.kind(),
+                        format!("scan: cannot allocate a chunk buffer of {size} bytes: {e}"),
+                    ))
+                }
+            };
         }
         if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
             st.waker = Some(waker.clone());
         }
-        None
+        Ok(None)
     }
 
     fn put(&self, buf: AlignedBuf) {
@@ -418,11 +450,26 @@ impl<'a> Scan<'a> {
     fn issue(&mut self, cx: &Context<'_>) {
         let (chunk, align) = (self.opts.chunk_size, self.opts.align);
         while !self.stopped && self.next < self.end && self.slots.len() < self.opts.in_flight {
-            let Some(buf) = self
+            let buf = match self
                 .pool
                 .take(self.opts.in_flight, chunk, align, cx.waker())
-            else {
-                break;
+            {
+                Ok(Some(buf)) => buf,
+                Ok(None) => break,
+                Err(e) => {
+                    // Yielded in order, after the chunks before it; it ends
+                    // the stream as a read error would.
+                    self.slots.push_back(Slot {
+                        offset: self.next,
+                        want: 0,
+                        done: 0,
+                        read_from: 0,
+                        consumer: false,
+                        state: SlotState::Failed(e),
+                    });
+                    self.stopped = true;
+                    break;
+                }
             };
             // Read whole aligned blocks up to the range's end.
             let left = self.end - self.next;

@@ -431,6 +431,19 @@ fn bad_options() {
             (ScanOptions::new().chunk_size(5000), "chunk_size"),
             (ScanOptions::new().in_flight(0), "in_flight"),
             (ScanOptions::new().align(3), "align"),
+            // Absurd sizes: an error, not a capacity-overflow panic or an
+            // allocation failure that aborts the process.
+            (ScanOptions::new().in_flight(usize::MAX), "in_flight"),
+            (ScanOptions::new().in_flight(1 << 30), "in_flight"),
+            (ScanOptions::new().chunk_size(1 << 40), "chunk_size"),
+            (
+                ScanOptions::new().chunk_size(usize::MAX & !4095),
+                "chunk_size",
+            ),
+            (
+                ScanOptions::new().align(1 << 40).chunk_size(1 << 40),
+                "chunk_size",
+            ),
         ] {
             let e = opts.scan(&ctx, 0u32, ..).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
