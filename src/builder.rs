@@ -202,8 +202,8 @@ impl Builder {
         self
     }
 
-    /// How long a worker thread may serve page-cache hits inline before the
-    /// task doing the next one yields to the rest of the runtime (default:
+    /// How long a task may serve page-cache hits inline, from its first
+    /// one, before it yields to the rest of the runtime (default:
     /// 10 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
     /// 1 s).
     ///
