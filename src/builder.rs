@@ -243,6 +243,8 @@ impl Builder {
     /// to cancel (default 10 s). Past it, shutdown returns, borrowed reads
     /// still waiting fail with `TimedOut`, and the buffers the kernel may
     /// still write into are kept (leaked at teardown) rather than freed.
+    /// `Duration::MAX` waits as long as it takes (on storage that never
+    /// answers, that is forever).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;

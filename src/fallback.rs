@@ -208,12 +208,22 @@ impl Fallback {
         if self.counters().submitted == self.counters().completed {
             return;
         }
-        let timer = self
-            .runtime
-            .spawn_blocking(move || std::thread::sleep(timeout));
-        if let futures::future::Either::Right(_) =
-            futures::future::select(std::pin::pin!(idle), timer).await
-        {
+        // The timer thread waits on a channel, so that it ends as soon as
+        // the reads do (the sender is dropped below): a plain sleep held
+        // its blocking-pool thread — and the runtime's drop — for the whole
+        // timeout (10 s by default, forever with `Duration::MAX`), once per
+        // `shutdown()` call.
+        let (stop_timer, timer_stopped) = std::sync::mpsc::channel::<()>();
+        let timer = self.runtime.spawn_blocking(move || {
+            let _ = timer_stopped.recv_timeout(timeout);
+        });
+        let idle = std::pin::pin!(idle);
+        let timed_out = matches!(
+            futures::future::select(idle, timer).await,
+            futures::future::Either::Right(_)
+        );
+        drop(stop_timer);
+        if timed_out {
             // Reads into a buffer of their own task (borrowed reads) fail
             // now; the task keeps its buffer until `pread` returns.
             self.gave_up.store(true, Ordering::Release);

@@ -1047,3 +1047,165 @@ fn a_share_of_one_serialises_without_deadlock() {
         });
     }
 }
+
+// ---------------------------------------------------------------------------
+// Found by a hostile-user pass (2026-11-22): each was a panic, an abort or
+// a stall.
+// ---------------------------------------------------------------------------
+
+/// A buffer whose `Drop` panics, parked with an owned read dropped in
+/// flight. The panic used to unwind through the driver task: every later
+/// call then failed as if the home runtime had shut down.
+struct PanicsOnDrop(Vec<u8>);
+
+// SAFETY: the bytes live in the Vec's heap block, which does not move when
+// `PanicsOnDrop` moves and lives as long as it does; no byte counts as
+// initialised, so set_init need not record anything.
+unsafe impl IoBufMut for PanicsOnDrop {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        0
+    }
+    fn bytes_total(&self) -> usize {
+        self.0.len()
+    }
+    unsafe fn set_init(&mut self, _pos: usize) {}
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("PanicsOnDrop::drop (a test's deliberate panic)");
+        }
+    }
+}
+
+#[test]
+fn a_panicking_buffer_drop_does_not_kill_the_driver() {
+    let set = common::FileSet::new(0x6a1, &[16 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run("panicking_drop", Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| b.inline_nowait(false));
+        file.drop_cache();
+        for i in 0..8u64 {
+            let mut fut = Box::pin(ctx.read_owned(0u32, i << 20, PanicsOnDrop(vec![0; 65_536])));
+            let _ = common::poll_once_noop(fut.as_mut());
+            // Dropped in flight: the driver drops the buffer at its CQE.
+            drop(fut);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while ctx.stats().in_flight > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "parked reads never came back: {:?}",
+                ctx.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The driver lives: reads that go through the ring still complete.
+        file.drop_cache();
+        for i in 0..16u64 {
+            let off = i * 999_983 % (file.len - 4096);
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), ctx.read(0u32, off, &mut buf))
+                .await
+                .expect("a read hung after a buffer's Drop panicked")
+                .expect("a read failed after a buffer's Drop panicked");
+            assert_eq!(&buf[..n], &file.expected(off, 4096)[..]);
+        }
+        ctx.shutdown().await;
+        drop(set);
+    });
+}
+
+/// `shutdown_timeout(Duration::MAX)` ("as long as it takes"): the driver's
+/// deadline and `Ring::drop`'s overflowed `Instant + Duration` — a panic on
+/// a worker, then a second one in `Ring::drop` that aborted the process.
+#[test]
+fn f14_shutdown_timeout_max_is_not_an_overflow() {
+    let set = common::FileSet::new(0x6a2, &[4 << 20]);
+    let file = set.files[0].clone();
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        for flavor in [Flavor::Multi, Flavor::Current] {
+            let (opened, file) = (set.open_all(), file.clone());
+            common::run("timeout_max", flavor, 60, move || async move {
+                let ctx = common::build_ctx(choice, opened, |b| {
+                    b.shutdown_timeout(Duration::MAX).inline_nowait(false)
+                });
+                // A read in the kernel when the last handle goes.
+                file.drop_cache();
+                let mut fut = Box::pin(ctx.read_owned(0u32, 0, Vec::with_capacity(1 << 20)));
+                let _ = common::poll_once_noop(fut.as_mut());
+                drop(fut);
+                let mut buf = vec![0u8; 4096];
+                let n = ctx.read(0u32, 8192, &mut buf).await.unwrap();
+                assert_eq!(&buf[..n], &file.expected(8192, 4096)[..]);
+                ctx.shutdown().await;
+                drop(ctx);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // And with no shutdown() at all.
+                let ctx = common::build_ctx(choice, vec![file.open()], |b| {
+                    b.shutdown_timeout(Duration::MAX)
+                });
+                file.drop_cache();
+                let mut fut = Box::pin(ctx.read_owned(0u32, 4096, Vec::with_capacity(65_536)));
+                let _ = common::poll_once_noop(fut.as_mut());
+                drop(fut);
+                drop(ctx);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            });
+        }
+    }
+}
+
+/// After `shutdown()` returned on the fallback, the runtime's drop waited
+/// for a blocking-pool thread sleeping through the whole shutdown timeout
+/// (10 s by default; forever with `Duration::MAX`): the timer now ends with
+/// the reads.
+#[test]
+fn f15_fallback_shutdown_leaves_no_sleeping_thread() {
+    let set = common::FileSet::new(0x6a3, &[8 << 20]);
+    for timeout in [None, Some(Duration::MAX)] {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let opened = set.open_all();
+        rt.block_on(async move {
+            let ctx = common::build_ctx(BackendChoice::Fallback, opened, |b| match timeout {
+                Some(t) => b.shutdown_timeout(t),
+                None => b,
+            });
+            let c = ctx.clone();
+            let read =
+                tokio::spawn(
+                    async move { c.read_owned(0u32, 0, Vec::with_capacity(8 << 20)).await.0 },
+                );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            ctx.shutdown().await;
+            let _ = read.await.unwrap();
+        });
+        let t = Instant::now();
+        // A watchdog: the runtime's drop must not wait out the timeout.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(rt);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+            panic!("{timeout:?}: the runtime's drop waited for the shutdown timeout")
+        });
+        eprintln!(
+            "{timeout:?}: runtime dropped {:?} after shutdown",
+            t.elapsed()
+        );
+    }
+    drop(set);
+}

@@ -56,7 +56,9 @@ impl Deferred {
     /// Must be called without any of the ring's locks held.
     pub(super) fn run(self) {
         self.wakers.into_iter().for_each(Waker::wake);
-        drop(self.released);
+        for r in self.released {
+            super::drop_caught(r);
+        }
     }
 }
 

@@ -242,7 +242,7 @@ impl Ring {
             let deadline = (matches!(closed, Some(Closed::Shutdown)) && !gave_up).then(|| {
                 *timer
                     .close_deadline
-                    .get_or_insert_with(|| Instant::now() + self.shutdown_timeout)
+                    .get_or_insert_with(|| super::deadline_after(self.shutdown_timeout))
             });
             match timer.poll(self, cx, due, deadline) {
                 TimerPoll::Fired => {

@@ -215,6 +215,37 @@ impl fmt::Debug for Ring {
     }
 }
 
+/// `Instant::now() + timeout`, or a time a century away when that
+/// overflows: `shutdown_timeout(Duration::MAX)` means "wait as long as it
+/// takes", and must not panic (it did, in the driver and then in
+/// `Ring::drop`, which aborted the process).
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
+}
+
+/// Drops `x` (an op's buffers and whatever else the kernel held), catching
+/// a panic from a user type's `Drop` (a parked owned buffer is the
+/// caller's type): on a driver or in `Ring::drop` it would kill the
+/// driver — every later call then failed as if the runtime had shut down —
+/// or abort the process.
+pub(crate) fn drop_caught<T>(x: T) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(x))) {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(ToString::to_string)
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(not a string)".into());
+        eprintln!(
+            "uring-positioned-io: a buffer's Drop panicked while the context released it \
+             (ignored): {msg}"
+        );
+    }
+}
+
 fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
@@ -420,12 +451,11 @@ impl Drop for Ring {
         let (broken, deadline) = {
             let mut st = lock(&self.state);
             // A driver that gave up has already waited its timeout.
-            let deadline = Instant::now()
-                + if st.gave_up {
-                    Duration::ZERO
-                } else {
-                    self.shutdown_timeout
-                };
+            let deadline = deadline_after(if st.gave_up {
+                Duration::ZERO
+            } else {
+                self.shutdown_timeout
+            });
             self.fail_unsubmitted(&mut st, false, &mut out);
             let broken = matches!(st.closed, Some(Closed::Broken(_)));
             if st.live > 0 && !broken {
@@ -498,7 +528,7 @@ impl Drop for Ring {
             // (the pool stays in its ManuallyDrop). Files and permits are
             // released: the kernel holds its own reference to each file.
             let released = st.ops.leak_buffers();
-            drop(released);
+            drop_caught(released);
             eprintln!(
                 "uring-positioned-io: {} reads still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
                 st.live, self.shutdown_timeout
