@@ -154,7 +154,17 @@ struct Core<'a, B: IoBufMut> {
     merge: Option<Merge>,
     max_len: usize,
     units: Vec<Unit<'a, B>>,
+    /// Indices of the units still to poll (`Done` ones are dropped from it
+    /// once they are half of it).
+    live: Vec<usize>,
+    /// `Done` units still in `live`.
+    dead: usize,
+    /// Where in `live` the next poll starts: where the last one ran out of
+    /// tokio's budget.
+    next: usize,
     planned: bool,
+    /// The first poll has polled every unit (binding each read to its file).
+    polled: bool,
     left: usize,
 }
 
@@ -167,7 +177,11 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             merge: None,
             max_len: DEFAULT_MAX_MERGED_LEN,
             units: Vec::new(),
+            live: Vec::new(),
+            dead: 0,
+            next: 0,
             planned: false,
+            polled: false,
         }
     }
 
@@ -283,8 +297,15 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
-    /// Polls every unfinished read; hands each finished one to `emit`.
+    /// Polls the unfinished reads; hands each finished one to `emit`.
     /// Returns whether every read is done.
+    ///
+    /// The first poll polls every read (so each is bound to its file at
+    /// once). Later polls start where the last one ran out of tokio's coop
+    /// budget and stop when it runs out again: every read's poll spends
+    /// budget, so polling all of them each time, as this once did, made a
+    /// batch of n cached reads O(n² / 128) — 2.2 s for 200 k reads against
+    /// 0.15 s for the same reads one by one.
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -292,6 +313,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     ) -> bool {
         if !self.planned {
             self.plan();
+            self.live = (0..self.units.len()).collect();
         }
         if self.left == 0 {
             return true;
@@ -307,7 +329,27 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             *left -= 1;
             emit(i, r, b);
         };
-        for unit in &mut self.units {
+        let first = !self.polled;
+        self.polled = true;
+        let n = self.live.len();
+        let start = if first { 0 } else { self.next.min(n) };
+        self.next = 0;
+        for k in 0..n {
+            let pos = if start + k < n {
+                start + k
+            } else {
+                start + k - n
+            };
+            let unit = &mut self.units[self.live[pos]];
+            if matches!(unit, Unit::Done) {
+                continue;
+            }
+            if !first && !tokio::task::coop::has_budget_remaining() {
+                // The rest waits for the next poll, which starts here.
+                self.next = pos;
+                cx.waker().wake_by_ref();
+                break;
+            }
             let finished = match unit {
                 Unit::Single(index, read) => match Pin::new(read).poll(cx) {
                     Poll::Ready((res, buf)) => {
@@ -321,7 +363,14 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             };
             if finished {
                 *unit = Unit::Done;
+                self.dead += 1;
             }
+        }
+        if self.dead * 2 >= self.live.len() && self.dead > 0 {
+            let units = &self.units;
+            self.live.retain(|&i| !matches!(units[i], Unit::Done));
+            self.dead = 0;
+            self.next = 0;
         }
         self.left == 0
     }
