@@ -346,6 +346,12 @@ impl Builder {
             },
         };
         let files = FileTable::new(files, plan.capacity, plan.shards, policy)?;
+        if self.backend != BackendChoice::Fallback {
+            // Not a ring problem, so said as is: inside `setup_rings` it
+            // came back wrapped as "io_uring setup failed … the kernel
+            // rejected these settings", which was wrong.
+            io_driver_present()?;
+        }
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => {
                 crate::decision!(
@@ -478,7 +484,13 @@ impl Builder {
             ));
         }
         let base = max_in_flight / rings;
-        let (pool_count, pool_size) = self.pool.unwrap_or((base + 1, DEFAULT_POOL_BUF));
+        // One bounce buffer per read a ring may have in flight (the first
+        // `max_in_flight % rings` rings take one more read than `base`).
+        // It was `base + 1` whatever the remainder, which made the
+        // documented `max_in_flight(65536)` on one ring an error about a
+        // buffer pool the caller never set.
+        let default_pool = max_in_flight.div_ceil(rings);
+        let (pool_count, pool_size) = self.pool.unwrap_or((default_pool, DEFAULT_POOL_BUF));
         if pool_count > MAX_POOL_COUNT {
             return invalid(format!(
                 "buffer_pool count must be at most {MAX_POOL_COUNT}, got {pool_count}"
@@ -614,7 +626,6 @@ fn unavailable_here(e: &io::Error) -> Option<String> {
 
 fn setup_rings(plan: &Plan, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
     let fds = files.raw_fds();
-    io_driver_present()?;
     plan.ring_cfgs
         .iter()
         .map(|cfg| Ring::new(cfg, &fds).map(Arc::new))

@@ -776,7 +776,11 @@ impl UringContext {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(crate::error::shut_down_error());
         }
-        self.inner.files.insert(file, self.inner.fixed())
+        self.inner.files.insert(
+            file,
+            self.inner.fixed(),
+            &"the file passed to register_file",
+        )
     }
 
     /// Removes a file. Reads already in flight on it complete (or fail with

@@ -430,9 +430,15 @@ impl FileTable {
 
     /// Registers `file` under a free index, publishing it only once the rings
     /// know it.
-    pub(crate) fn insert(&self, file: File, fixed: &dyn FixedFiles) -> io::Result<FileId> {
+    /// `what` names the file in errors.
+    pub(crate) fn insert(
+        &self,
+        file: File,
+        fixed: &dyn FixedFiles,
+        what: &dyn fmt::Display,
+    ) -> io::Result<FileId> {
         // Checked before an index is taken, so a rejected file costs nothing.
-        let kind = check_kind(&file, &"the file passed to register_file")?;
+        let kind = check_kind(&file, what)?;
         let mut shards = self.write_all();
         let len = shards[0].len();
         let recycled = crate::lock(&self.free).pop();
@@ -564,7 +570,7 @@ mod tests {
         assert_eq!(e.share().available_permits(), 8);
         t.set_pool_share(3);
         assert_eq!(e.share().available_permits(), 3);
-        let later = t.insert(tmp(), &NoRings).unwrap();
+        let later = t.insert(tmp(), &NoRings, &"tmp").unwrap();
         assert_eq!(t.get(later).unwrap().share().available_permits(), 3);
     }
 
@@ -575,9 +581,9 @@ mod tests {
         t.remove(FileId::from(1), &NoRings).unwrap();
         assert!(t.get(FileId::from(1)).is_err());
         // Index 1 is still held by an "in-flight op": a new file gets index 2.
-        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 2);
+        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 2);
         drop(held);
-        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 1);
+        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 1);
     }
 
     #[test]
@@ -598,7 +604,7 @@ mod tests {
         a.remove(ids[1], &NoRings).unwrap();
         let e = a.get(ids[1]).unwrap_err();
         assert!(e.to_string().contains("stale"), "{e}");
-        let again = a.insert(tmp(), &NoRings).unwrap();
+        let again = a.insert(tmp(), &NoRings, &"tmp").unwrap();
         assert_eq!(again.index(), 1, "the index is reused");
         assert_ne!(again, ids[1]);
         let e = a.get(ids[1]).unwrap_err();
@@ -619,11 +625,11 @@ mod tests {
             index: 0,
             gen: u32::MAX - 1,
         });
-        let last = t.insert(tmp(), &NoRings).unwrap();
+        let last = t.insert(tmp(), &NoRings, &"tmp").unwrap();
         assert_eq!((last.index(), last.gen()), (0, u32::MAX));
         t.remove(last, &NoRings).unwrap();
         assert!(crate::lock(&t.free).is_empty(), "index 0 retired");
-        assert_eq!(t.insert(tmp(), &NoRings).unwrap().index(), 1);
+        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 1);
     }
 
     #[test]
@@ -633,7 +639,10 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("file #7"), "{e}");
         assert!(t.remove(FileId::from(7), &NoRings).is_err());
-        assert!(t.insert(tmp(), &NoRings).is_err(), "capacity 1 is full");
+        assert!(
+            t.insert(tmp(), &NoRings, &"tmp").is_err(),
+            "capacity 1 is full"
+        );
         assert!(FileTable::new(vec![tmp(), tmp()], 1, 1, policy()).is_err());
     }
 }

@@ -263,6 +263,13 @@ impl ScanOptions {
         if start > end {
             return invalid(format!("scan range {start}..{end}: start beyond end"));
         }
+        if start > i64::MAX.unsigned_abs() && start < end {
+            // Named here, with the caller's numbers: the first read would
+            // fail on its aligned-down offset instead.
+            return invalid(format!(
+                "scan range {start}..{end}: starts beyond i64::MAX, where no file has data"
+            ));
+        }
         let align = self.align as u64;
         Ok(Scan {
             ctx,

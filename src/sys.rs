@@ -114,6 +114,16 @@ pub(crate) enum FileKind {
 
 pub(crate) fn file_kind(file: &File) -> io::Result<FileKind> {
     let mode = fstat(file)?.st_mode & libc::S_IFMT;
+    // An O_PATH descriptor stats like its file but can be neither read nor
+    // written (io_uring refused it with a bare EBADF; `pread` too, later).
+    // SAFETY: F_GETFL on a descriptor the caller owns; no pointers.
+    let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    cvt(fl, -1)?;
+    if fl & libc::O_PATH != 0 {
+        return Ok(FileKind::Other(
+            "an O_PATH descriptor (it cannot be read or written; open the file itself)",
+        ));
+    }
     Ok(match mode {
         libc::S_IFREG => FileKind::Regular,
         libc::S_IFBLK => FileKind::Block,

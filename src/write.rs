@@ -990,7 +990,11 @@ impl Job for Open {
 }
 
 /// Turns an opened descriptor into a registered file.
-pub(crate) fn register_opened(inner: &Inner, fd: OwnedFd) -> io::Result<FileId> {
+pub(crate) fn register_opened(
+    inner: &Inner,
+    fd: OwnedFd,
+    what: &dyn fmt::Display,
+) -> io::Result<FileId> {
     // Opened with O_NONBLOCK so that a FIFO could not block the open; a
     // regular file needs it cleared (io_uring would return EAGAIN).
     // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
@@ -1003,7 +1007,9 @@ pub(crate) fn register_opened(inner: &Inner, fd: OwnedFd) -> io::Result<FileId> 
     if inner.closed.load(Ordering::Acquire) {
         return Err(shut_down_error());
     }
-    inner.files.insert(std::fs::File::from(fd), inner.fixed())
+    inner
+        .files
+        .insert(std::fs::File::from(fd), inner.fixed(), what)
 }
 
 // --------------------------------------------------------------- futures
@@ -1140,7 +1146,11 @@ impl Future for UringOpenFuture<'_> {
             .fd
             .take()
             .ok_or_else(|| io::Error::other("open returned no descriptor (a bug)"))?;
-        Poll::Ready(register_opened(&core.ctx, fd))
+        let what = match &core.job.path {
+            Some(p) => format!("{:?} (opened with UringContext::open)", p.to_string_lossy()),
+            None => "the file opened with UringContext::open".to_owned(),
+        };
+        Poll::Ready(register_opened(&core.ctx, fd, &what))
     }
 }
 

@@ -1209,3 +1209,80 @@ fn f15_fallback_shutdown_leaves_no_sleeping_thread() {
     }
     drop(set);
 }
+
+/// Errors that named the wrong cause (hostile-user pass, 2026-11-22).
+#[test]
+fn f16_errors_name_the_right_cause() {
+    use std::os::unix::fs::OpenOptionsExt;
+    // The documented maximum of reads in flight builds (it was an error
+    // about a buffer pool the caller never set).
+    for (choice, rings, n) in [
+        (BackendChoice::IoUring, 1, 65_536),
+        (BackendChoice::Fallback, 1, 65_536),
+    ] {
+        common::run("max_in_flight", Flavor::Multi, 60, move || async move {
+            let mut b = UringContext::builder().backend(choice).max_in_flight(n);
+            if choice == BackendChoice::IoUring {
+                b = b.rings(rings);
+            }
+            let ctx = b
+                .build(Vec::new())
+                .unwrap_or_else(|e| panic!("{choice:?} {n}: {e}"));
+            ctx.shutdown().await;
+        });
+    }
+    let set = common::FileSet::new(0x6a4, &[4096]);
+    let path = set.files[0].path.clone();
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let path = path.clone();
+        common::run("causes", Flavor::Multi, 60, move || async move {
+            // An O_PATH descriptor: refused by name on both backends (io_uring
+            // said a bare EBADF; the fallback took it, and reads failed).
+            let opath = || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH)
+                    .open(&path)
+                    .unwrap()
+            };
+            let ctx = common::build_ctx(choice, Vec::new(), |b| b);
+            let e = ctx.register_file(opath()).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}");
+            assert!(e.to_string().contains("O_PATH"), "{choice:?}: {e}");
+            let e = UringContext::builder()
+                .backend(choice)
+                .build(vec![opath()])
+                .unwrap_err();
+            assert!(e.to_string().contains("O_PATH"), "{choice:?}: {e}");
+            // `open` of something that is not a file names the path, not
+            // register_file.
+            let opts = uring_positioned_io::OpenOptions::new().read(true).clone();
+            let e = ctx.open("/dev/zero", &opts).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}");
+            assert!(
+                e.to_string().contains("/dev/zero") && !e.to_string().contains("register_file"),
+                "{choice:?}: {e}"
+            );
+            ctx.shutdown().await;
+        });
+    }
+    // A runtime without IO: said as such, not as a rejected ring setting.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for choice in [BackendChoice::Auto, BackendChoice::IoUring] {
+            let e = UringContext::builder()
+                .backend(choice)
+                .build(Vec::new())
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{choice:?}: {e}");
+            assert!(
+                e.to_string().contains("IO disabled") && !e.to_string().contains("kernel"),
+                "{choice:?}: {e}"
+            );
+        }
+    });
+    drop(set);
+}

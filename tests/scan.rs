@@ -452,6 +452,12 @@ fn bad_options() {
         #[allow(clippy::reversed_empty_ranges)]
         let e = ScanOptions::new().scan(&ctx, 0u32, 10..5).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // A range past i64::MAX is named with the caller's numbers.
+        let e = ScanOptions::new()
+            .scan(&ctx, 0u32, u64::MAX - 1..)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains(&(u64::MAX - 1).to_string()), "{e}");
     });
 }
 
