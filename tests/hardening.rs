@@ -1058,6 +1058,9 @@ fn a_share_of_one_serialises_without_deadlock() {
 /// call then failed as if the home runtime had shut down.
 struct PanicsOnDrop(Vec<u8>);
 
+/// How many `PanicsOnDrop` were dropped (each exactly once, by someone).
+static PANICKING_DROPS: AtomicUsize = AtomicUsize::new(0);
+
 // SAFETY: the bytes live in the Vec's heap block, which does not move when
 // `PanicsOnDrop` moves and lives as long as it does; no byte counts as
 // initialised, so set_init need not record anything.
@@ -1079,6 +1082,7 @@ unsafe impl IoBufMut for PanicsOnDrop {
 
 impl Drop for PanicsOnDrop {
     fn drop(&mut self) {
+        PANICKING_DROPS.fetch_add(1, Ordering::SeqCst);
         if !std::thread::panicking() {
             panic!("PanicsOnDrop::drop (a test's deliberate panic)");
         }
@@ -1092,22 +1096,46 @@ fn a_panicking_buffer_drop_does_not_kill_the_driver() {
     let opened = set.open_all();
     common::run("panicking_drop", Flavor::Multi, 60, move || async move {
         let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| b.inline_nowait(false));
-        file.drop_cache();
-        for i in 0..8u64 {
-            let mut fut = Box::pin(ctx.read_owned(0u32, i << 20, PanicsOnDrop(vec![0; 65_536])));
-            let _ = common::poll_once_noop(fut.as_mut());
-            // Dropped in flight: the driver drops the buffer at its CQE.
-            drop(fut);
+        let (mut made, mut parked) = (0usize, 0usize);
+        for i in 0..64u64 {
+            if parked == 8 {
+                break;
+            }
+            file.drop_cache();
+            made += 1;
+            // A read that finished before its future is dropped hands the
+            // buffer back to the caller, whose own drop then panics: that is
+            // the caller's panic, not the driver's, and this try does not
+            // count. (It used to make the test flaky on a fast device.)
+            let caller_dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut fut =
+                    Box::pin(ctx.read_owned(0u32, (i % 16) << 20, PanicsOnDrop(vec![0; 65_536])));
+                let _ = common::poll_once_noop(fut.as_mut());
+                // Dropped in flight: the driver drops the buffer at its CQE.
+                drop(fut);
+            }))
+            .is_err();
+            parked += usize::from(!caller_dropped);
         }
+        assert!(
+            parked > 0,
+            "none of {made} reads was still in flight when dropped"
+        );
         let deadline = Instant::now() + Duration::from_secs(20);
-        while ctx.stats().in_flight > 0 {
+        while PANICKING_DROPS.load(Ordering::SeqCst) < made || ctx.stats().in_flight > 0 {
             assert!(
                 Instant::now() < deadline,
-                "parked reads never came back: {:?}",
+                "parked buffers never released: {} of {made} dropped, {:?}",
+                PANICKING_DROPS.load(Ordering::SeqCst),
                 ctx.stats()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        assert_eq!(
+            PANICKING_DROPS.load(Ordering::SeqCst),
+            made,
+            "a buffer dropped twice"
+        );
         // The driver lives: reads that go through the ring still complete.
         file.drop_cache();
         for i in 0..16u64 {

@@ -30,14 +30,14 @@ use super::driver;
 use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::error::Closed;
-
-/// Buffered ring reads of at least this many bytes go to io-wq
-/// (`IOSQE_ASYNC`): see `submit_read`.
-const ASYNC_READ_FROM: usize = 8 << 20;
 use crate::files::FileEntry;
 use crate::lock;
 use crate::op::OpBuf;
 use crate::permit::Permit;
+
+/// Buffered ring reads of at least this many bytes go to io-wq
+/// (`IOSQE_ASYNC`): see `submit_read`.
+const ASYNC_READ_FROM: usize = 8 << 20;
 
 // io_uring_enter flags (include/uapi/linux/io_uring.h).
 pub(super) const ENTER_GETEVENTS: u32 = 1;

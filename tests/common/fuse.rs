@@ -666,13 +666,7 @@ impl FaultFs {
     /// [`mount_writable`](Self::mount_writable), or print `skipped:
     /// <reason>` and return `None` where FUSE is unavailable.
     pub fn mount_writable_or_skip(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
-        match FaultFs::mount_writable(files, direct_io) {
-            Ok(fs) => Some(fs),
-            Err(reason) => {
-                println!("skipped: {reason}");
-                None
-            }
-        }
+        Self::or_skip(FaultFs::mount_writable(files, direct_io))
     }
 
     fn mount_with(files: &[FileSpec], direct_io: bool, writable: bool) -> Result<FaultFs, String> {
@@ -782,13 +776,14 @@ impl FaultFs {
     /// `None` (the calling test then returns, and passes) where FUSE is
     /// unavailable.
     pub fn mount_or_skip(files: &[FileSpec], direct_io: bool) -> Option<FaultFs> {
-        match FaultFs::mount(files, direct_io) {
-            Ok(fs) => Some(fs),
-            Err(reason) => {
-                println!("skipped: {reason}");
-                None
-            }
-        }
+        Self::or_skip(FaultFs::mount(files, direct_io))
+    }
+
+    /// The mounted file system, or `None` after printing `skipped: <reason>`.
+    fn or_skip(mounted: Result<FaultFs, String>) -> Option<FaultFs> {
+        mounted
+            .inspect_err(|reason| println!("skipped: {reason}"))
+            .ok()
     }
 
     /// The mount point.
