@@ -258,18 +258,46 @@ fn fairness_current_thread(choice: BackendChoice) {
 
 backend_tests!(fairness_multi_thread, fairness_current_thread);
 
+/// The worst gap between the ticks of a 10 ms ticker on this runtime while
+/// `work` runs (from 30 ms before it until 30 ms after), and its output.
+async fn worst_tick_during<T>(work: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let worst = Arc::new(AtomicU64::new(0));
+    let ticker = {
+        let (stop, worst) = (stop.clone(), worst.clone());
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            while !stop.load(Relaxed) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let gap = last.elapsed().as_micros() as u64;
+                worst.fetch_max(gap, Relaxed);
+                last = Instant::now();
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let out = work.await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    stop.store(true, Relaxed);
+    ticker.await.unwrap();
+    (out, Duration::from_micros(worst.load(Relaxed)))
+}
+
 /// One large read of cached data does not hold its thread for the whole
 /// copy: a `current_thread` runtime's 10 ms ticker keeps ticking through a
-/// 1 GiB cached read, borrowed (served inline in 1 MiB `preadv2` pieces with
-/// the fairness check between them) and owned (read on the ring, where a
-/// buffered read this large goes to io-wq instead of being copied inside
-/// the submitting `io_uring_enter`). Before, the worst tick came 0.23 s
-/// (borrowed) and 0.58 s (owned) apart here, 0.7–0.9 s in the hostile-user
-/// pass of 2026-11-22; after, 11–13 ms. The bound (150 ms) leaves room for
-/// a noisy machine.
+/// 1 GiB cached read, borrowed (inline `preadv2` in 1 MiB pieces, with the
+/// fairness check between them) and owned (the ring read goes to io-wq,
+/// not copied inside the submitting `io_uring_enter`). Before, the worst
+/// tick came 0.23 s (borrowed) and 0.58 s (owned) apart here, 0.7–0.9 s in
+/// the hostile-user pass of 2026-11-22; after, 11–13 ms. A gap over the
+/// bound (150 ms) counts only if a fair reader of the same bytes (1 MiB
+/// `pread`s with a yield between them), measured right after, keeps the
+/// ticker well within it: otherwise the machine is too busy to judge.
 #[test]
 fn a_huge_cached_read_does_not_stall_the_runtime() {
     const LEN: u64 = 1 << 30;
+    const BOUND: Duration = Duration::from_millis(150);
+    let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sparse");
     let f = File::create(&path).unwrap();
@@ -277,16 +305,18 @@ fn a_huge_cached_read_does_not_stall_the_runtime() {
     drop(f);
     let path2 = path.clone();
     common::run("huge_read", Flavor::Current, 120, move || async move {
-        let file = File::open(&path2).unwrap();
+        let file = Arc::new(File::open(&path2).unwrap());
         // Cache it (holes come into the page cache as zero pages).
-        {
-            let mut buf = vec![0u8; 8 << 20];
-            let mut off = 0;
-            while off < LEN {
-                off += file.read_at(&mut buf, off).unwrap() as u64;
-            }
+        let mut piece = vec![0u8; 1 << 20];
+        let mut off = 0;
+        while off < LEN {
+            off += file.read_at(&mut piece, off).unwrap() as u64;
         }
-        let ctx = common::build_ctx(BackendChoice::IoUring, vec![file], |b| b);
+        let ctx = common::build_ctx(
+            BackendChoice::IoUring,
+            vec![file.try_clone().unwrap()],
+            |b| b,
+        );
         for owned in [false, true] {
             // The test's own 1 GiB fill and check stay outside the window.
             let mut borrowed = if owned {
@@ -294,43 +324,49 @@ fn a_huge_cached_read_does_not_stall_the_runtime() {
             } else {
                 vec![1u8; LEN as usize]
             };
-            let stop = Arc::new(AtomicBool::new(false));
-            let worst = Arc::new(AtomicU64::new(0));
-            let ticker = {
-                let (stop, worst) = (stop.clone(), worst.clone());
-                tokio::spawn(async move {
-                    let mut last = Instant::now();
-                    while !stop.load(Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        let gap = last.elapsed().as_micros() as u64;
-                        worst.fetch_max(gap, Relaxed);
-                        last = Instant::now();
-                    }
-                })
-            };
-            tokio::time::sleep(Duration::from_millis(30)).await;
             let t = Instant::now();
-            let (n, got) = if owned {
-                let (r, buf) = ctx
-                    .read_owned(0u32, 0, Vec::with_capacity(LEN as usize))
-                    .await;
-                (r.unwrap(), buf)
-            } else {
-                let n = ctx.read(0u32, 0, &mut borrowed).await.unwrap();
-                (n, borrowed)
-            };
+            let ((n, got), worst) = worst_tick_during(async {
+                if owned {
+                    let (r, buf) = ctx
+                        .read_owned(0u32, 0, Vec::with_capacity(LEN as usize))
+                        .await;
+                    (r.unwrap(), buf)
+                } else {
+                    let n = ctx.read(0u32, 0, &mut borrowed).await.unwrap();
+                    (n, borrowed)
+                }
+            })
+            .await;
             let took = t.elapsed();
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            stop.store(true, Relaxed);
-            ticker.await.unwrap();
             assert_eq!(n as u64, LEN);
             let zeros = vec![0u8; 1 << 20];
             assert!(got.chunks(1 << 20).all(|c| c == &zeros[..c.len()]));
-            let worst = Duration::from_micros(worst.load(Relaxed));
+            drop(got);
             eprintln!("owned={owned}: 1 GiB cached read took {took:?}; worst 10 ms tick {worst:?}");
-            assert!(
-                worst < Duration::from_millis(150),
-                "owned={owned}: a 10 ms tick came {worst:?} apart during one cached read of 1 GiB"
+            if worst < BOUND {
+                continue;
+            }
+            let (_, control) = worst_tick_during(async {
+                let mut off = 0;
+                while off < LEN {
+                    off += file.read_at(&mut piece, off).unwrap() as u64;
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await;
+            eprintln!(
+                "owned={owned}: control (1 MiB preads, a yield after each): worst tick {control:?}"
+            );
+            if control > BOUND / 3 {
+                eprintln!(
+                    "INCONCLUSIVE owned={owned}: a tick came {worst:?} apart, but the machine is too \
+                     busy to judge (a fair reader's worst tick: {control:?})"
+                );
+                continue;
+            }
+            panic!(
+                "owned={owned}: a 10 ms tick came {worst:?} apart during one cached read of 1 GiB \
+                 (a fair reader's worst tick: {control:?})"
             );
         }
         drop(ctx);
