@@ -346,7 +346,7 @@ fn a_huge_cached_read_does_not_stall_the_runtime() {
             if worst < BOUND {
                 continue;
             }
-            let (_, control) = worst_tick_during(async {
+            let ((), control) = worst_tick_during(async {
                 let mut off = 0;
                 while off < LEN {
                     off += file.read_at(&mut piece, off).unwrap() as u64;
