@@ -356,6 +356,7 @@ fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64) {
 
         // register/unregister churn leaks nothing.
         let fds_mid = common::fd_count();
+        let fd_names_mid = common::fd_list();
         let extra = files[2].clone();
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..300u64 {
@@ -367,10 +368,12 @@ fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64) {
             verify(&extra, fid.index() as usize, off, 5000, r, &buf, "churn");
             ctx.unregister_file(fid).expect("unregister_file");
         }
-        let fds_after_churn = common::wait_fd_count_at_most(fds_mid, Duration::from_secs(3));
+        let fds_after_churn =
+            common::wait_fd_count_at_most_async(fds_mid, Duration::from_secs(5)).await;
         assert!(
             fds_after_churn <= fds_mid,
-            "fd leak from register/unregister churn: {fds_mid} -> {fds_after_churn}"
+            "fd leak from register/unregister churn: {fds_mid} -> {fds_after_churn}\nbefore: {fd_names_mid:?}\nafter: {:?}",
+            common::fd_list()
         );
         eprintln!("{choice:?}: churn used {} distinct fids", seen.len());
         assert_eq!(
@@ -403,6 +406,7 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
         60,
         move || async move {
             let fds_in_rt = common::fd_count();
+            let fd_names_in_rt = common::fd_list();
             for round in 0..50u64 {
                 set.drop_caches();
                 let ctx = common::build_ctx(choice, set.open_all(), |b| b.ring_entries(8));
@@ -436,10 +440,11 @@ fn contexts_create_drop_no_leak(choice: BackendChoice) {
                 }
                 drop(ctx);
             }
-            let fds = common::wait_fd_count_at_most(fds_in_rt, Duration::from_secs(5));
+            let fds = common::wait_fd_count_at_most_async(fds_in_rt, Duration::from_secs(5)).await;
             assert!(
                 fds <= fds_in_rt,
-                "fd leak while runtime alive: {fds_in_rt} -> {fds}"
+                "fd leak while runtime alive: {fds_in_rt} -> {fds}\nbefore: {fd_names_in_rt:?}\nafter: {:?}",
+                common::fd_list()
             );
         },
     );
@@ -500,6 +505,9 @@ unsafe impl uring_positioned_io::IoBufMut for Tracked {
 }
 
 fn parked_owned_buffers_are_released(choice: BackendChoice) {
+    // Serialised like every test in this binary: the fd-leak checks count
+    // the whole process's fds, and a runtime built by a parallel test adds four.
+    let _serial = common::serial();
     let set = common::FileSet::new(0xb0f, &[8 << 20]);
     set.sync_all();
     let file = set.files[0].clone();

@@ -65,7 +65,7 @@ fn many_registered_files(choice: BackendChoice) {
             for &(fid, _) in &fids {
                 ctx.unregister_file(fid).expect("unregister");
             }
-            let fds = common::wait_fd_count_at_most(fds_start, Duration::from_secs(5));
+            let fds = common::wait_fd_count_at_most_async(fds_start, Duration::from_secs(5)).await;
             assert!(
                 fds <= fds_start,
                 "unregistering {} files left fds open: {fds_start} -> {fds}",

@@ -304,6 +304,22 @@ pub fn fd_baseline() -> (usize, Vec<String>) {
     (fd_count(), fd_list())
 }
 
+/// The same wait from inside a runtime: it sleeps on the runtime's timer
+/// instead of blocking the worker, because the task that closes an fd (a
+/// context's driver, woken by the last drop) may sit in this worker's LIFO
+/// slot, which other workers cannot steal; blocking here would then hold
+/// back the very close being waited for.
+pub async fn wait_fd_count_at_most_async(want: usize, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = fd_count();
+        if n <= want || Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Poll `fd_count()` until it is at most `want` or the deadline passes.
 pub fn wait_fd_count_at_most(want: usize, within: Duration) -> usize {
     let deadline = Instant::now() + within;
