@@ -299,10 +299,21 @@ fn run_lines(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
         .expect("run uring-bench lines")
 }
 
+/// Held by the tests whose runs reserve the machine's huge pages for fio
+/// (`lines`, `write --parts seqwrite`): run at once, one run's restoring
+/// `nr_hugepages` took the pages the other's fio was about to map.
+fn huge_pages() -> std::sync::MutexGuard<'static, ()> {
+    static HUGE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HUGE_PAGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `uring-bench lines` on a tiny file: every method counts the same lines
 /// (a mismatch exits non-zero), and the JSON, Markdown and SVG are written.
 #[test]
 fn lines_mode_end_to_end() {
+    let _huge = huge_pages();
     let dir = tmp();
     let o = run_lines(dir.path(), &[]);
     eprintln!("--- stdout\n{}", stdout(&o));
@@ -358,6 +369,7 @@ fn run_write(dir: &Path, args: &[&str]) -> Output {
 /// table names every engine.
 #[test]
 fn seqwrite_end_to_end() {
+    let _huge = huge_pages();
     let dir = tmp();
     if !direct_io_works(dir.path()) {
         println!("skipped: no O_DIRECT under {}", dir.path().display());
