@@ -222,6 +222,14 @@ pub struct Args {
     #[arg(long)]
     pub uring_inline_stretch_us: Option<u64>,
 
+    /// `global_queue_interval` of the multi-thread tokio runtimes the
+    /// async engines run on (tokio's default if unset: tuned to ~200 µs of
+    /// task polls between looks at the global queue). With more runnable
+    /// tasks than the workers' local queues hold (256 each), the overflow
+    /// waits there: see "The hot tail at depth 512" in docs/BENCHMARKS.md.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub tokio_global_queue_interval: Option<u32>,
+
     /// Path of the fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,

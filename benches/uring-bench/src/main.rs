@@ -262,6 +262,9 @@ fn run(args: &Args) -> Result<bool, String> {
             }
         }
     }
+    if let Some(n) = args.tokio_global_queue_interval {
+        let _ = engines::GLOBAL_QUEUE_INTERVAL.set(n);
+    }
     let uring = UringOpts {
         rings: args.uring_rings,
         entries: args.uring_entries,

@@ -229,6 +229,15 @@ fn bad_flags_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("multiple of 4096"), "{}", stderr(&o));
 
+    // tokio asserts a positive interval: a 0 must not reach it.
+    let o = bench(dir.path(), &["--tokio-global-queue-interval", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("tokio-global-queue-interval") && !stderr(&o).contains("panicked"),
+        "{}",
+        stderr(&o)
+    );
+
     let o = bench(dir.path(), &["-t", "soon"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("invalid duration"), "{}", stderr(&o));

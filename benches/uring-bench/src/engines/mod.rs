@@ -724,6 +724,10 @@ where
     Ok(m)
 }
 
+/// `--tokio-global-queue-interval`, set once by `main` before any runtime
+/// is built.
+pub static GLOBAL_QUEUE_INTERVAL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
 /// A tokio runtime: multi-thread with `workers` workers, or current_thread
 /// when `workers` is `None`; at most `blocking` blocking-pool threads.
 pub fn tokio_runtime(
@@ -734,6 +738,9 @@ pub fn tokio_runtime(
         Some(w) => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             b.worker_threads(w);
+            if let Some(&n) = GLOBAL_QUEUE_INTERVAL.get() {
+                b.global_queue_interval(n);
+            }
             b
         }
         None => tokio::runtime::Builder::new_current_thread(),
