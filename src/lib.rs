@@ -35,8 +35,9 @@
 //!
 //! # How it works
 //!
-//! A [`UringContext`] owns one io_uring ring per runtime worker (by default)
-//! and spawns one background *driver* task per ring. A read first tries the
+//! A [`UringContext`] owns io_uring rings (by default one per two runtime
+//! workers, see [`Builder::rings`]) and spawns one background *driver* task
+//! per ring. A read first tries the
 //! page cache inline with `preadv2(RWF_NOWAIT)`; on a miss it queues an SQE
 //! and either submits it itself (the driver is idle) or wakes the driver,
 //! which submits everything queued with one `io_uring_enter`, reaps every
