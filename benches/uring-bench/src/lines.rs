@@ -117,6 +117,32 @@ fn evict(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// `FileHugePages` of `/proc/meminfo` in KiB: page cache held in PMD-sized
+/// (2 MiB) folios, system-wide.
+fn file_huge_kib() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let l = m.lines().find(|l| l.starts_with("FileHugePages:"))?;
+    l.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The hot regime's page cache, made the same way for every run: evicted,
+/// then read once from start to end in 1 MiB reads. What fills the cache
+/// decides its folio sizes, and they decide the hot figures: the kernel's
+/// readahead builds up to 2 MiB folios, which `mmap` maps a few hundred
+/// faults apiece, while a cache filled by small random reads holds 4 KiB
+/// folios, and every method slows down 1.7–4.5× (BENCHMARKS, "Counting
+/// lines"). Left to chance, it depended on which methods ran before (fio's
+/// O_DIRECT read used to evict the file). Returns MiB of the file's cache in
+/// 2 MiB folios, as far as `/proc/meminfo` tells.
+fn make_hot(path: &Path) -> io::Result<Option<u64>> {
+    evict(path)?;
+    let before = file_huge_kib();
+    warm(path)?;
+    Ok(before
+        .zip(file_huge_kib())
+        .map(|(b, a)| a.saturating_sub(b) / 1024))
+}
+
 fn warm(path: &Path) -> io::Result<()> {
     let mut f = File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
@@ -436,9 +462,15 @@ fn fio(fio: &Path, p: &Path, size: u64, direct: bool, huge: bool) -> Result<Meas
             "--iodepth=16",
             "--direct=1",
             "--mem=shmhuge",
+            "--invalidate=0",
         ]
     } else if direct {
-        &["--ioengine=io_uring", "--iodepth=16", "--direct=1"]
+        &[
+            "--ioengine=io_uring",
+            "--iodepth=16",
+            "--direct=1",
+            "--invalidate=0",
+        ]
     } else {
         &["--ioengine=psync", "--direct=0", "--invalidate=0"]
     };
@@ -673,8 +705,21 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     println!("{fio_buffers}");
     let mut rows = Vec::new();
     let mut ok = true;
+    let mut hot_state = None;
     for regime in &a.regimes {
         let regime = regime.name();
+        if regime == "hot" {
+            let huge = make_hot(&path).map_err(|e| format!("warm: {e}"))?;
+            let said = match huge {
+                Some(mib) => format!(
+                    "hot: the file was evicted, then read once in 1 MiB reads; {mib} MiB of its {} MiB page cache is in 2 MiB folios.",
+                    size >> 20
+                ),
+                None => "hot: the file was evicted, then read once in 1 MiB reads.".to_string(),
+            };
+            println!("{said}");
+            hot_state = Some(said);
+        }
         let mut times: Vec<Vec<Measured>> = vec![Vec::new(); selected.len()];
         let mut notes: Vec<Option<String>> = vec![None; selected.len()];
         for round in 0..a.repeat {
@@ -776,7 +821,11 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     } else {
         fio_buffers
     };
-    let table = render(&rows, &path, size, lines, &fio_buffers);
+    let notes = match &hot_state {
+        Some(h) => format!("{fio_buffers} {h}"),
+        None => fio_buffers.clone(),
+    };
+    let table = render(&rows, &path, size, lines, &notes);
     println!("{table}");
     let (_, stamp) = crate::utc_now();
     let dir = a.output_dir.join(format!("lines-{stamp}"));
@@ -784,7 +833,8 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     let json = serde_json::json!({
         "file": path, "size": size, "lines": lines, "repeat": a.repeat,
         "cpu": crate::cpu_model(), "kernel": crate::kernel(), "commit": crate::git_commit(),
-        "loadavg": crate::loadavg(), "rows": rows,
+        "loadavg": crate::loadavg(), "fio_buffers": fio_buffers, "hot_cache": hot_state,
+        "rows": rows,
     });
     std::fs::write(
         dir.join("lines.json"),
