@@ -8,18 +8,6 @@ use std::time::Duration;
 use common::{Flavor, Rng};
 use uring_positioned_io::{BackendChoice, BackendKind};
 
-/// CPU time (user + system) of the whole process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct we pass it.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &raw mut ru), 0);
-        ru
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// With 512 reads queued at once, the driver submits several per enter.
 #[test]
 fn reads_are_batched_per_enter() {
@@ -174,9 +162,9 @@ fn idle_context_uses_no_cpu() {
             assert_eq!(ctx.backend().kind, BackendKind::IoUring);
             let mut buf = vec![0u8; 4096];
             ctx.read(0u32, 0, &mut buf).await.expect("read");
-            let before = process_cpu();
+            let before = common::process_cpu();
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let used = process_cpu().checked_sub(before).unwrap();
+            let used = common::process_cpu().checked_sub(before).unwrap();
             eprintln!("{flavor:?}: {used:?} of CPU in 1 s idle; {:?}", ctx.stats());
             assert!(
                 used < Duration::from_millis(200),

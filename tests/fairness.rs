@@ -139,7 +139,7 @@ async fn measure(load: Load, file: TestFile) -> Measurement {
         })
         .collect();
     let delay_before = run_delay();
-    let cpu_before = process_cpu();
+    let cpu_before = common::process_cpu();
     let ticker = tokio::spawn(async move {
         let mut iv = tokio::time::interval(Duration::from_millis(1));
         iv.tick().await;
@@ -156,7 +156,7 @@ async fn measure(load: Load, file: TestFile) -> Measurement {
     });
     let gaps = ticker.await.expect("ticker task");
     let delay = run_delay().saturating_sub(delay_before);
-    let cpu = process_cpu().saturating_sub(cpu_before);
+    let cpu = common::process_cpu().saturating_sub(cpu_before);
     stop.store(true, Relaxed);
     for r in readers {
         tokio::time::timeout(Duration::from_secs(10), r)
@@ -188,21 +188,6 @@ async fn measure(load: Load, file: TestFile) -> Measurement {
         run_delay_share: delay.as_secs_f64() / WINDOW.as_secs_f64(),
         cpus_used: cpu.as_secs_f64() / WINDOW.as_secs_f64(),
     }
-}
-
-/// User + system CPU time of the whole process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let ru = unsafe {
-        let mut ru = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &raw mut ru);
-        ru
-    };
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.try_into().unwrap_or(0))
-            + Duration::from_micros(t.tv_usec.try_into().unwrap_or(0))
-    };
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// Total time the threads of this process have spent waiting on a run

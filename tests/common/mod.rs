@@ -270,6 +270,21 @@ pub fn drop_cache_until_gone(f: &File, offset: u64, len: usize) {
     );
 }
 
+/// CPU time (user + system) of the whole process so far.
+pub fn process_cpu() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct we pass it.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &raw mut ru), 0);
+        ru
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.try_into().unwrap_or(0))
+            + Duration::from_micros(t.tv_usec.try_into().unwrap_or(0))
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Number of open file descriptors of this process.
 pub fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -305,10 +320,8 @@ pub fn fd_baseline() -> (usize, Vec<String>) {
 }
 
 /// The same wait from inside a runtime: it sleeps on the runtime's timer
-/// instead of blocking the worker, because the task that closes an fd (a
-/// context's driver, woken by the last drop) may sit in this worker's LIFO
-/// slot, which other workers cannot steal; blocking here would then hold
-/// back the very close being waited for.
+/// instead of blocking a worker that the task closing the fd (a context's
+/// driver, woken by the last drop) may need.
 pub async fn wait_fd_count_at_most_async(want: usize, within: Duration) -> usize {
     let deadline = Instant::now() + within;
     loop {

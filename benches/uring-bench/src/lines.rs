@@ -117,14 +117,6 @@ fn evict(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// `FileHugePages` of `/proc/meminfo` in KiB: page cache held in PMD-sized
-/// (2 MiB) folios, system-wide.
-fn file_huge_kib() -> Option<u64> {
-    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let l = m.lines().find(|l| l.starts_with("FileHugePages:"))?;
-    l.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The hot regime's page cache, made the same way for every run: evicted,
 /// then read once from start to end in 1 MiB reads. What fills the cache
 /// decides its folio sizes, and they decide the hot figures: the kernel's
@@ -136,11 +128,11 @@ fn file_huge_kib() -> Option<u64> {
 /// 2 MiB folios, as far as `/proc/meminfo` tells.
 fn make_hot(path: &Path) -> io::Result<Option<u64>> {
     evict(path)?;
-    let before = file_huge_kib();
+    // Page cache in PMD-sized (2 MiB) folios, system-wide, in kB.
+    let huge = || crate::meminfo_field("FileHugePages:");
+    let before = huge();
     warm(path)?;
-    Ok(before
-        .zip(file_huge_kib())
-        .map(|(b, a)| a.saturating_sub(b) / 1024))
+    Ok(before.zip(huge()).map(|(b, a)| a.saturating_sub(b) / 1024))
 }
 
 fn warm(path: &Path) -> io::Result<()> {
@@ -578,14 +570,9 @@ impl HugePages {
     /// 16 × 1 MiB in flight, in 2 MiB pages, and room for fio's own use.
     const NEED: u64 = 16;
 
-    fn meminfo(key: &str) -> Option<u64> {
-        let m = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let l = m.lines().find(|l| l.starts_with(key))?;
-        l.split_whitespace().nth(1)?.parse().ok()
-    }
-
     pub(crate) fn reserve() -> Result<HugePages, String> {
-        let free = Self::meminfo("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
+        let free =
+            crate::meminfo_field("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
         if free >= Self::NEED {
             return Ok(HugePages { restore: None });
         }
@@ -599,7 +586,7 @@ impl HugePages {
         let held = HugePages {
             restore: Some(total),
         };
-        match Self::meminfo("HugePages_Free:") {
+        match crate::meminfo_field("HugePages_Free:") {
             Some(f) if f >= Self::NEED => Ok(held),
             f => Err(format!(
                 "asked for {want} huge pages, {} free",

@@ -46,11 +46,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn meminfo(key: &str) -> Option<u64> {
+/// The number after `key` in `/proc/meminfo` (kB for sizes, a count for
+/// `HugePages_*`).
+pub(crate) fn meminfo_field(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A size field of `/proc/meminfo`, in bytes.
+fn meminfo(key: &str) -> Option<u64> {
+    meminfo_field(key).map(|kb| kb * 1024)
 }
 
 fn cpu_model() -> String {
