@@ -299,8 +299,10 @@ pub enum Mode {
     /// (Poisson) whatever the engine does; latency is measured from each
     /// lookup's arrival, so queueing cannot hide. Compares this crate with
     /// `tokio-fs` (spawn_blocking + pread), `pread` and `mmap` thread pools,
-    /// hot and cold; every block verified. The rate is `--rate`, or `--load`
-    /// times the highest rate the crate keeps up with (found first).
+    /// hot and cold, and on request `tokio-pread` (a blocking `pread` on the
+    /// same runtime, hot only: the runtime's own floor); every block
+    /// verified. The rate is `--rate`, or `--load` times the highest rate
+    /// the crate keeps up with (found first).
     OpenLoop(OpenLoopArgs),
 
     /// The write path: random 4 KiB O_DIRECT writes at each depth against
@@ -398,6 +400,13 @@ pub struct OpenLoopArgs {
     /// Measured seconds per engine (after a 0.5 s warm-up).
     #[arg(short = 't', long, default_value = "3", value_parser = parse_secs)]
     pub secs: f64,
+
+    /// Rounds of every engine per regime. Each round starts with the next
+    /// engine in turn (the first engine after the set-up ran with a longer
+    /// tail here, whichever it was); with more than one round the medians
+    /// per engine are printed after the rounds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
 
     /// The `uring` engine issues a batch as separate `ctx.read`s under
     /// `join_all` instead of one `ctx.read_batch` (to compare the two).

@@ -11,6 +11,10 @@
 //! - `uring`: this crate on a 2-worker tokio runtime; one task per lookup,
 //!   a point lookup one `ctx.read`, a batch one `ctx.read_batch`;
 //! - `tokio-fs`: the same runtime, each read a `spawn_blocking` + `pread`;
+//! - `tokio-pread`: the same runtime, each read a plain `pread` on the
+//!   worker (blocking it): the crate's page-cache path without the crate,
+//!   so hot it is the floor of what the runtime's dispatch and task spawns
+//!   cost (cold it blocks the workers and is no design);
 //! - `pread` / `mmap`: a pool of OS threads (`--threads`, default 64), one
 //!   lookup per thread at a time, its reads one after another (`mmap`
 //!   copies out of MADV_RANDOM mappings, populated first when hot).
@@ -42,6 +46,7 @@ const WARMUP: Duration = Duration::from_millis(500);
 pub enum OpenEngine {
     Uring,
     TokioFs,
+    TokioPread,
     Pread,
     Mmap,
 }
@@ -51,6 +56,7 @@ impl OpenEngine {
         match self {
             OpenEngine::Uring => "uring",
             OpenEngine::TokioFs => "tokio-fs",
+            OpenEngine::TokioPread => "tokio-pread",
             OpenEngine::Pread => "pread",
             OpenEngine::Mmap => "mmap",
         }
@@ -110,6 +116,97 @@ struct Outcome {
     cpu: f64,
     late_at_end: u64,
     errors: u64,
+}
+
+/// What a run's row reports (latencies in ns).
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    done_per_s: f64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    cpu_per_read_us: f64,
+    lookups: u64,
+    secs: f64,
+    late_at_end: u64,
+    errors: u64,
+}
+
+impl Summary {
+    fn of(o: &Outcome, batch: u64) -> Summary {
+        let h = &o.hist;
+        Summary {
+            done_per_s: o.lookups as f64 / o.secs,
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+            cpu_per_read_us: o.cpu / (o.lookups * batch).max(1) as f64 * 1e6,
+            lookups: o.lookups,
+            secs: o.secs,
+            late_at_end: o.late_at_end,
+            errors: o.errors,
+        }
+    }
+
+    /// Each figure's median over the rounds (the upper one of an even
+    /// count), taken figure by figure.
+    fn median(v: &[Summary]) -> Summary {
+        fn med<T: Copy + PartialOrd>(v: &[Summary], f: impl Fn(&Summary) -> T) -> T {
+            let mut x: Vec<T> = v.iter().map(f).collect();
+            x.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+            x[x.len() / 2]
+        }
+        Summary {
+            done_per_s: med(v, |s| s.done_per_s),
+            p50: med(v, |s| s.p50),
+            p99: med(v, |s| s.p99),
+            p999: med(v, |s| s.p999),
+            max: med(v, |s| s.max),
+            cpu_per_read_us: med(v, |s| s.cpu_per_read_us),
+            lookups: med(v, |s| s.lookups),
+            secs: med(v, |s| s.secs),
+            late_at_end: med(v, |s| s.late_at_end),
+            errors: v.iter().map(|s| s.errors).sum(),
+        }
+    }
+
+    fn row(&self, engine: OpenEngine, regime: Regime, rate: f64) -> String {
+        format!(
+            "{:<11} {:<7} {:>9.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>8.2}µs {:>10} {:>6}",
+            engine.name(),
+            regime.name(),
+            rate,
+            self.done_per_s,
+            us(self.p50),
+            us(self.p99),
+            us(self.p999),
+            us(self.max),
+            self.cpu_per_read_us,
+            self.late_at_end,
+            self.errors
+        )
+    }
+
+    fn json(
+        &self,
+        engine: OpenEngine,
+        regime: Regime,
+        rate: f64,
+        batch: u64,
+        round: serde_json::Value,
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "engine": engine.name(), "regime": regime.name(), "batch": batch,
+            "round": round,
+            "target_lookups_per_s": rate, "lookups": self.lookups, "secs": self.secs,
+            "p50_ns": self.p50, "p99_ns": self.p99,
+            "p999_ns": self.p999, "max_ns": self.max,
+            "cpu_per_read_us": self.cpu_per_read_us,
+            "not_done_when_arrivals_ended": self.late_at_end, "errors": self.errors,
+        })
+    }
 }
 
 /// Latencies (ns, from arrival) of the lookups that arrived in the window.
@@ -205,7 +302,7 @@ fn run_engine(
     let total = lookups.len() as u64;
     let (cpu0, late_at_end);
     match engine {
-        OpenEngine::Uring | OpenEngine::TokioFs => {
+        OpenEngine::Uring | OpenEngine::TokioFs | OpenEngine::TokioPread => {
             let rt = engines::tokio_runtime(Some(WORKERS), 512)?;
             let ctx = if engine == OpenEngine::Uring {
                 let _g = rt.enter();
@@ -246,6 +343,9 @@ fn run_engine(
                                     let mut buf = vec![0u8; BLOCK];
                                     let n = match &ctx {
                                         Some(ctx) => ctx.read(f, b * BLOCK as u64, &mut buf).await,
+                                        None if engine == OpenEngine::TokioPread => {
+                                            files[f as usize].read_at(&mut buf, b * BLOCK as u64)
+                                        }
                                         None => {
                                             let (r, back) =
                                                 tokio::task::spawn_blocking(move || {
@@ -418,6 +518,12 @@ fn sustainable_rate(
     Ok((closed, rate))
 }
 
+/// The engines' order in round `round`: each round starts with the next
+/// one, so none is always the first after the set-up.
+fn round_order(engines: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..engines).map(move |i| (round + i) % engines)
+}
+
 fn us(ns: u64) -> String {
     if ns >= 10_000_000 {
         format!("{:.1}ms", ns as f64 / 1e6)
@@ -443,7 +549,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
         a.batch, a.secs, WARMUP, files
     );
     println!(
-        "{:<9} {:<7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}",
+        "{:<11} {:<7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}",
         "engine",
         "regime",
         "target/s",
@@ -472,37 +578,57 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
             }
         };
         let lookups = schedule(rate, a.secs, a.batch as usize, files, blocks, a.seed);
-        for &engine in &a.engines {
-            if engine == OpenEngine::Mmap && regime == Regime::Direct {
-                continue;
+        let engines: Vec<OpenEngine> = a
+            .engines
+            .iter()
+            .copied()
+            .filter(|&e| match (e, regime) {
+                (OpenEngine::Mmap, Regime::Direct) => false,
+                // A blocking pread on a worker is a floor only while it
+                // does not wait for the device.
+                (OpenEngine::TokioPread, r) if r != Regime::Hot => {
+                    println!(
+                        "tokio-pread {:<7} skipped: it blocks the runtime's workers on the device",
+                        regime.name()
+                    );
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        let mut per_engine: Vec<Vec<Summary>> = vec![Vec::new(); engines.len()];
+        for round in 0..a.repeat as usize {
+            // Each round starts with the next engine, so none is always the
+            // first one after the set-up.
+            for k in round_order(engines.len(), round) {
+                let engine = engines[k];
+                crate::prepare(regime, &ds, files, true)?;
+                let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
+                let s = Summary::of(&o, a.batch);
+                println!("{}", s.row(engine, regime, rate));
+                ok &= o.errors == 0;
+                rows.push(s.json(engine, regime, rate, a.batch, serde_json::json!(round)));
+                per_engine[k].push(s);
             }
-            crate::prepare(regime, &ds, files, true)?;
-            let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
-            let h = &o.hist;
-            let reads = o.lookups * a.batch;
-            println!(
-                "{:<9} {:<7} {:>9.0} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>8.2}µs {:>10} {:>6}",
-                engine.name(),
-                regime.name(),
-                rate,
-                o.lookups as f64 / o.secs,
-                us(h.value_at_quantile(0.5)),
-                us(h.value_at_quantile(0.99)),
-                us(h.value_at_quantile(0.999)),
-                us(h.max()),
-                o.cpu / reads.max(1) as f64 * 1e6,
-                o.late_at_end,
-                o.errors
-            );
-            ok &= o.errors == 0;
-            rows.push(serde_json::json!({
-                "engine": engine.name(), "regime": regime.name(), "batch": a.batch,
-                "target_lookups_per_s": rate, "lookups": o.lookups, "secs": o.secs,
-                "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99),
-                "p999_ns": h.value_at_quantile(0.999), "max_ns": h.max(),
-                "cpu_per_read_us": o.cpu / reads.max(1) as f64 * 1e6,
-                "not_done_when_arrivals_ended": o.late_at_end, "errors": o.errors,
-            }));
+        }
+        if a.repeat > 1 {
+            println!("{} medians over {} rounds:", regime.name(), a.repeat);
+            let medians: Vec<Summary> = per_engine.iter().map(|v| Summary::median(v)).collect();
+            let mmap_p99 = engines
+                .iter()
+                .position(|&e| e == OpenEngine::Mmap)
+                .map(|k| medians[k].p99);
+            for (k, &engine) in engines.iter().enumerate() {
+                let m = &medians[k];
+                let vs = match mmap_p99 {
+                    Some(p) if engine != OpenEngine::Mmap => {
+                        format!("  p99 - mmap's: {:+.0}µs", (m.p99 as f64 - p as f64) / 1e3)
+                    }
+                    _ => String::new(),
+                };
+                println!("{}{vs}", m.row(engine, regime, rate));
+                rows.push(m.json(engine, regime, rate, a.batch, serde_json::json!("median")));
+            }
         }
     }
     let dir = a.output_dir.join(format!(
@@ -523,6 +649,36 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_rotate_the_first_engine() {
+        let firsts: Vec<usize> = (0..5).map(|r| round_order(3, r).next().unwrap()).collect();
+        assert_eq!(firsts, [0, 1, 2, 0, 1]);
+        let mut once: Vec<usize> = round_order(3, 2).collect();
+        assert_eq!(once, [2, 0, 1]);
+        once.sort_unstable();
+        assert_eq!(once, [0, 1, 2]);
+    }
+
+    #[test]
+    fn medians_are_taken_figure_by_figure() {
+        let s = |p99: u64, cpu: f64, errors: u64| Summary {
+            done_per_s: 1.0,
+            p50: 1,
+            p99,
+            p999: 1,
+            max: 1,
+            cpu_per_read_us: cpu,
+            lookups: 1,
+            secs: 1.0,
+            late_at_end: 0,
+            errors,
+        };
+        let m = Summary::median(&[s(900, 1.0, 0), s(100, 3.0, 1), s(300, 2.0, 0)]);
+        assert_eq!((m.p99, m.cpu_per_read_us, m.errors), (300, 2.0, 1));
+        // An even count takes the upper middle.
+        assert_eq!(Summary::median(&[s(1, 1.0, 0), s(2, 1.0, 0)]).p99, 2);
+    }
 
     #[test]
     fn schedule_is_poisson_at_the_rate_and_deterministic() {

@@ -294,6 +294,69 @@ fn cpu_per_read_mode() {
     assert!(stdout(&o).contains("cpu-per-read"), "{}", stdout(&o));
 }
 
+/// `uring-bench open-loop` on a tiny dataset: every engine of the hot
+/// regime, two rounds (each started by another engine), the medians, and
+/// the crate-free `tokio-pread` floor skipped where it would block the
+/// workers on the device.
+#[test]
+fn open_loop_rounds_and_medians() {
+    let dir = tmp();
+    let o = Command::new(BIN)
+        .args([
+            "open-loop",
+            "-r",
+            "hot,cold",
+            "-e",
+            "uring,tokio-pread,mmap,pread,tokio-fs",
+            "--rate",
+            "2000",
+            "-t",
+            "0.2",
+            "--repeat",
+            "2",
+            "--threads",
+            "4",
+            "--files",
+            "2",
+            "--file-size",
+            "256K",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .arg("--output-dir")
+        .arg(dir.path().join("results"))
+        .output()
+        .expect("run uring-bench open-loop");
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert!(out.contains("hot medians over 2 rounds"), "{out}");
+    assert!(out.contains("cold medians over 2 rounds"), "{out}");
+    assert!(out.contains("tokio-pread cold    skipped"), "{out}");
+    assert!(out.contains("p99 - mmap's:"), "{out}");
+    let run = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(run.join("open-loop.json")).unwrap())
+            .unwrap();
+    // Hot: 5 engines × 2 rounds + 5 medians; cold: 4 × 2 + 4.
+    assert_eq!(rows.len(), 15 + 12, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["lookups"].as_u64().unwrap() > 0, "{r}");
+    }
+    let first = |round: u64| {
+        rows.iter()
+            .find(|r| r["regime"] == "hot" && r["round"] == round)
+            .map(|r| r["engine"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(first(0).as_deref(), Some("uring"));
+    assert_eq!(first(1).as_deref(), Some("tokio-pread"));
+}
+
 /// `uring-bench lines --size 3M --repeat 1 --quiet` with its data and
 /// results under `dir`, plus `extra` arguments.
 fn run_lines(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
