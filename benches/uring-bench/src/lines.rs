@@ -522,7 +522,7 @@ fn methods() -> Vec<(String, Method)> {
         ),
     ];
     for direct in [false, true] {
-        for depth in [1, 4, 16] {
+        for depth in [1, 4, 8, 16] {
             let kind = if direct { "O_DIRECT" } else { "buffered" };
             m.push((
                 format!("scan {kind} depth {depth}"),
