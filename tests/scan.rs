@@ -136,7 +136,7 @@ fn ranges_mid_chunk(choice: BackendChoice) {
 fn o_direct(choice: BackendChoice) {
     let set = common::FileSet::new(
         0xd12ec7,
-        &[(1 << 20) + 8192 + 123, 4096, 100, (5 << 20) + 4096 + 77],
+        &[(1 << 20) + 8192 + 123, 4096, 100, (9 << 20) + 4096 + 77],
     );
     set.sync_all();
     let open = |f: &TestFile| {
@@ -172,13 +172,20 @@ fn o_direct(choice: BackendChoice) {
                 }
             }
         }
-        // Default chunks on an O_DIRECT file are 2 MiB (huge-page
-        // buffers); on the same file opened buffered, 1 MiB.
+        // Defaults on an O_DIRECT file are 2 MiB chunks (huge-page
+        // buffers) × 4; on the same file opened buffered, 1 MiB × 8. The
+        // 9 MiB file has more chunks than either, so the scan allocates
+        // all of its buffers; a caller's in_flight is kept on both.
         let big = &set.files[3];
         let direct = ctx.register_file(open(big).unwrap()).unwrap();
         let buffered = ctx.register_file(File::open(&big.path).unwrap()).unwrap();
-        for (fid, chunk) in [(direct, 2 << 20), (buffered, 1 << 20)] {
-            let mut scan = ScanOptions::new().scan(&ctx, fid, ..).unwrap();
+        for (fid, chunk, opts, buffers) in [
+            (direct, 2 << 20, ScanOptions::new(), 4),
+            (buffered, 1 << 20, ScanOptions::new(), 8),
+            (direct, 2 << 20, ScanOptions::new().in_flight(2), 2),
+            (buffered, 1 << 20, ScanOptions::new().in_flight(3), 3),
+        ] {
+            let mut scan = opts.scan(&ctx, fid, ..).unwrap();
             let mut at = 0;
             while let Some(c) = scan.next().await {
                 let c = c.unwrap();
@@ -188,6 +195,7 @@ fn o_direct(choice: BackendChoice) {
                 at += c.len() as u64;
             }
             assert_eq!(at, big.len);
+            assert_eq!(scan.buffers_allocated(), buffers, "{fid:?}, {opts:?}");
         }
         // Dropped with huge-page reads in flight, the first chunk kept: the
         // chunk stays valid, and every read comes back.

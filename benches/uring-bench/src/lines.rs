@@ -535,10 +535,10 @@ fn methods() -> Vec<(String, Method)> {
         }
     }
     m.push((
-        "scan buffered depth 4, consumer a task".into(),
+        "scan buffered depth 8, consumer a task".into(),
         Method::Scan {
             direct: false,
-            depth: 4,
+            depth: 8,
             task: true,
         },
     ));
