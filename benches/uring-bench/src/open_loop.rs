@@ -611,7 +611,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
                 per_engine[k].push(s);
             }
         }
-        if a.repeat > 1 {
+        if a.repeat > 1 && !engines.is_empty() {
             println!("{} medians over {} rounds:", regime.name(), a.repeat);
             let medians: Vec<Summary> = per_engine.iter().map(|v| Summary::median(v)).collect();
             let mmap_p99 = engines
