@@ -191,7 +191,9 @@ impl ScanOptions {
 
     /// Buffers of the scan (default 8, or 4 on a file opened with
     /// `O_DIRECT`): the reads in flight ahead of the consumer plus the
-    /// chunks it holds. From 1 to 1024.
+    /// chunks it holds. From 1 to 1024. A scan holds up to `chunk_size ×
+    /// in_flight` of memory, 8 MiB with the defaults: many scans at once (a
+    /// k-way merge over many files, say) want fewer or smaller chunks.
     #[must_use]
     pub fn in_flight(mut self, reads: usize) -> Self {
         self.in_flight = reads;
