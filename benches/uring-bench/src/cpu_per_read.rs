@@ -69,6 +69,110 @@ fn cell(
     Ok(c)
 }
 
+/// The two syscalls a cached read can be: CPU (ns) per read of a tight
+/// one-thread loop of random aligned 4 KiB reads, no verification.
+#[derive(Debug, Clone, Copy)]
+pub struct SyscallFloor {
+    pub pread_ns: f64,
+    pub preadv2_nowait_ns: f64,
+    /// `preadv2(RWF_NOWAIT)` calls that found their block not cached.
+    pub misses: u64,
+    pub reads: u64,
+}
+
+/// Thread CPU time, in ns.
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// CPU ns per read of `reads` random reads of `file` (`blocks` 4 KiB
+/// blocks, cached) with `pread` (`nowait == false`) or
+/// `preadv2(RWF_NOWAIT)`, and the `EAGAIN`s (blocks not in the cache: the
+/// caller warms the file, but the kernel may have dropped some since). Any
+/// other failure or a short read is an error.
+fn syscall_loop(
+    file: &std::fs::File,
+    blocks: u64,
+    reads: u64,
+    nowait: bool,
+) -> Result<(f64, u64), String> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut buf = vec![0u8; 4096];
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut misses = 0;
+    let t0 = thread_cpu_ns();
+    for _ in 0..reads {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = ((x % blocks) * 4096) as libc::off_t;
+        let n = if nowait {
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: `iov` describes `buf`, alive and writable for the call.
+            unsafe { libc::preadv2(fd, &raw const iov, 1, off, libc::RWF_NOWAIT) }
+        } else {
+            // SAFETY: `buf` is alive and writable for its length.
+            unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off) }
+        };
+        if n < 0
+            && nowait
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        {
+            misses += 1;
+        } else if n != 4096 {
+            return Err(format!(
+                "syscall floor: {} at offset {off} returned {n} ({})",
+                if nowait {
+                    "preadv2(RWF_NOWAIT)"
+                } else {
+                    "pread"
+                },
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(((thread_cpu_ns() - t0) as f64 / reads as f64, misses))
+}
+
+/// `pread` against `preadv2(RWF_NOWAIT)` on the cached file, alternating,
+/// `rounds` each; the medians. This is the kernel floor of the crate's
+/// page-cache path (one `preadv2(RWF_NOWAIT)` per read) against `pread`
+/// threads' (one `pread`).
+pub fn syscall_floor(ds: &Dataset, rounds: usize, reads: u64) -> Result<SyscallFloor, String> {
+    let file = ds
+        .open(1, false)
+        .map_err(|e| format!("syscall floor: {e}"))?
+        .remove(0);
+    let blocks = ds.blocks_per_file();
+    let (mut p, mut v, mut misses) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..rounds {
+        p.push(syscall_loop(&file, blocks, reads, false)?.0);
+        let (ns, m) = syscall_loop(&file, blocks, reads, true)?;
+        v.push(ns);
+        misses += m;
+    }
+    let med = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    Ok(SyscallFloor {
+        pread_ns: med(p),
+        preadv2_nowait_ns: med(v),
+        misses,
+        reads: reads * rounds as u64,
+    })
+}
+
 pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
     let mib = a.file_mib;
     let ds = Dataset::ensure(&a.data_dir, 1, mib << 20, DEFAULT_SEED, true, Progress::Bar)?;
@@ -76,6 +180,18 @@ pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
     println!(
         "hot page cache, {mib} MiB file, random 4 KiB reads, verified, {} s per cell",
         a.secs
+    );
+    // ~0.5 s at the default 3 s cells (≈1.1 µs a read here)
+    let f = syscall_floor(&ds, 5, ((a.secs * 100_000.0) as u64).max(10_000))?;
+    println!(
+        "syscall floor (1 thread, cached, no verification, median of 5): pread {:.0} ns/read, \
+         preadv2(RWF_NOWAIT) {:.0} ns/read ({:.2}x; {} of {} found their block uncached): \
+         the page-cache path's kernel cost against pread threads'",
+        f.pread_ns,
+        f.preadv2_nowait_ns,
+        f.preadv2_nowait_ns / f.pread_ns,
+        f.misses,
+        f.reads
     );
     println!(
         "{:<20} {:>6} {:>12} {:>10} {:>10} {:>12}",

@@ -17,6 +17,10 @@ mod open_loop;
 mod probes;
 mod report;
 mod verify;
+mod wake;
+
+/// Wake-ups per series of the machine's wake-latency probe (~0.3 ms each).
+const WAKE_SAMPLES: usize = 1500;
 mod write_bench;
 
 use clap::Parser;
@@ -247,6 +251,9 @@ fn run(args: &Args) -> Result<bool, String> {
         return Ok(true);
     }
     let hot_files = hot_set_files(args, &ds);
+    // the unit this machine charges for a thread hand-off (see wake.rs)
+    let thread_wake = wake::measure(WAKE_SAMPLES);
+    println!("machine: {}", thread_wake.summary());
     let fio_missing = if engines.contains(&EngineKind::Fio) {
         engines::fio::unavailable(&args.fio)
     } else {
@@ -442,6 +449,7 @@ fn run(args: &Args) -> Result<bool, String> {
             loadavg_start: load_start,
             loadavg_end: loadavg(),
             syscall_probe: probes::syscall_probe_description(args.syscall_window > 0.0),
+            thread_wake: Some(thread_wake),
         },
         cells,
         targets: Vec::new(),

@@ -545,6 +545,10 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
     let blocks = ds.blocks_per_file();
     let mut rows = Vec::new();
     println!(
+        "machine: {}",
+        crate::wake::measure(crate::WAKE_SAMPLES).summary()
+    );
+    println!(
         "open loop: Poisson arrivals, lookups of {} random 4 KiB read(s), latency from arrival, {} s per engine (+{:?} warm-up), {} files",
         a.batch, a.secs, WARMUP, files
     );

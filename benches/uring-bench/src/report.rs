@@ -286,6 +286,9 @@ pub struct RunInfo {
     pub loadavg_end: String,
     /// How syscalls were counted, or why they were not ("n/a: ...").
     pub syscall_probe: String,
+    /// The machine's thread wake-up latency, measured before the cells
+    /// (`wake.rs`): the cost of each thread hand-off in the latencies.
+    pub thread_wake: Option<crate::wake::WakeLatency>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -554,6 +557,9 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
         "- machine: {} ({} CPUs), {:.1} GiB RAM, Linux {}",
         i.cpu_model, i.cpus, i.mem_total_gib, i.kernel
     );
+    if let Some(w) = &i.thread_wake {
+        let _ = writeln!(s, "- {}", w.summary());
+    }
     let _ = writeln!(
         s,
         "- dataset: {} files x {:.2} GiB = {:.2} GiB in `{}` ({})",

@@ -108,7 +108,13 @@ fn engine_end_to_end(engine: &str) {
         assert!(c["reads"].as_u64().unwrap() > 0, "{c}");
         assert!(c["latency_us"]["p99"].as_f64().unwrap() > 0.0, "{c}");
     }
-    assert!(runs[0].join("report.md").exists());
+    // the machine's wake-up latency, measured before the cells
+    assert!(out.contains("machine: thread wake-up"), "{out}");
+    let same = &v["info"]["thread_wake"]["same_cpu"];
+    assert!(same["p50_us"].as_f64().unwrap() > 0.0, "{same}");
+    assert!(std::fs::read_to_string(runs[0].join("report.md"))
+        .unwrap()
+        .contains("thread wake-up after an idle gap"),);
     assert!(runs[0].join("throughput-hot.svg").exists());
     assert!(runs[0].join("latency-cold-depth4.svg").exists());
 }
@@ -279,6 +285,17 @@ fn cpu_per_read_mode() {
             assert!(line.contains("µs"), "{line}");
         }
     }
+    // the kernel floor of the page-cache path: both syscalls timed
+    let floor = out
+        .lines()
+        .find(|l| l.starts_with("syscall floor"))
+        .unwrap_or_else(|| panic!("no syscall floor line: {out}"));
+    assert!(
+        floor.contains("pread ")
+            && floor.contains("preadv2(RWF_NOWAIT) ")
+            && floor.contains("ns/read"),
+        "{floor}"
+    );
     // the dataset is reused by the next run
     assert!(dir.path().join("manifest.json").exists());
 
