@@ -174,3 +174,90 @@ fn idle_context_uses_no_cpu() {
         });
     }
 }
+
+/// A future that submits its read at the first poll and then ignores every
+/// wake-up without polling the read again (a task stuck elsewhere, a
+/// hand-written combinator that drops wake-ups).
+struct Stuck<F: std::future::Future> {
+    read: std::pin::Pin<Box<F>>,
+    polled: bool,
+}
+
+impl<F: std::future::Future> std::future::Future for Stuck<F> {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if !self.polled {
+            self.polled = true;
+            let _ = self.read.as_mut().poll(cx);
+        }
+        std::task::Poll::Pending
+    }
+}
+
+/// The driver wakes a small round of completed reads one after another
+/// (each reader wakes the next: the relay), so a reader that is woken but
+/// never polls must not hold up the others: they complete within a driver
+/// round. Rounds of three reads submitted in one enter, one of them stuck;
+/// the CQE order decides where in the relay the stuck one lands, so many
+/// rounds are run.
+#[test]
+fn a_reader_that_never_polls_does_not_hold_up_the_others() {
+    let _serial = common::serial();
+    let set = common::FileSet::new(0x5e1a, &[1 << 20]);
+    let file = set.files[0].clone();
+    for flavor in [Flavor::Current, Flavor::Multi] {
+        let (opened, file) = (set.open_all(), file.clone());
+        common::run(
+            "a_reader_that_never_polls_does_not_hold_up_the_others",
+            flavor,
+            60,
+            move || async move {
+                // The ring path only (cached reads would complete inline).
+                let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                    b.rings(1).inline_nowait(false)
+                });
+                let mut rng = Rng::new(7);
+                for round in 0..200 {
+                    let offs: Vec<u64> = (0..3).map(|_| rng.below(256) * 4096).collect();
+                    let stuck_at = round % 3;
+                    let mut stuck = None;
+                    let mut normal = Vec::new();
+                    for (i, &off) in offs.iter().enumerate() {
+                        let ctx = ctx.clone();
+                        if i == stuck_at {
+                            stuck = Some(tokio::spawn(Stuck {
+                                read: Box::pin(async move {
+                                    let mut buf = vec![0u8; 4096];
+                                    let _ = ctx.read(0u32, off, &mut buf).await;
+                                }),
+                                polled: false,
+                            }));
+                        } else {
+                            let want = file.expected(off, 4096);
+                            normal.push(tokio::spawn(async move {
+                                let mut buf = vec![0u8; 4096];
+                                let n = ctx.read(0u32, off, &mut buf).await.expect("read");
+                                assert_eq!(&buf[..n], &want[..]);
+                            }));
+                        }
+                    }
+                    for t in normal {
+                        tokio::time::timeout(Duration::from_secs(5), t)
+                            .await
+                            .unwrap_or_else(|_| {
+                                panic!("round {round}: a read waited for a stuck reader")
+                            })
+                            .unwrap();
+                    }
+                    // dropping the stuck read hands its turn on too
+                    let stuck = stuck.unwrap();
+                    stuck.abort();
+                    let _ = stuck.await;
+                }
+            },
+        );
+    }
+}

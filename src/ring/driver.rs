@@ -127,7 +127,9 @@ impl Future for Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         // Finished, or dropped with its runtime: futures still waiting must
-        // not wait for a driver that will never come back.
+        // not wait for a driver that will never come back (nor for a relay
+        // it started).
+        self.ring.relay_flush();
         self.ring.driver_dropped(self.finished);
     }
 }
@@ -168,6 +170,9 @@ impl Ring {
     /// The body of the background poll future (see [`Driver`]).
     fn poll_drive(&self, cx: &mut Context<'_>, timer: &mut DriverTimer) -> Drive {
         self.driver_waker.register(cx.waker());
+        // Whoever the last round's relay has not reached yet (see
+        // `reap_relayed`): normally nobody, the relay ran before this poll.
+        self.relay_flush();
         self.driver_polls.fetch_add(1, Ordering::Relaxed);
         self.idle.store(false, Ordering::SeqCst);
         for _ in 0..ROUNDS {
@@ -182,7 +187,7 @@ impl Ring {
                     Err(e) => self.break_ring(&e),
                 }
             }
-            let reaped = self.reap();
+            let reaped = self.reap_relayed();
             let (closed, live, backlog, unconsumed, gave_up, orphaned) = {
                 let mut st = lock(&self.state);
                 self.account_consumed(&mut st);
@@ -199,6 +204,7 @@ impl Ring {
             // Done when every op is back, or when nobody can wait for the
             // rest: the context is gone and its shutdown timeout passed.
             if closed.is_some() && (live == 0 || (gave_up && orphaned)) {
+                self.relay_flush();
                 self.done.store(true, Ordering::Release);
                 self.drained.notify_waiters();
                 return Drive::Done;

@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 use io_uring::{opcode, squeue, types, IoUring};
+use std::task::Waker;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
@@ -203,6 +204,13 @@ pub(crate) struct Ring {
     pub(crate) inline: inline::Policy,
     coop_taskrun: bool,
     shutdown_timeout: Duration,
+    /// Readers whose CQE the driver reaped but has not woken yet: each
+    /// reader that completes (or is dropped) wakes the next one, so a small
+    /// round of completions runs on one worker without waking another (see
+    /// [`Ring::reap`] and DESIGN "The driver"). The driver wakes whatever
+    /// is left at its next poll, which its yield after the round makes
+    /// prompt.
+    pub(super) relay: Mutex<VecDeque<Waker>>,
 }
 
 impl fmt::Debug for Ring {
@@ -351,6 +359,7 @@ impl Ring {
             inline: inline::Policy::default(),
             coop_taskrun: cfg.coop_taskrun,
             shutdown_timeout: cfg.shutdown_timeout,
+            relay: Mutex::new(VecDeque::new()),
         })
     }
 
