@@ -261,3 +261,65 @@ fn a_reader_that_never_polls_does_not_hold_up_the_others() {
         );
     }
 }
+
+/// Readers aborted at random points while rounds of completions are being
+/// relayed (before their read is submitted, while it is in the kernel,
+/// while it waits in the relay) must not strand the others: every reader
+/// that is not aborted completes with the right bytes. (A dropped future
+/// passes its turn on, and the driver's next poll wakes whoever is left:
+/// with both taken out this test strands readers.)
+#[test]
+fn aborts_during_relayed_rounds_strand_nobody() {
+    let _serial = common::serial();
+    let set = common::FileSet::new(0xab07, &[1 << 20]);
+    let file = set.files[0].clone();
+    for flavor in [Flavor::Current, Flavor::Multi] {
+        let (opened, file) = (set.open_all(), file.clone());
+        common::run(
+            "aborts_during_relayed_rounds_strand_nobody",
+            flavor,
+            60,
+            move || async move {
+                let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                    b.rings(1).inline_nowait(false)
+                });
+                let mut rng = Rng::new(11);
+                for round in 0..200u64 {
+                    let n = 2 + (round % 15) as usize;
+                    let tasks: Vec<_> = (0..n)
+                        .map(|_| {
+                            let (ctx, off) = (ctx.clone(), rng.below(256) * 4096);
+                            let want = file.expected(off, 4096);
+                            tokio::spawn(async move {
+                                let mut buf = vec![0u8; 4096];
+                                for _ in 0..4 {
+                                    let got = ctx.read(0u32, off, &mut buf).await.expect("read");
+                                    assert_eq!(&buf[..got], &want[..]);
+                                }
+                            })
+                        })
+                        .collect();
+                    // abort about a third, some at once, some after a yield
+                    let mut keep = Vec::new();
+                    for (i, t) in tasks.into_iter().enumerate() {
+                        if rng.below(3) == 0 {
+                            if i % 2 == 0 {
+                                tokio::task::yield_now().await;
+                            }
+                            t.abort();
+                            let _ = t.await;
+                        } else {
+                            keep.push(t);
+                        }
+                    }
+                    for t in keep {
+                        tokio::time::timeout(Duration::from_secs(5), t)
+                            .await
+                            .unwrap_or_else(|_| panic!("round {round}: a reader was stranded"))
+                            .unwrap();
+                    }
+                }
+            },
+        );
+    }
+}
