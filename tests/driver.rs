@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Flavor, Rng};
-use uring_positioned_io::{BackendChoice, BackendKind};
+use uring_positioned_io::{BackendChoice, BackendKind, UringContext};
 
 /// With 512 reads queued at once, the driver submits several per enter.
 #[test]
@@ -197,69 +197,97 @@ impl<F: std::future::Future> std::future::Future for Stuck<F> {
     }
 }
 
+/// Runs `body` on both runtime flavours, with a context that reads a 1 MiB
+/// file of `seed` through the ring only (cached reads would otherwise
+/// complete inline, without a CQE to relay).
+fn on_the_ring_path<F, Fut>(name: &'static str, seed: u64, body: F)
+where
+    F: FnOnce(UringContext, common::TestFile) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let _serial = common::serial();
+    let set = common::FileSet::new(seed, &[1 << 20]);
+    for flavor in [Flavor::Current, Flavor::Multi] {
+        let (opened, file, body) = (set.open_all(), set.files[0].clone(), body.clone());
+        common::run(name, flavor, 60, move || async move {
+            let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                b.rings(1).inline_nowait(false)
+            });
+            body(ctx, file).await;
+        });
+    }
+}
+
+/// A reader task that checks the 4 KiB at `off`, `reads` times.
+fn reader(
+    ctx: &UringContext,
+    file: &common::TestFile,
+    off: u64,
+    reads: usize,
+) -> tokio::task::JoinHandle<()> {
+    let (ctx, want) = (ctx.clone(), file.expected(off, 4096));
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..reads {
+            let n = ctx.read(0u32, off, &mut buf).await.expect("read");
+            assert_eq!(&buf[..n], &want[..]);
+        }
+    })
+}
+
+/// Awaits `task`, which must finish within 5 s.
+async fn finishes(task: tokio::task::JoinHandle<()>, what: std::fmt::Arguments<'_>) {
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .unwrap();
+}
+
 /// The driver wakes a small round of completed reads one after another
 /// (each reader wakes the next: the relay), so a reader that is woken but
 /// never polls must not hold up the others: they complete within a driver
 /// round. Rounds of three reads submitted in one enter, one of them stuck;
 /// the CQE order decides where in the relay the stuck one lands, so many
-/// rounds are run.
+/// rounds are run. (Fails without the driver's flush of the relay.)
 #[test]
 fn a_reader_that_never_polls_does_not_hold_up_the_others() {
-    let _serial = common::serial();
-    let set = common::FileSet::new(0x5e1a, &[1 << 20]);
-    let file = set.files[0].clone();
-    for flavor in [Flavor::Current, Flavor::Multi] {
-        let (opened, file) = (set.open_all(), file.clone());
-        common::run(
-            "a_reader_that_never_polls_does_not_hold_up_the_others",
-            flavor,
-            60,
-            move || async move {
-                // The ring path only (cached reads would complete inline).
-                let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
-                    b.rings(1).inline_nowait(false)
-                });
-                let mut rng = Rng::new(7);
-                for round in 0..200 {
-                    let offs: Vec<u64> = (0..3).map(|_| rng.below(256) * 4096).collect();
-                    let stuck_at = round % 3;
-                    let mut stuck = None;
-                    let mut normal = Vec::new();
-                    for (i, &off) in offs.iter().enumerate() {
-                        let ctx = ctx.clone();
-                        if i == stuck_at {
-                            stuck = Some(tokio::spawn(Stuck {
-                                read: Box::pin(async move {
-                                    let mut buf = vec![0u8; 4096];
-                                    let _ = ctx.read(0u32, off, &mut buf).await;
-                                }),
-                                polled: false,
-                            }));
-                        } else {
-                            let want = file.expected(off, 4096);
-                            normal.push(tokio::spawn(async move {
-                                let mut buf = vec![0u8; 4096];
-                                let n = ctx.read(0u32, off, &mut buf).await.expect("read");
-                                assert_eq!(&buf[..n], &want[..]);
-                            }));
-                        }
+    on_the_ring_path(
+        "a_reader_that_never_polls",
+        0x5e1a,
+        |ctx, file| async move {
+            let mut rng = Rng::new(7);
+            for round in 0..200 {
+                let stuck_at = round % 3;
+                let (mut stuck, mut normal) = (None, Vec::new());
+                for i in 0..3 {
+                    let off = rng.below(256) * 4096;
+                    if i != stuck_at {
+                        normal.push(reader(&ctx, &file, off, 1));
+                        continue;
                     }
-                    for t in normal {
-                        tokio::time::timeout(Duration::from_secs(5), t)
-                            .await
-                            .unwrap_or_else(|_| {
-                                panic!("round {round}: a read waited for a stuck reader")
-                            })
-                            .unwrap();
-                    }
-                    // dropping the stuck read hands its turn on too
-                    let stuck = stuck.unwrap();
-                    stuck.abort();
-                    let _ = stuck.await;
+                    let ctx = ctx.clone();
+                    stuck = Some(tokio::spawn(Stuck {
+                        read: Box::pin(async move {
+                            let mut buf = vec![0u8; 4096];
+                            let _ = ctx.read(0u32, off, &mut buf).await;
+                        }),
+                        polled: false,
+                    }));
                 }
-            },
-        );
-    }
+                for t in normal {
+                    finishes(
+                        t,
+                        format_args!("round {round}: a read waited for a stuck reader"),
+                    )
+                    .await;
+                }
+                // dropping the stuck read hands its turn on too
+                let stuck = stuck.unwrap();
+                stuck.abort();
+                let _ = stuck.await;
+            }
+        },
+    );
 }
 
 /// Readers aborted at random points while rounds of completions are being
@@ -270,56 +298,33 @@ fn a_reader_that_never_polls_does_not_hold_up_the_others() {
 /// with both taken out this test strands readers.)
 #[test]
 fn aborts_during_relayed_rounds_strand_nobody() {
-    let _serial = common::serial();
-    let set = common::FileSet::new(0xab07, &[1 << 20]);
-    let file = set.files[0].clone();
-    for flavor in [Flavor::Current, Flavor::Multi] {
-        let (opened, file) = (set.open_all(), file.clone());
-        common::run(
-            "aborts_during_relayed_rounds_strand_nobody",
-            flavor,
-            60,
-            move || async move {
-                let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
-                    b.rings(1).inline_nowait(false)
-                });
-                let mut rng = Rng::new(11);
-                for round in 0..200u64 {
-                    let n = 2 + (round % 15) as usize;
-                    let tasks: Vec<_> = (0..n)
-                        .map(|_| {
-                            let (ctx, off) = (ctx.clone(), rng.below(256) * 4096);
-                            let want = file.expected(off, 4096);
-                            tokio::spawn(async move {
-                                let mut buf = vec![0u8; 4096];
-                                for _ in 0..4 {
-                                    let got = ctx.read(0u32, off, &mut buf).await.expect("read");
-                                    assert_eq!(&buf[..got], &want[..]);
-                                }
-                            })
-                        })
-                        .collect();
-                    // abort about a third, some at once, some after a yield
-                    let mut keep = Vec::new();
-                    for (i, t) in tasks.into_iter().enumerate() {
-                        if rng.below(3) == 0 {
-                            if i % 2 == 0 {
-                                tokio::task::yield_now().await;
-                            }
-                            t.abort();
-                            let _ = t.await;
-                        } else {
-                            keep.push(t);
-                        }
+    on_the_ring_path(
+        "aborts_during_relayed_rounds",
+        0xab07,
+        |ctx, file| async move {
+            let mut rng = Rng::new(11);
+            for round in 0..200u64 {
+                let n = 2 + round % 15;
+                let tasks: Vec<_> = (0..n)
+                    .map(|_| reader(&ctx, &file, rng.below(256) * 4096, 4))
+                    .collect();
+                // abort about a third, some at once, some after a yield
+                let mut keep = Vec::new();
+                for (i, t) in tasks.into_iter().enumerate() {
+                    if rng.below(3) != 0 {
+                        keep.push(t);
+                        continue;
                     }
-                    for t in keep {
-                        tokio::time::timeout(Duration::from_secs(5), t)
-                            .await
-                            .unwrap_or_else(|_| panic!("round {round}: a reader was stranded"))
-                            .unwrap();
+                    if i % 2 == 0 {
+                        tokio::task::yield_now().await;
                     }
+                    t.abort();
+                    let _ = t.await;
                 }
-            },
-        );
-    }
+                for t in keep {
+                    finishes(t, format_args!("round {round}: a reader was stranded")).await;
+                }
+            }
+        },
+    );
 }
