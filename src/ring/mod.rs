@@ -45,11 +45,11 @@ use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 use io_uring::{opcode, squeue, types, IoUring};
-use std::task::Waker;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
@@ -207,7 +207,7 @@ pub(crate) struct Ring {
     /// Readers whose CQE the driver reaped but has not woken yet: each
     /// reader that completes (or is dropped) wakes the next one, so a small
     /// round of completions runs on one worker without waking another (see
-    /// [`Ring::reap`] and DESIGN "The driver"). The driver wakes whatever
+    /// [`Ring::reap_relayed`] and DESIGN "The driver"). The driver wakes whatever
     /// is left at its next poll, which its yield after the round makes
     /// prompt.
     pub(super) relay: Mutex<VecDeque<Waker>>,
