@@ -148,6 +148,51 @@ fn shallow_rings_submit_in_small_enters() {
     }
 }
 
+/// `Builder::shallow_batch` sets how many SQEs an enter hands a shallow
+/// ring: 40 reads queued at once from one task (a `current_thread` runtime,
+/// so the burst is queued whole before the driver runs) take about 40 / n
+/// enters.
+#[test]
+fn shallow_batch_sets_the_sqes_per_enter() {
+    let _serial = common::serial();
+    let set = common::FileSet::new(0x5b2, &[4 << 20]);
+    let file = set.files[0].clone();
+    let mut enters_by_batch = Vec::new();
+    for batch in [2u32, 40] {
+        let (opened, file) = (set.open_all(), file.clone());
+        let enters = common::run(
+            "shallow_batch_sets_the_sqes_per_enter",
+            Flavor::Current,
+            60,
+            move || async move {
+                let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                    b.rings(1).inline_nowait(false).shallow_batch(batch)
+                });
+                let before = ctx.stats();
+                let reads = (0..40u64).map(|i| {
+                    let (ctx, file) = (ctx.clone(), file.clone());
+                    async move {
+                        let mut buf = vec![0u8; 4096];
+                        let off = (i * 7919 % (file.len / 4096)) * 4096;
+                        let got = ctx.read(0u32, off, &mut buf).await.expect("read");
+                        assert_eq!(&buf[..got], &file.expected(off, 4096)[..]);
+                    }
+                });
+                futures::future::join_all(reads).await;
+                let after = ctx.stats();
+                assert_eq!(after.submitted - before.submitted, 40);
+                after.enters - before.enters
+            },
+        );
+        eprintln!("shallow_batch({batch}): 40 reads in {enters} enters");
+        enters_by_batch.push(enters);
+    }
+    // 2 per enter: at least 20 enters; 40 per enter: a handful at most (the
+    // first reader may submit its own read before the rest are queued).
+    assert!(enters_by_batch[0] >= 20, "{enters_by_batch:?}");
+    assert!(enters_by_batch[1] <= 4, "{enters_by_batch:?}");
+}
+
 /// An idle context does not spin: over a second of idleness the whole
 /// process uses a small fraction of one CPU (a polling driver would use
 /// all of it).

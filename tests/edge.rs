@@ -424,7 +424,7 @@ fn ring_options_smoke() {
 #[test]
 fn invalid_options_are_errors() {
     type Tweak = fn(uring_positioned_io::Builder) -> uring_positioned_io::Builder;
-    let configs: [(&str, Flavor, Tweak); 8] = [
+    let configs: [(&str, Flavor, Tweak); 10] = [
         ("coop_taskrun_multi_thread", Flavor::Multi, |b| {
             b.coop_taskrun(true)
         }),
@@ -440,6 +440,10 @@ fn invalid_options_are_errors() {
         ("buffer_pool_0", Flavor::Multi, |b| b.buffer_pool(0, 0)),
         ("buffer_pool_0_count", Flavor::Current, |b| {
             b.buffer_pool(0, 4096)
+        }),
+        ("shallow_batch_0", Flavor::Multi, |b| b.shallow_batch(0)),
+        ("shallow_batch_huge", Flavor::Current, |b| {
+            b.shallow_batch(u32::MAX)
         }),
     ];
     let set = common::FileSet::new(0xed7, &[100_000]);
@@ -477,6 +481,40 @@ fn invalid_options_are_errors() {
                 );
                 eprintln!("{name}/{choice:?}: accepted and works");
             });
+        }
+    }
+}
+
+/// `shallow_batch` outside 1..=32768 is refused at `build`, by name, on
+/// either backend.
+#[test]
+fn shallow_batch_out_of_range_is_refused() {
+    let set = common::FileSet::new(0x5ba7, &[4096]);
+    for n in [0, 32_769, u32::MAX] {
+        for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+            let opened = set.open_all();
+            let e = common::run(
+                "shallow_batch_out_of_range",
+                Flavor::Current,
+                30,
+                move || async move {
+                    UringContext::builder()
+                        .backend(choice)
+                        .shallow_batch(n)
+                        .build(opened)
+                        .map(|_| ())
+                },
+            )
+            .expect_err("accepted an out-of-range shallow_batch");
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput,
+                "{n}/{choice:?}: {e}"
+            );
+            assert!(
+                e.to_string().contains("shallow_batch"),
+                "{n}/{choice:?}: {e}"
+            );
         }
     }
 }

@@ -72,7 +72,7 @@ pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
 pub(crate) use ops::RingOp;
-pub(crate) use submit::Deferral;
+pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
 /// `user_data` of internal SQEs (cancel-all at shutdown); never a slab key.
@@ -101,6 +101,9 @@ pub(crate) struct RingConfig {
     pub(crate) pool_size: usize,
     pub(crate) file_capacity: u32,
     pub(crate) shutdown_timeout: Duration,
+    /// Most SQEs per enter while the ring is shallow ([`DEFAULT_SHALLOW_BATCH`]
+    /// unless `Builder::shallow_batch` says otherwise).
+    pub(crate) shallow_batch: u32,
 }
 
 /// What an op keeps alive until it is removed from the table.
@@ -204,6 +207,8 @@ pub(crate) struct Ring {
     pub(crate) inline: inline::Policy,
     coop_taskrun: bool,
     shutdown_timeout: Duration,
+    /// Most SQEs per enter while the ring is shallow (`Builder::shallow_batch`).
+    shallow_batch: u32,
     /// Readers whose CQE the driver reaped but has not woken yet: each
     /// reader that completes (or is dropped) wakes the next one, so a small
     /// round of completions runs on one worker without waking another (see
@@ -359,6 +364,7 @@ impl Ring {
             inline: inline::Policy::default(),
             coop_taskrun: cfg.coop_taskrun,
             shutdown_timeout: cfg.shutdown_timeout,
+            shallow_batch: cfg.shallow_batch,
             relay: Mutex::new(VecDeque::new()),
         })
     }

@@ -48,7 +48,7 @@ const ENTER_SQ_WAKEUP: u32 = 2;
 pub(super) struct EnterPlan {
     pub(super) to_submit: u32,
     pub(super) flags: u32,
-    /// Most SQEs to hand over per enter ([`SHALLOW_BATCH`] on a shallow
+    /// Most SQEs to hand over per enter (`Builder::shallow_batch` on a shallow
     /// ring, unless a batch asked for one enter; else all of them in one).
     pub(super) batch: u32,
 }
@@ -58,7 +58,8 @@ pub(super) struct EnterPlan {
 /// latency is what counts.
 const SHALLOW_DEPTH: u64 = 64;
 
-/// Most SQEs one enter hands to a shallow ring. The block layer holds the
+/// Most SQEs one enter hands to a shallow ring, unless the builder says
+/// otherwise (`Builder::shallow_batch`). The block layer holds the
 /// requests of one submission batch in a plug until all of them are issued
 /// (~3 µs each on a virtio disk), so the first of 32 reached the disk
 /// ~100 µs late; in enters of 8 the disk gets them as they are issued.
@@ -66,7 +67,7 @@ const SHALLOW_DEPTH: u64 = 64;
 /// 32, 0.91–0.93× → 1.07× a raw ring loop. A deep ring keeps one enter per
 /// batch: at depth 512 the same cap applied throughout cost 5–25 % (the
 /// disk is full either way, and the extra enters are CPU).
-const SHALLOW_BATCH: u32 = 8;
+pub(crate) const DEFAULT_SHALLOW_BATCH: u32 = 8;
 
 thread_local! {
     /// Addresses of the rings whose submissions this thread defers (see
@@ -366,7 +367,7 @@ impl Ring {
             .saturating_add(u64::from(pending));
         let whole = self.whole_batch.swap(false, Ordering::AcqRel);
         let batch = if depth <= SHALLOW_DEPTH && !whole {
-            SHALLOW_BATCH
+            self.shallow_batch
         } else {
             u32::MAX
         };

@@ -222,6 +222,13 @@ pub struct Args {
     #[arg(long)]
     pub uring_inline_stretch_us: Option<u64>,
 
+    /// Most reads one `io_uring_enter` hands a shallow ring (≤ 64 reads in
+    /// the kernel) in the `uring` engine (`Builder::shallow_batch`; library
+    /// default 8 if unset). Smaller enters reach the device sooner; which
+    /// value wins depends on the disk.
+    #[arg(long)]
+    pub uring_shallow_batch: Option<u32>,
+
     /// `global_queue_interval` of the multi-thread tokio runtimes the
     /// async engines run on (tokio's default if unset: tuned to ~200 µs of
     /// task polls between looks at the global queue). With more runnable

@@ -286,6 +286,7 @@ fn run(args: &Args) -> Result<bool, String> {
         inline_stretch: args
             .uring_inline_stretch_us
             .map(std::time::Duration::from_micros),
+        shallow_batch: args.uring_shallow_batch,
         current_thread: false,
     };
     // every repetition of every (regime, depth, engine)

@@ -89,6 +89,8 @@ pub struct UringOpts {
     pub inline: Option<OnOff>,
     /// `Builder::inline_stretch`, if set.
     pub inline_stretch: Option<std::time::Duration>,
+    /// `Builder::shallow_batch`, if set.
+    pub shallow_batch: Option<u32>,
     /// A current_thread runtime instead of a multi-thread one with `workers`
     /// workers.
     pub current_thread: bool,
@@ -103,6 +105,7 @@ impl Default for UringOpts {
             max_in_flight: None,
             inline: None,
             inline_stretch: None,
+            shallow_batch: None,
             current_thread: false,
         }
     }

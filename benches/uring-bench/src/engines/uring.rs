@@ -25,6 +25,9 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         if let Some(s) = o.inline_stretch {
             b = b.inline_stretch(s);
         }
+        if let Some(n) = o.shallow_batch {
+            b = b.shallow_batch(n);
+        }
         b.build(files)
             .map_err(|e| format!("uring: cannot build UringContext: {e}"))?
     };
