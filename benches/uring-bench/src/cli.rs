@@ -226,7 +226,7 @@ pub struct Args {
     /// the kernel) in the `uring` engine (`Builder::shallow_batch`; library
     /// default 8 if unset). Smaller enters reach the device sooner; which
     /// value wins depends on the disk.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32768))]
     pub uring_shallow_batch: Option<u32>,
 
     /// `global_queue_interval` of the multi-thread tokio runtimes the

@@ -244,6 +244,14 @@ fn bad_flags_are_clear_errors() {
         stderr(&o)
     );
 
+    let o = bench(dir.path(), &["--uring-shallow-batch", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--uring-shallow-batch") && stderr(&o).contains("not in 1..=32768"),
+        "{}",
+        stderr(&o)
+    );
+
     let o = bench(dir.path(), &["-t", "soon"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("invalid duration"), "{}", stderr(&o));
