@@ -461,9 +461,11 @@ pub struct LinesArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
 
-    /// Run only the methods whose name contains this text.
-    #[arg(long)]
-    pub only: Option<String>,
+    /// Run only the methods whose name contains one of these texts
+    /// (comma-separated: `--only "memchr,scan buffered depth 8"` puts the
+    /// two in the same rounds).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 
     /// Leave out `BufReader lines().count()` (the slowest by far).
     #[arg(long)]

@@ -667,7 +667,7 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     let all = methods();
     let selected: Vec<&(String, Method)> = all
         .iter()
-        .filter(|(name, _)| a.only.as_deref().is_none_or(|o| name.contains(o)))
+        .filter(|(name, _)| a.only.is_empty() || a.only.iter().any(|o| name.contains(o.as_str())))
         .filter(|(name, _)| !(a.skip_slow && name.starts_with("BufReader lines")))
         .collect();
     println!(

@@ -441,10 +441,16 @@ fn lines_mode_end_to_end() {
     assert!(lines > 30_000, "{lines} lines in 3 MiB");
     assert!(run.join("lines.md").exists());
     assert!(run.join("lines-cold.svg").exists() && run.join("lines-hot.svg").exists());
-    // The second run reuses the file (manifest).
-    let o = run_lines(dir.path(), &["--only", "wc"]);
+    // The second run reuses the file (manifest); `--only` takes a list.
+    let o = run_lines(dir.path(), &["--only", "wc,mmap + memchr"]);
     assert!(o.status.success());
-    assert!(!stdout(&o).contains("making"), "the file was made again");
+    let out = stdout(&o);
+    assert!(!out.contains("making"), "the file was made again");
+    assert!(
+        out.contains("| wc -l |") && out.contains("| mmap + memchr |"),
+        "{out}"
+    );
+    assert!(!out.contains("| mmap naive |"), "--only ran more: {out}");
 }
 
 /// `uring-bench write <args> --dir <dir>`, its output echoed for a failing
