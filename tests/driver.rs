@@ -474,3 +474,42 @@ fn wakers_that_drop_other_reads_during_the_relay() {
         },
     );
 }
+
+/// Readers on threads outside the runtime (a `block_on` on a plain thread,
+/// as a scan's consumer often is) queue their SQEs and wake the driver,
+/// unless the driver is in the middle of a poll, where it checks for queued
+/// SQEs before it sleeps. A read queued just as the driver decides to sleep
+/// must still be submitted: each read here is the only one its thread has
+/// out, so one missed wake-up strands it (and the test times out). With the
+/// driver's check after it clears its polling flag taken out, this hangs.
+#[test]
+fn reads_queued_from_outside_the_runtime_as_the_driver_sleeps_are_submitted() {
+    on_the_ring_path(
+        "reads_queued_from_outside_the_runtime",
+        0x0b1d,
+        |ctx, file| async move {
+            let rt = tokio::runtime::Handle::current();
+            let threads: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let (ctx, file, rt) = (ctx.clone(), file.clone(), rt.clone());
+                    std::thread::spawn(move || {
+                        let mut rng = Rng::new(t);
+                        let mut buf = vec![0u8; 4096];
+                        for _ in 0..20_000 {
+                            let off = rng.below(256) * 4096;
+                            let n = rt.block_on(ctx.read(0u32, off, &mut buf)).expect("read");
+                            assert_eq!(&buf[..n], &file.expected(off, 4096)[..]);
+                        }
+                    })
+                })
+                .collect();
+            // The runtime keeps running (and driving) while the threads read.
+            while !threads.iter().all(std::thread::JoinHandle::is_finished) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            for t in threads {
+                t.join().expect("reader thread");
+            }
+        },
+    );
+}

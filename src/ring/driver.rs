@@ -94,6 +94,9 @@ impl Future for Driver {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         mark_driver_thread();
+        // Readers that queue SQEs from now on leave the wake to us (see
+        // `notify_driver`); cleared only when this poll ends in a sleep.
+        this.ring.polling.store(true, Ordering::SeqCst);
         let mut yielded = false;
         loop {
             if let Some(y) = &mut this.batching {
@@ -114,7 +117,16 @@ impl Future for Driver {
                     this.finished = true;
                     return Poll::Ready(());
                 }
-                Drive::Sleep => return Poll::Pending,
+                Drive::Sleep => {
+                    this.ring.polling.store(false, Ordering::SeqCst);
+                    // A reader that queued an SQE while `polling` was still
+                    // set did not wake us: go round instead of sleeping.
+                    if this.ring.submit_pending.load(Ordering::SeqCst) {
+                        this.ring.polling.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
                 Drive::Batch => {
                     yielded = false;
                     this.start_batching();
@@ -128,7 +140,8 @@ impl Drop for Driver {
     fn drop(&mut self) {
         // Finished, or dropped with its runtime: futures still waiting must
         // not wait for a driver that will never come back (nor for a relay
-        // it started).
+        // it started). Nor may readers skip waking a driver that is gone.
+        self.ring.polling.store(false, Ordering::SeqCst);
         self.ring.relay_flush();
         self.ring.driver_dropped(self.finished);
     }

@@ -185,6 +185,11 @@ pub(crate) struct Ring {
     pool_registered: bool,
     pub(crate) permits: Slots,
     submit_pending: AtomicBool,
+    /// The driver task is in its poll, or yielded in the middle of one
+    /// (`Drive::Batch`) and sure to be polled again: either way it looks at
+    /// `submit_pending` before it sleeps, so a reader that queues an SQE
+    /// need not wake it (see `notify_driver`).
+    pub(super) polling: AtomicBool,
     /// A batch ([`submit::Deferral`]) queued its reads: the next enter hands
     /// all of them over at once, shallow ring or not (a batch is one enter).
     pub(super) whole_batch: AtomicBool,
@@ -352,6 +357,7 @@ impl Ring {
             pool_registered,
             permits: Slots::new(cfg.in_flight),
             submit_pending: AtomicBool::new(false),
+            polling: AtomicBool::new(false),
             whole_batch: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             driver_waker: AtomicWaker::new(),

@@ -325,8 +325,18 @@ impl Ring {
         }
     }
 
+    /// Tells the driver that SQEs are queued: wakes it unless it is in its
+    /// poll, where it looks at `submit_pending` before sleeping. A wake in
+    /// the middle of a poll would not make the driver come sooner: tokio
+    /// would reschedule it as a yield once the poll returns, and a yield
+    /// makes the runtime unpark another worker, which then takes the driver
+    /// over or finds nothing (DESIGN, "The driver").
     pub(super) fn notify_driver(&self) {
-        if !self.submit_pending.swap(true, Ordering::AcqRel) {
+        // SeqCst, with the driver's store of `polling` and load of
+        // `submit_pending` in `Driver::poll`: if this load sees `polling`
+        // true, the driver's check after clearing it sees the flag.
+        if !self.submit_pending.swap(true, Ordering::SeqCst) && !self.polling.load(Ordering::SeqCst)
+        {
             self.driver_waker.wake();
         }
     }
