@@ -24,7 +24,9 @@ use uring_positioned_io::{AlignedBuf, ScanOptions, UringContext};
 /// The study's BUFFER_SIZE and NUM_BUFFERS.
 const BUFFER_SIZE: usize = 8192;
 const NUM_BUFFERS: usize = 32;
-/// Chunk size of the crate's scan.
+/// The reference row: two threads that copy and count by hand
+/// (`two_threads.rs`), what a copying reader can do on two CPUs.
+const TWO_THREADS: &str = "2 threads: pread + memchr (reference)";
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq, Clone)]
 struct Manifest {
@@ -541,6 +543,10 @@ fn methods() -> Vec<(String, Method)> {
             depth: 8,
             task: true,
         },
+    ));
+    m.push((
+        TWO_THREADS.into(),
+        Method::InProc(|p| crate::two_threads::count(p, simd)),
     ));
     m.push(("wc -l".into(), Method::Wc));
     m.push((

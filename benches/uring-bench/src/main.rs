@@ -16,6 +16,7 @@ mod lines;
 mod open_loop;
 mod probes;
 mod report;
+mod two_threads;
 mod verify;
 mod wake;
 
