@@ -31,11 +31,12 @@
 //!
 //! # How it works
 //!
-//! A scan owns a small pool of at most `in_flight` [`AlignedBuf`]s of
-//! `chunk_size` bytes. Each buffer is either being read into (an owned,
-//! zero-copy [`UringContext::read_owned`]), or held by the consumer as a
-//! [`Chunk`], or free. The stream starts a read whenever a buffer is free
-//! (or may still be allocated), so up to `in_flight` reads run ahead of the
+//! A scan owns a small pool of at most `in_flight` buffers of
+//! `chunk_size` bytes, the slots of one allocation made at its first read
+//! (fewer for a range that needs fewer). Each buffer is either being read
+//! into (an owned, zero-copy [`UringContext::read_owned`]), or held by the
+//! consumer as a [`Chunk`], or free. The stream starts a read whenever a
+//! buffer is free (or not handed out yet), so up to `in_flight` reads run ahead of the
 //! consumer; chunks are yielded strictly in file order. A consumer holding
 //! chunks holds buffers: with all of them out, the stream starts no read and
 //! returns `Pending` until a chunk is dropped, which puts its buffer back and
@@ -81,11 +82,13 @@
 //! every read takes the page cache inline. The measurements are in the
 //! crate's `docs/DESIGN.md` ("Scans").
 //!
+//! From 2 MiB in all, the buffers' allocation is a mapping of its own
+//! ([`AlignedBuf::new_huge`]), backed by transparent huge pages where the
+//! system allows it: it comes zero-filled and is faulted in 2 MiB at a time.
 //! On a file opened with `O_DIRECT` the default chunk is 2 MiB rather than
-//! 1 MiB: the scan's buffers are [`AlignedBuf::new_huge`], backed by
-//! transparent huge pages where the system allows it, and a physically
-//! contiguous buffer lets each read reach the device in a few segments
-//! instead of one per 4 KiB page.
+//! 1 MiB, so that each chunk is one physically contiguous huge page, which
+//! lets each read reach the device in a few segments instead of one per
+//! 4 KiB page.
 //!
 //! # Dropping
 //!
@@ -101,6 +104,7 @@ use std::future::Future;
 use std::io;
 use std::ops::{Bound, Deref, RangeBounds};
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -114,8 +118,8 @@ use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
 /// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,
-/// so that each chunk buffer can be physically contiguous
-/// (`AlignedBuf::new_huge`).
+/// so that each chunk buffer can be physically contiguous (the buffers are
+/// slots of one `AlignedBuf::new_huge` mapping, see `Region`).
 const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
 /// Default buffers of a buffered scan: 8 × 1 MiB. On a cached file the
 /// deeper read-ahead keeps the copying worker busy (measured: 8 was the
@@ -291,17 +295,24 @@ impl ScanOptions {
             ));
         }
         let align = self.align as u64;
+        let next = start - start % align;
+        // Buffers the range can use at most: a short range need not map
+        // `in_flight` of them.
+        let chunks = (end - next).div_ceil(opts.chunk_size as u64);
+        let slots = usize::try_from(chunks).map_or(opts.in_flight, |c| c.min(opts.in_flight));
         Ok(Scan {
             ctx,
             fid,
             opts,
             start,
             end,
-            next: start - start % align,
+            next,
+            buffers: slots,
             slots: VecDeque::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
             pool: Arc::new(Pool {
                 state: Mutex::new(PoolState {
                     free: Vec::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
+                    region: None,
                     waker: None,
                 }),
                 allocated: AtomicUsize::new(0),
@@ -316,14 +327,118 @@ impl ScanOptions {
 /// The buffers of one scan, shared by the stream and its chunks.
 struct Pool {
     state: Mutex<PoolState>,
-    /// Buffers allocated so far (never more than `in_flight`).
+    /// Buffers handed out so far (never more than the region's slots).
     allocated: AtomicUsize,
 }
 
 struct PoolState {
-    free: Vec<AlignedBuf>,
+    free: Vec<SlotBuf>,
+    /// The memory of every buffer, mapped at the first read.
+    region: Option<Arc<Region>>,
     /// The stream, waiting for a chunk to be dropped.
     waker: Option<Waker>,
+}
+
+/// The memory of a scan's buffers: one allocation of `slots × chunk`
+/// bytes, made at the scan's first read, whose slots are the buffers. From
+/// 2 MiB it is its own mapping, aligned to 2 MiB and backed by transparent
+/// huge pages where the system allows ([`AlignedBuf::try_new_huge`]): it
+/// comes zero-filled from the kernel and is faulted in a huge page at a
+/// time, where 1 MiB buffers from the allocator were zeroed by `memset`
+/// and faulted in 4 KiB at a time (DESIGN, "Scans": ~3 ms of an 8 MiB
+/// scan's ~50 ms on a cached file). A huge page is also physically
+/// contiguous, which an `O_DIRECT` read into it needs to reach the device
+/// in a few segments.
+struct Region {
+    /// Owns the memory (freed when the last slot and the pool are gone);
+    /// never read or written through: only through `base`.
+    _mem: AlignedBuf,
+    /// Start of slot 0; slot `i` is `chunk` bytes at `base + i × chunk`.
+    base: NonNull<u8>,
+    chunk: usize,
+}
+
+// SAFETY: a Region is a handle on memory it owns and never touches itself;
+// each slot is read and written only through the one `SlotBuf` made for
+// it, which the pool, a read in flight or a chunk owns at a time.
+unsafe impl Send for Region {}
+// SAFETY: as above: `&Region` gives access to nothing but `base` and `chunk`.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Zeroed memory for `slots` buffers of `chunk` bytes aligned to `align`.
+    fn new(slots: usize, chunk: usize, align: usize) -> io::Result<Region> {
+        let len = slots.checked_mul(chunk).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("scan: {slots} buffers of {chunk} bytes overflow the address space"),
+            )
+        })?;
+        let mut mem = AlignedBuf::try_new_huge(len, align).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("scan: cannot allocate {slots} chunk buffers of {chunk} bytes: {e}"),
+            )
+        })?;
+        // The allocation does not move when `mem` does.
+        let base = NonNull::new(mem.stable_mut_ptr()).expect("an allocation is not null");
+        Ok(Region {
+            _mem: mem,
+            base,
+            chunk,
+        })
+    }
+}
+
+/// Slot `index` of a [`Region`]: one chunk buffer. Exactly one exists per
+/// slot (the pool makes each once and never clones it), so whoever holds it
+/// has the slot's bytes to itself; it keeps the region alive.
+struct SlotBuf {
+    region: Arc<Region>,
+    index: usize,
+}
+
+impl SlotBuf {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: index < slots, so the offset stays inside the allocation.
+        unsafe {
+            self.region
+                .base
+                .as_ptr()
+                .add(self.index * self.region.chunk)
+        }
+    }
+}
+
+impl Deref for SlotBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the slot's `chunk` bytes are inside the region, which this
+        // buffer keeps alive, initialised (zero-filled, then written only by
+        // reads), and nobody else reaches them while this buffer exists.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.region.chunk) }
+    }
+}
+
+// SAFETY: the slot's `chunk` bytes stay where they are (the region's
+// allocation never moves) and allocated while this buffer, which holds an
+// `Arc` of the region, lives; no other `SlotBuf` covers them; all of them
+// are initialised (zero-filled at allocation), so `bytes_init` is
+// `bytes_total` and never changes.
+unsafe impl IoBufMut for SlotBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr()
+    }
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.region.chunk
+    }
+    fn bytes_total(&self) -> usize {
+        self.region.chunk
+    }
+    unsafe fn set_init(&mut self, _pos: usize) {}
 }
 
 impl Pool {
@@ -333,35 +448,35 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A free buffer, a new one while fewer than `max` exist, or `None`
-    /// after registering `waker` to be woken by the next returned buffer.
-    /// `Err` if a new buffer cannot be allocated.
+    /// A free buffer, a slot not handed out yet (of a region of `slots`
+    /// buffers of `chunk` bytes, mapped at the first call), or `None` after
+    /// registering `waker` to be woken by the next returned buffer. `Err`
+    /// if the region cannot be allocated.
     fn take(
         &self,
-        max: usize,
-        size: usize,
+        slots: usize,
+        chunk: usize,
         align: usize,
         waker: &Waker,
-    ) -> io::Result<Option<AlignedBuf>> {
+    ) -> io::Result<Option<SlotBuf>> {
         let mut st = self.lock();
         if let Some(b) = st.free.pop() {
             return Ok(Some(b));
         }
-        if self.allocated.load(Ordering::Relaxed) < max {
-            self.allocated.fetch_add(1, Ordering::Relaxed);
-            drop(st);
-            // Huge-page buffers (from 2 MiB): physically contiguous, for
-            // O_DIRECT (see the module's "Cached and uncached files").
-            return match AlignedBuf::try_new_huge(size, align) {
-                Ok(b) => Ok(Some(b)),
-                Err(e) => {
-                    self.allocated.fetch_sub(1, Ordering::Relaxed);
-                    Err(io::Error::new(
-                        e.kind(),
-                        format!("scan: cannot allocate a chunk buffer of {size} bytes: {e}"),
-                    ))
-                }
+        let next = self.allocated.load(Ordering::Relaxed);
+        if next < slots {
+            let region = if let Some(r) = &st.region {
+                r.clone()
+            } else {
+                let r = Arc::new(Region::new(slots, chunk, align)?);
+                st.region = Some(r.clone());
+                r
             };
+            self.allocated.store(next + 1, Ordering::Relaxed);
+            return Ok(Some(SlotBuf {
+                region,
+                index: next,
+            }));
         }
         if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
             st.waker = Some(waker.clone());
@@ -369,7 +484,7 @@ impl Pool {
         Ok(None)
     }
 
-    fn put(&self, buf: AlignedBuf) {
+    fn put(&self, buf: SlotBuf) {
         let waker = {
             let mut st = self.lock();
             st.free.push(buf);
@@ -384,8 +499,8 @@ impl Pool {
 enum SlotState<'a> {
     /// Reading into a window of the buffer: the continuation of a short
     /// read fills the rest of the same buffer.
-    Reading(UringReadOwnedFuture<'a, Slice<AlignedBuf>>),
-    Done(AlignedBuf),
+    Reading(UringReadOwnedFuture<'a, Slice<SlotBuf>>),
+    Done(SlotBuf),
     Failed(io::Error),
     /// Transient, while the state is being replaced.
     Empty,
@@ -396,9 +511,9 @@ fn read_rest<'a>(
     ctx: &'a UringContext,
     fid: FileId,
     slot: &Slot<'a>,
-    buf: AlignedBuf,
+    buf: SlotBuf,
     ring_only: bool,
-) -> UringReadOwnedFuture<'a, Slice<AlignedBuf>> {
+) -> UringReadOwnedFuture<'a, Slice<SlotBuf>> {
     // read_from <= want <= buf.len() (zeroed, all initialised), so the
     // window fits.
     let win = buf.slice(slot.read_from..slot.want);
@@ -435,6 +550,9 @@ pub struct Scan<'a> {
     end: u64,
     /// Offset of the next chunk to read (aligned).
     next: u64,
+    /// Buffers of the scan's region: `in_flight`, or fewer for a short
+    /// range.
+    buffers: usize,
     slots: VecDeque<Slot<'a>>,
     pool: Arc<Pool>,
     /// End of file, end of range or an error: no more reads.
@@ -477,10 +595,7 @@ impl<'a> Scan<'a> {
     fn issue(&mut self, cx: &Context<'_>) {
         let (chunk, align) = (self.opts.chunk_size, self.opts.align);
         while !self.stopped && self.next < self.end && self.slots.len() < self.opts.in_flight {
-            let buf = match self
-                .pool
-                .take(self.opts.in_flight, chunk, align, cx.waker())
-            {
+            let buf = match self.pool.take(self.buffers, chunk, align, cx.waker()) {
                 Ok(Some(buf)) => buf,
                 Ok(None) => break,
                 Err(e) => {
@@ -678,7 +793,7 @@ impl fmt::Debug for Scan<'_> {
 /// [`offset`](Chunk::offset) says where they are in the file. Dropping it
 /// gives its buffer back to the scan (which may be waiting for one).
 pub struct Chunk {
-    buf: Option<AlignedBuf>,
+    buf: Option<SlotBuf>,
     start: usize,
     len: usize,
     offset: u64,

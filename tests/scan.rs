@@ -289,6 +289,17 @@ fn holding_chunks(choice: BackendChoice) {
             "no read without a buffer"
         );
         assert_eq!(scan.buffers_allocated(), 3);
+        // The buffers share one allocation: the chunks held at once must
+        // not overlap.
+        let mut spans: Vec<(usize, usize)> = held
+            .iter()
+            .map(|c| (c.as_ptr() as usize, c.as_ptr() as usize + c.len()))
+            .collect();
+        spans.sort_unstable();
+        assert!(
+            spans.windows(2).all(|w| w[0].1 <= w[1].0),
+            "chunks held at once overlap: {spans:?}"
+        );
         let mut at = 0;
         let mut n = 0;
         loop {
@@ -338,6 +349,23 @@ fn buffers_recycled(choice: BackendChoice) {
             assert!(scan.buffers_allocated() <= in_flight);
             assert!(seen.len() <= in_flight, "{} distinct buffers", seen.len());
         }
+        // A range of three chunks uses three buffers, whatever `in_flight`
+        // says; the content is right and the chunks outlive the scan.
+        let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(16);
+        let mut scan = opts.scan(&ctx, 0u32, 5..(2 * CHUNK + 6) as u64).unwrap();
+        let mut kept = Vec::new();
+        while let Some(c) = scan.next().await {
+            kept.push(c.unwrap());
+        }
+        assert_eq!(scan.buffers_allocated(), 3);
+        drop(scan);
+        let mut at = 5;
+        for c in &kept {
+            assert_eq!(c.offset(), at);
+            check_pattern(file.seed, at, c).unwrap();
+            at += c.len() as u64;
+        }
+        assert_eq!(at, (2 * CHUNK + 6) as u64);
         drop(file);
         drop(set);
     });
