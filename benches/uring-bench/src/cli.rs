@@ -297,9 +297,10 @@ pub enum Mode {
     /// "Towards Fast IO on Linux using Rust" (BufReader lines/fill_buf, an
     /// O_DIRECT loop, mmap naive/AVX2/memchr, vectored reads, io_uring with
     /// one read or readv in flight) plus this crate's scan (buffered and
-    /// O_DIRECT, depths 1/4/16), `wc -l` and fio's sequential O_DIRECT read
-    /// (the device ceiling), cold and hot. Every count is checked against
-    /// the file's known line count.
+    /// O_DIRECT, depths 1/4/8/16), a hand-written two-thread reader (the
+    /// ceiling of a copying reader), `wc -l` and fio's sequential O_DIRECT
+    /// read (the device ceiling), cold and hot. Every count is checked
+    /// against the file's known line count.
     Lines(LinesArgs),
 
     /// Open loop: lookups (1 read, or a batch) arrive at a fixed mean rate
