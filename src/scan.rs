@@ -32,8 +32,9 @@
 //! # How it works
 //!
 //! A scan owns a small pool of at most `in_flight` buffers of
-//! `chunk_size` bytes, the slots of one allocation made at its first read
-//! (fewer for a range that needs fewer). Each buffer is either being read
+//! `chunk_size` bytes (fewer for a range that needs fewer), the slots of
+//! allocations of up to 8 MiB (or one chunk) made as they are first
+//! needed: one for the default 8 × 1 MiB. Each buffer is either being read
 //! into (an owned, zero-copy [`UringContext::read_owned`]), or held by the
 //! consumer as a [`Chunk`], or free. The stream starts a read whenever a
 //! buffer is free (or not handed out yet), so up to `in_flight` reads run ahead of the
@@ -136,6 +137,11 @@ const MAX_IN_FLIGHT: usize = 1024;
 /// Slots reserved up front; a deeper scan grows its queue as it goes.
 const INITIAL_SLOTS: usize = 16;
 const DEFAULT_ALIGN: usize = 4096;
+/// Largest allocation of a scan's buffers (a `Region`), unless one chunk is
+/// larger: the default 8 MiB of buffers is one region, four huge pages;
+/// settings far beyond that (1024 chunks of 1 GiB) map their buffers a
+/// chunk at a time, as they are needed.
+const REGION_BYTES: usize = 8 << 20;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
 /// scan's reads skip the page-cache fast path and go to a ring (see the
 /// module's "Cached and uncached files"); measured crossover, 2 vCPUs.
@@ -312,7 +318,7 @@ impl ScanOptions {
             pool: Arc::new(Pool {
                 state: Mutex::new(PoolState {
                     free: Vec::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
-                    region: None,
+                    regions: Vec::new(),
                     waker: None,
                 }),
                 allocated: AtomicUsize::new(0),
@@ -327,20 +333,21 @@ impl ScanOptions {
 /// The buffers of one scan, shared by the stream and its chunks.
 struct Pool {
     state: Mutex<PoolState>,
-    /// Buffers handed out so far (never more than the region's slots).
+    /// Buffers handed out so far (never more than the scan's buffers).
     allocated: AtomicUsize,
 }
 
 struct PoolState {
     free: Vec<SlotBuf>,
-    /// The memory of every buffer, mapped at the first read.
-    region: Option<Arc<Region>>,
+    /// The memory of the buffers handed out so far: regions of up to
+    /// `REGION_BYTES` each, made as they are needed.
+    regions: Vec<Arc<Region>>,
     /// The stream, waiting for a chunk to be dropped.
     waker: Option<Waker>,
 }
 
-/// The memory of a scan's buffers: one allocation of `slots × chunk`
-/// bytes, made at the scan's first read, whose slots are the buffers. From
+/// Memory of a scan's buffers: one allocation of `slots × chunk` bytes
+/// (at most `REGION_BYTES`, or one chunk), whose slots are buffers. From
 /// 2 MiB it is its own mapping, aligned to 2 MiB and backed by transparent
 /// huge pages where the system allows ([`AlignedBuf::try_new_huge`]): it
 /// comes zero-filled from the kernel and is faulted in a huge page at a
@@ -448,10 +455,10 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A free buffer, a slot not handed out yet (of a region of `slots`
-    /// buffers of `chunk` bytes, mapped at the first call), or `None` after
-    /// registering `waker` to be woken by the next returned buffer. `Err`
-    /// if the region cannot be allocated.
+    /// A free buffer, a slot not handed out yet (of `slots` buffers of
+    /// `chunk` bytes in all, in regions of up to `REGION_BYTES` made as
+    /// they are needed), or `None` after registering `waker` to be woken by
+    /// the next returned buffer. `Err` if a region cannot be allocated.
     fn take(
         &self,
         slots: usize,
@@ -465,18 +472,17 @@ impl Pool {
         }
         let next = self.allocated.load(Ordering::Relaxed);
         if next < slots {
-            let region = if let Some(r) = &st.region {
-                r.clone()
-            } else {
-                let r = Arc::new(Region::new(slots, chunk, align)?);
-                st.region = Some(r.clone());
-                r
-            };
+            // Whole chunks per region (at least one), so that huge settings
+            // on a short file map what they use, as lazily as before.
+            let per_region = (REGION_BYTES / chunk).max(1);
+            let (which, index) = (next / per_region, next % per_region);
+            if which == st.regions.len() {
+                let n = per_region.min(slots - which * per_region);
+                st.regions.push(Arc::new(Region::new(n, chunk, align)?));
+            }
+            let region = st.regions[which].clone();
             self.allocated.store(next + 1, Ordering::Relaxed);
-            return Ok(Some(SlotBuf {
-                region,
-                index: next,
-            }));
+            return Ok(Some(SlotBuf { region, index }));
         }
         if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
             st.waker = Some(waker.clone());
@@ -550,8 +556,7 @@ pub struct Scan<'a> {
     end: u64,
     /// Offset of the next chunk to read (aligned).
     next: u64,
-    /// Buffers of the scan's region: `in_flight`, or fewer for a short
-    /// range.
+    /// Buffers of the scan: `in_flight`, or fewer for a short range.
     buffers: usize,
     slots: VecDeque<Slot<'a>>,
     pool: Arc<Pool>,

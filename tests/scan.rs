@@ -565,7 +565,38 @@ fn short_reads_and_errors(choice: BackendChoice) {
     });
 }
 
+/// The largest settings (1024 chunks of 1 GiB) on a small file: the scan
+/// maps buffers as it needs them rather than all 1 TiB at once (which the
+/// kernel refuses), and reads the file whole.
+fn largest_settings_on_a_small_file(choice: BackendChoice) {
+    let set = common::FileSet::new(0x1a26, &[3 * CHUNK as u64 + 7]);
+    common::run(
+        "largest_settings_on_a_small_file",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let file = set.files[0].clone();
+            let ctx = common::default_ctx(choice, set.open_all());
+            let opts = ScanOptions::new().chunk_size(1 << 30).in_flight(1024);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let mut at = 0;
+            while let Some(c) = scan.next().await {
+                let c = c.unwrap_or_else(|e| panic!("{choice:?}: {e}"));
+                assert_eq!(c.offset(), at);
+                check_pattern(file.seed, at, &c).unwrap();
+                at += c.len() as u64;
+            }
+            assert_eq!(at, file.len);
+            drop(scan);
+            let n = common::wait_in_flight_zero(&ctx, Duration::from_secs(30)).await;
+            assert_eq!(n, 0);
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
+    largest_settings_on_a_small_file,
     sizes_in_order,
     ranges_mid_chunk,
     o_direct,
