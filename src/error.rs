@@ -31,15 +31,21 @@ impl Closed {
     pub(crate) fn error(&self) -> io::Error {
         match self {
             Closed::Shutdown => shut_down_error(),
-            Closed::RuntimeGone => io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the UringContext is shut down: the tokio runtime it was created on (its home runtime) has shut down",
-            ),
+            Closed::RuntimeGone => runtime_gone_error(),
             Closed::Broken(why) => io::Error::other(format!(
                 "the io_uring ring is broken (io_uring_enter failed: {why}); this read never reached the kernel"
             )),
         }
     }
+}
+
+/// The context's home runtime shut down: its ring drivers were dropped, or
+/// the blocking pool cancelled a task it had not started.
+pub(crate) fn runtime_gone_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "the UringContext is shut down: the tokio runtime it was created on (its home runtime) has shut down",
+    )
 }
 
 pub(crate) fn shut_down_error() -> io::Error {

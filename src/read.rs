@@ -487,7 +487,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         Ok(out) => self.target.finish_blocking(out, self.done)?,
                         // Cancelled: the runtime of the blocking pool shut down.
                         Err(join) if join.is_cancelled() => {
-                            return Poll::Ready(Err(shut_down_error()))
+                            return Poll::Ready(Err(error::runtime_gone_error()))
                         }
                         Err(join) => return Poll::Ready(Err(error::blocking_task_failed(&join))),
                     };

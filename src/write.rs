@@ -188,7 +188,7 @@ impl<'a, J: Job> OpCore<'a, J> {
                     self.state = State::Start;
                     let res = match out {
                         Ok(out) => self.job.finish_blocking(out),
-                        Err(join) if join.is_cancelled() => Err(shut_down_error()),
+                        Err(join) if join.is_cancelled() => Err(error::runtime_gone_error()),
                         Err(join) => Err(error::blocking_task_failed(&join)),
                     };
                     let res = res.map_err(|e| self.explain(e));

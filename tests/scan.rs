@@ -595,8 +595,281 @@ fn largest_settings_on_a_small_file(choice: BackendChoice) {
     );
 }
 
+/// Drains `scan` from `at`: every chunk contiguous and with the pattern's
+/// bytes, until the end or the first error (after which the stream stays
+/// ended). Returns where it stopped and the error, if any.
+async fn drain_checked(
+    scan: &mut uring_positioned_io::Scan<'_>,
+    seed: u64,
+    mut at: u64,
+) -> (u64, Option<io::Error>) {
+    while let Some(c) = scan.next().await {
+        match c {
+            Ok(c) => {
+                assert_eq!(c.offset(), at, "chunks out of order");
+                check_pattern(seed, at, &c).unwrap();
+                at += c.len() as u64;
+            }
+            Err(e) => {
+                assert!(scan.next().await.is_none(), "an error ends the stream");
+                return (at, Some(e));
+            }
+        }
+    }
+    (at, None)
+}
+
+/// The context's runtime is dropped while a scan consumed from another
+/// thread (its own runtime) has reads in flight and holds chunks: the rest
+/// of the scan is either read (the ring is driven by its waiting futures)
+/// or ends with an error, never hangs, and the chunks held stay intact.
+fn runtime_dropped_mid_scan(choice: BackendChoice) {
+    let set = common::FileSet::new(0x5c0d, &[(4 << 20) + 777]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    common::watchdog("runtime_dropped_mid_scan", 60, move || {
+        // 16 × 64 KiB ahead: reads go to the ring (read-ahead); 4 × 64 KiB:
+        // they try the page cache on the consumer's thread first.
+        let rounds = [
+            (Flavor::Multi, 16),
+            (Flavor::Current, 16),
+            (Flavor::Multi, 4),
+            (Flavor::Current, 4),
+            (Flavor::Multi, 16),
+        ];
+        for (round, (flavor, in_flight)) in rounds.into_iter().enumerate() {
+            if round != 4 {
+                file.drop_cache();
+            }
+            let rt = common::runtime(flavor);
+            let ctx = rt.block_on(async { common::default_ctx(choice, vec![file.open()]) });
+            let (half, half_rx) = std::sync::mpsc::channel();
+            let (go, go_rx) = std::sync::mpsc::channel::<()>();
+            let consumer = std::thread::spawn({
+                let (ctx, file) = (ctx.clone(), file.clone());
+                move || {
+                    let rt2 = common::runtime(Flavor::Current);
+                    rt2.block_on(async move {
+                        let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(in_flight);
+                        let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+                        let mut kept: Vec<Chunk> = Vec::new();
+                        for i in 0..2 {
+                            let c = scan.next().await.unwrap().unwrap();
+                            assert_eq!(c.offset(), (i * CHUNK) as u64);
+                            kept.push(c);
+                        }
+                        half.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        let (at, err) = drain_checked(&mut scan, file.seed, 2 * CHUNK as u64).await;
+                        match &err {
+                            None => assert_eq!(at, file.len, "ended early without an error"),
+                            // The error says why.
+                            Some(e) => assert!(
+                                e.kind() == io::ErrorKind::BrokenPipe
+                                    && e.to_string().contains("runtime"),
+                                "{e}"
+                            ),
+                        }
+                        drop(scan);
+                        for c in &kept {
+                            check_pattern(file.seed, c.offset(), c).unwrap();
+                        }
+                        (at, err.map(|e| e.to_string()))
+                    })
+                }
+            });
+            // Drive the context's runtime (a current_thread one runs its
+            // driver only here) until the scan is half-way.
+            rt.block_on(async {
+                while half_rx.try_recv().is_err() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            drop(rt);
+            go.send(()).unwrap();
+            let (at, err) = consumer
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            println!(
+                "{choice:?}/{flavor:?} round {round}: stopped at {at} of {}, error {err:?}",
+                file.len
+            );
+            drop(ctx);
+        }
+    });
+}
+
+/// `shutdown()` while a scan has reads in flight and the consumer holds
+/// chunks: the shutdown returns, the scan ends (with an error or at the
+/// end), and the chunks held stay intact.
+fn shutdown_mid_scan(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let set = common::FileSet::new(0x5d5c, &[(3 << 20) + 4097]);
+        set.sync_all();
+        set.drop_caches();
+        common::run("shutdown_mid_scan", flavor, 30, move || async move {
+            let file = set.files[0].clone();
+            let ctx = common::default_ctx(choice, set.open_all());
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(8);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let kept = scan.next().await.unwrap().unwrap();
+            let stopper = tokio::spawn({
+                let ctx = ctx.clone();
+                async move { ctx.shutdown().await }
+            });
+            let (at, err) = drain_checked(&mut scan, file.seed, CHUNK as u64).await;
+            stopper.await.unwrap();
+            assert!(
+                err.is_some() || at == file.len,
+                "ended at {at} without an error"
+            );
+            drop(scan);
+            check_pattern(file.seed, 0, &kept).unwrap();
+            // A scan started after the shutdown fails at once, or yields an error.
+            match opts.scan(&ctx, 0u32, ..) {
+                Err(_) => {}
+                Ok(mut s) => assert!(
+                    matches!(s.next().await, Some(Err(_))),
+                    "a scan after shutdown"
+                ),
+            }
+            println!(
+                "{choice:?}/{flavor:?}: stopped at {at} of {}, error {err:?}",
+                file.len
+            );
+            drop(set);
+        });
+    }
+}
+
+/// Storage that never answers one chunk (FUSE): the scan waits for it
+/// without freezing the runtime; the consumer gives up and drops the
+/// stream; other reads of the file go on; once the storage answers, every
+/// dropped read comes back and a new scan reads the file whole.
+fn hung_storage_mid_scan(choice: BackendChoice) {
+    let len = 12 * CHUNK as u64 + 5;
+    let spec = FileSpec::new("h", len, 0x4a06);
+    let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), true) else {
+        return;
+    };
+    let file = TestFile {
+        path: fs.path("h"),
+        seed: spec.seed,
+        len,
+    };
+    common::run(
+        "hung_storage_mid_scan",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::default_ctx(choice, vec![file.open()]);
+            let hung = 5 * CHUNK as u64;
+            fs.set_fault("h", hung..hung + 1, Fault::Hang);
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(4);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let mut at = 0;
+            while at < hung {
+                let c = scan.next().await.unwrap().unwrap();
+                assert_eq!(c.offset(), at);
+                check_pattern(file.seed, at, &c).unwrap();
+                at += c.len() as u64;
+            }
+            let ticks = tokio::spawn(async {
+                let mut n = 0;
+                for _ in 0..20 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    n += 1;
+                }
+                n
+            });
+            let waited = tokio::time::timeout(Duration::from_millis(300), scan.next()).await;
+            assert!(
+                waited.is_err(),
+                "the hung chunk came back: {:?}",
+                waited.map(|c| c.map(|c| c.map(|c| c.offset())))
+            );
+            assert_eq!(ticks.await.unwrap(), 20, "the runtime kept running timers");
+            // Other parts of the file are still readable while one read hangs.
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), ctx.read(0u32, 4096, &mut buf))
+                .await
+                .expect("a read elsewhere in the file finished")
+                .unwrap();
+            assert_eq!(n, 4096);
+            check_pattern(file.seed, 4096, &buf).unwrap();
+            drop(scan);
+            fs.release_hangs();
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(20)).await,
+                0
+            );
+            fs.clear_faults();
+            check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await;
+            drop(ctx);
+            drop(fs);
+        },
+    );
+}
+
+/// The file is truncated (at a page boundary) while a scan of it is under
+/// way: every chunk yielded has the file's bytes (read before or after the
+/// cut), and the stream ends at the new end or at a chunk read before it.
+fn truncated_mid_scan(choice: BackendChoice) {
+    let set = common::FileSet::new(0x7c47, &[16 * CHUNK as u64]);
+    set.sync_all();
+    common::run(
+        "truncated_mid_scan",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let file = set.files[0].clone();
+            for (round, in_flight) in [1usize, 4, 8].into_iter().enumerate() {
+                // Rebuild the file at full length.
+                let full =
+                    common::make_file(file.path.parent().unwrap(), file.seed, 16 * CHUNK as u64);
+                assert_eq!(full.path, file.path);
+                if round % 2 == 1 {
+                    file.drop_cache();
+                }
+                let ctx = common::default_ctx(choice, vec![file.open()]);
+                let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(in_flight);
+                let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+                let mut at = 0;
+                for _ in 0..2 {
+                    let c = scan.next().await.unwrap().unwrap();
+                    check_pattern(file.seed, at, &c).unwrap();
+                    at += c.len() as u64;
+                }
+                let cut = 6 * CHUNK as u64;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&file.path)
+                    .unwrap()
+                    .set_len(cut)
+                    .unwrap();
+                let (end, err) = drain_checked(&mut scan, file.seed, at).await;
+                assert!(err.is_none(), "{err:?}");
+                assert!(
+                    end >= cut && end <= 16 * CHUNK as u64 && end % CHUNK as u64 == 0,
+                    "ended at {end}"
+                );
+                drop(scan);
+                assert_eq!(
+                    common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await,
+                    0
+                );
+            }
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
     largest_settings_on_a_small_file,
+    runtime_dropped_mid_scan,
+    shutdown_mid_scan,
+    hung_storage_mid_scan,
+    truncated_mid_scan,
     sizes_in_order,
     ranges_mid_chunk,
     o_direct,
