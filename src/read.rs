@@ -202,6 +202,9 @@ enum FastPath {
     Try,
     /// Go straight to a ring (a scan's read-ahead, see `scan.rs`).
     Skip,
+    /// Go to the blocking pool, even on a ring (a scan's read-ahead of a
+    /// cached file for a consumer that is a task, see `scan.rs`).
+    Pool,
     /// It served the whole read.
     Served,
 }
@@ -257,6 +260,12 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// Makes this read skip the page-cache fast path (see `FastPath::Skip`).
     pub(crate) fn ring_only(mut self) -> Self {
         self.fast_path = FastPath::Skip;
+        self
+    }
+
+    /// Makes this read go to the blocking pool (see `FastPath::Pool`).
+    pub(crate) fn via_blocking_pool(mut self) -> Self {
+        self.fast_path = FastPath::Pool;
         self
     }
 
@@ -350,7 +359,7 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     if self.done >= total {
                         return Poll::Ready(Ok(self.done));
                     }
-                    let ring = if file.on_ring() {
+                    let ring = if file.on_ring() && self.fast_path != FastPath::Pool {
                         self.ctx.ring(slot)
                     } else {
                         None
@@ -899,6 +908,15 @@ impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
     pub(crate) fn ring_only(self) -> Self {
         UringReadOwnedFuture {
             core: self.core.ring_only(),
+        }
+    }
+
+    /// Makes this read a `pread` on the context's blocking pool, whatever
+    /// the file's route (a scan's read-ahead for a consumer that is a task;
+    /// see `scan.rs`).
+    pub(crate) fn via_blocking_pool(self) -> Self {
+        UringReadOwnedFuture {
+            core: self.core.via_blocking_pool(),
         }
     }
 

@@ -77,10 +77,13 @@
 //! second chunk handed out on) still tries the page cache on the consumer's
 //! thread, so that on a cached file the consumer takes a share of the
 //! copying; the first such read that misses turns this off for the rest of
-//! the scan. A consumer that is itself a task runs on a runtime worker,
-//! whose own poll would submit the ring reads and copy them anyway: there
-//! every read after the first chunk tries the page cache, until one misses. With less ahead, the ring's round trip would not be hidden, so
-//! every read takes the page cache inline. The measurements are in the
+//! the scan. A consumer whose own thread would do the ring's copying (a
+//! task, which runs on a runtime worker whose poll submits the ring reads
+//! and copies them in its `io_uring_enter`; or `block_on` of a
+//! `current_thread` runtime, the ring's only thread) has the other reads
+//! copied by the context's blocking pool instead, on another thread, once
+//! its share has hit the page cache. With less ahead, the ring's round trip
+//! would not be hidden, so every read takes the page cache inline. The measurements are in the
 //! crate's `docs/DESIGN.md` ("Scans").
 //!
 //! From 2 MiB in all, the buffers' allocation is a mapping of its own
@@ -324,7 +327,7 @@ impl ScanOptions {
                 allocated: AtomicUsize::new(0),
             }),
             stopped: start == end,
-            missed: false,
+            cache: Cache::Unknown,
             yielded: false,
         })
     }
@@ -512,6 +515,17 @@ enum SlotState<'a> {
     Empty,
 }
 
+/// Whether a ring read issued from this thread would be copied out of the
+/// page cache on this thread anyway: a task runs on a runtime worker, whose
+/// own poll submits for an idle driver (and where the driver, woken from
+/// it, runs next); a thread that polls drivers is such a worker, or the
+/// thread of a `current_thread` runtime hosting the context. Only a
+/// consumer outside the runtime (`block_on` of a multi-thread runtime, a
+/// thread of its own) has the ring's copying done on another CPU.
+fn copies_ring_reads_itself() -> bool {
+    tokio::task::try_id().is_some() || crate::ring::on_driver_thread()
+}
+
 /// Reads the rest of `slot` (from `read_from`) into `buf`.
 fn read_rest<'a>(
     ctx: &'a UringContext,
@@ -562,17 +576,30 @@ pub struct Scan<'a> {
     pool: Arc<Pool>,
     /// End of file, end of range or an error: no more reads.
     stopped: bool,
-    /// A read of the consumer's share missed the page cache: the file is
-    /// not (all) cached, and the rest of the scan leaves every read to the
-    /// ring (a miss on the consumer's thread starts the kernel's readahead
-    /// out of order; re-probing every 16th turn still cut the disk requests
-    /// of an uncached 16-deep scan from 4 MiB to 3.4–3.7 MiB).
-    missed: bool,
+    /// What the consumer's share has learnt of the page cache.
+    cache: Cache,
     /// A chunk has been handed out. The consumer's share starts only then:
     /// a read of the first burst that took the page-cache path at once
     /// would reach the kernel before the ring's reads of the chunks in front
     /// of it, and its readahead would start out of order.
     yielded: bool,
+}
+
+/// What the reads of the consumer's share have found in the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// No read of the share has completed yet.
+    Unknown,
+    /// Every one so far was served whole from the page cache: the file is
+    /// cached, and a consumer whose thread would copy the ring's reads
+    /// itself has the others copied by the blocking pool.
+    Hit,
+    /// One was not: the file is not (all) cached, and the rest of the scan
+    /// leaves every read to the ring (a miss on the consumer's thread
+    /// starts the kernel's readahead out of order; re-probing every 16th
+    /// turn still cut the disk requests of an uncached 16-deep scan from
+    /// 4 MiB to 3.4–3.7 MiB). Final.
+    Missed,
 }
 
 impl<'a> Scan<'a> {
@@ -633,13 +660,13 @@ impl<'a> Scan<'a> {
             let mut consumer = false;
             let fut = if self.opts.ring_only() {
                 let turn = (self.next / chunk as u64) % CONSUMER_SHARE == CONSUMER_SHARE - 1;
-                // A consumer inside a task runs on a runtime worker, where
-                // its own poll submits the ring read and copies it anyway:
-                // every read takes the page cache while it hits.
-                let share = turn || tokio::task::try_id().is_some();
-                consumer = share && self.yielded && !self.missed;
+                consumer = turn && self.yielded && self.cache != Cache::Missed;
                 if consumer {
                     fut
+                } else if self.cache == Cache::Hit && copies_ring_reads_itself() {
+                    // On a cached file the blocking pool copies instead, on
+                    // another thread.
+                    fut.via_blocking_pool()
                 } else {
                     fut.ring_only()
                 }
@@ -668,8 +695,12 @@ impl<'a> Scan<'a> {
                 };
                 if slot.consumer {
                     slot.consumer = false;
-                    if !fut.served_inline() {
-                        self.missed = true;
+                    if self.cache != Cache::Missed {
+                        self.cache = if fut.served_inline() {
+                            Cache::Hit
+                        } else {
+                            Cache::Missed
+                        };
                     }
                 }
                 let buf = win.into_inner();

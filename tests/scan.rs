@@ -263,6 +263,56 @@ fn drop_mid_scan(choice: BackendChoice) {
     });
 }
 
+/// Dropping a scan whose read-ahead is on the blocking pool (the consumer
+/// is a task, the file cached): the chunks kept stay intact, the pool's
+/// reads finish into buffers nobody sees, every slot comes back, and the
+/// file still reads right. Both flavours (on `current_thread`, `block_on`
+/// itself takes this route).
+fn drop_mid_scan_on_the_blocking_pool(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let set = common::FileSet::new(0xd2b1, &[24 << 20]);
+        common::run(
+            "drop_mid_scan_on_the_blocking_pool",
+            flavor,
+            30,
+            move || async move {
+                let file = set.files[0].clone();
+                let ctx = common::default_ctx(choice, set.open_all());
+                // Cache it.
+                common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+                for take in [4usize, 5, 9, 17] {
+                    let (ctx2, file2) = (ctx.clone(), file.clone());
+                    tokio::spawn(async move {
+                        let opts = ScanOptions::new().chunk_size(1 << 20).in_flight(8);
+                        let mut scan = opts.scan(&ctx2, 0u32, ..).unwrap();
+                        let mut kept = Vec::new();
+                        for i in 0..take {
+                            let c = scan.next().await.unwrap().unwrap();
+                            assert_eq!(c.offset(), (i << 20) as u64);
+                            if i % 3 == 0 {
+                                kept.push(c);
+                            }
+                        }
+                        // Pool reads in flight (8 buffers: some kept, the rest
+                        // being read).
+                        drop(scan);
+                        tokio::task::yield_now().await;
+                        for c in &kept {
+                            check_pattern(file2.seed, c.offset(), c).unwrap();
+                        }
+                    })
+                    .await
+                    .unwrap();
+                    let n = common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await;
+                    assert_eq!(n, 0, "reads of a dropped scan still in flight");
+                }
+                common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+                drop(set);
+            },
+        );
+    }
+}
+
 /// A consumer that keeps every chunk: the stream stops reading and waits;
 /// dropping one chunk lets it go on.
 fn holding_chunks(choice: BackendChoice) {
@@ -376,9 +426,12 @@ fn buffers_recycled(choice: BackendChoice) {
 /// ring copies while the consumer works, and uncached reads keep the
 /// kernel's readahead window whole), except one chunk in four after the
 /// first chunk is out, which the consumer's thread reads from the page cache
-/// (its share of the copying) — or every one after the first burst when the
-/// consumer is a task. With less ahead, every read takes the page-cache
-/// fast path. Content is checked either way, on both runtime flavours.
+/// (its share of the copying); when the consumer's thread would copy the
+/// ring's reads itself (a task, or `block_on` of a `current_thread`
+/// runtime), the reads that are not its share go to the blocking pool once
+/// the share has hit the page cache. With less ahead, every read takes the
+/// page-cache fast path. Content is checked either way, on both runtime
+/// flavours.
 fn read_ahead_goes_to_the_ring(flavor: Flavor) {
     let set = common::FileSet::new(0x7ead, &[(24 << 20) + 4097]);
     common::run(
@@ -406,16 +459,31 @@ fn read_ahead_goes_to_the_ring(flavor: Flavor) {
                 let chunks = check_scan(&ctx, 0, &file, opts, 0..u64::MAX).await as u64;
                 let after = ctx.stats();
                 let inline = after.inline_completed - before.inline_completed;
-                let ring = after.submitted - before.submitted;
+                let submitted = after.submitted - before.submitted;
+                let enters = after.enters - before.enters;
                 assert!(
                     inline >= 1 && inline <= chunks / 4,
                     "{chunk} x {in_flight}: {inline} of {chunks} chunks inline, \
                  want the consumer's share (1 in 4, from the first chunk out)"
                 );
                 assert!(
-                    ring >= chunks - inline,
-                    "{chunk} x {in_flight}: {ring} ring reads for {chunks} chunks, {inline} inline"
+                    submitted >= chunks - inline,
+                    "{chunk} x {in_flight}: {submitted} reads submitted for {chunks} chunks, {inline} inline"
                 );
+                match flavor {
+                    // block_on's thread is not a worker: the ring copies
+                    // on a worker.
+                    Flavor::Multi => assert!(
+                        enters >= (chunks - inline) / in_flight as u64,
+                        "{chunk} x {in_flight}: {enters} enters for {submitted} reads"
+                    ),
+                    // The runtime's only thread would copy the ring reads
+                    // itself: once the share hits, the blocking pool does.
+                    Flavor::Current => assert!(
+                        enters <= 2 * in_flight as u64,
+                        "{chunk} x {in_flight}: {enters} enters: the ring read past the first hit"
+                    ),
+                }
             }
             // Less than 512 KiB ahead (128 KiB x 4): the fast path for all.
             let opts = ScanOptions::new().chunk_size(128 << 10).in_flight(4);
@@ -424,23 +492,34 @@ fn read_ahead_goes_to_the_ring(flavor: Flavor) {
             let inline = ctx.stats().inline_completed - before.inline_completed;
             assert!(inline > chunks / 2, "{inline} of {chunks} inline");
             // A consumer inside a task (on a runtime worker, whose own poll
-            // would submit and copy the ring reads anyway): after the first
-            // burst, every read takes the page cache while it hits.
+            // would submit and copy the ring reads): its share inline, and
+            // once that has hit, the rest on the blocking pool, not the ring.
             let (ctx2, file2) = (ctx.clone(), file.clone());
-            let (chunks, inline) = tokio::spawn(async move {
+            let (chunks, inline, submitted, enters) = tokio::spawn(async move {
                 let opts = ScanOptions::new().chunk_size(1 << 20).in_flight(4);
                 let before = ctx2.stats();
                 let chunks = check_scan(&ctx2, 0, &file2, opts, 0..u64::MAX).await as u64;
+                let after = ctx2.stats();
                 (
                     chunks,
-                    ctx2.stats().inline_completed - before.inline_completed,
+                    after.inline_completed - before.inline_completed,
+                    after.submitted - before.submitted,
+                    after.enters - before.enters,
                 )
             })
             .await
             .unwrap();
             assert!(
-                inline >= chunks - 4 && inline < chunks,
-                "in a task: {inline} of {chunks} chunks inline, want all but the first burst of 4"
+                inline >= 1 && inline <= chunks / 4,
+                "in a task: {inline} of {chunks} chunks inline, want the consumer's share"
+            );
+            assert!(
+                submitted >= chunks - inline,
+                "in a task: {submitted} submitted"
+            );
+            assert!(
+                enters <= 8,
+                "in a task: {enters} enters for {chunks} chunks: the ring read past the first hit"
             );
             drop(file);
             drop(set);
@@ -875,6 +954,7 @@ backend_tests!(
     o_direct,
     zero_length_and_empty,
     drop_mid_scan,
+    drop_mid_scan_on_the_blocking_pool,
     holding_chunks,
     buffers_recycled,
     short_reads_and_errors,

@@ -85,7 +85,7 @@ fn mark_driver_thread() {
 /// the requests of a thread that exits, so a short-lived thread (a
 /// `block_on` on a fresh `std::thread`, a blocking-pool thread) leaves
 /// submitting to the driver.
-pub(super) fn on_driver_thread() -> bool {
+pub(crate) fn on_driver_thread() -> bool {
     DRIVER_THREAD.with(Cell::get)
 }
 
