@@ -203,7 +203,8 @@ enum FastPath {
     /// Go straight to a ring (a scan's read-ahead, see `scan.rs`).
     Skip,
     /// Go to the blocking pool, even on a ring (a scan's read-ahead of a
-    /// cached file for a consumer that is a task, see `scan.rs`).
+    /// cached file for a consumer whose thread would copy the ring's reads
+    /// itself, see `scan.rs`).
     Pool,
     /// It served the whole read.
     Served,
@@ -912,8 +913,7 @@ impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
     }
 
     /// Makes this read a `pread` on the context's blocking pool, whatever
-    /// the file's route (a scan's read-ahead for a consumer that is a task;
-    /// see `scan.rs`).
+    /// the file's route (see `FastPath::Pool`).
     pub(crate) fn via_blocking_pool(self) -> Self {
         UringReadOwnedFuture {
             core: self.core.via_blocking_pool(),

@@ -83,8 +83,8 @@
 //! `current_thread` runtime, the ring's only thread) has the other reads
 //! copied by the context's blocking pool instead, on another thread, once
 //! its share has hit the page cache. With less ahead, the ring's round trip
-//! would not be hidden, so every read takes the page cache inline. The measurements are in the
-//! crate's `docs/DESIGN.md` ("Scans").
+//! would not be hidden, so every read takes the page cache inline. The
+//! measurements are in the crate's `docs/DESIGN.md` ("Scans").
 //!
 //! From 2 MiB in all, the buffers' allocation is a mapping of its own
 //! ([`AlignedBuf::new_huge`]), backed by transparent huge pages where the
