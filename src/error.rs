@@ -10,6 +10,8 @@
 //! of the wrong kind, a full file table, an allocation the allocator
 //! refused, the io_uring setup), stay with their check.
 
+use std::error::Error;
+use std::fmt;
 use std::io;
 
 use tokio::task::JoinError;
@@ -101,13 +103,112 @@ pub(crate) fn bad_fid(fid: FileId, table: u64, found: Option<u32>) -> io::Error 
     io::Error::new(io::ErrorKind::InvalidInput, format!("{fid} {why}"))
 }
 
-/// A ring read of a file unregistered before its SQE reached the kernel
-/// (which failed it with EBADF), in terms of the caller's fid.
-pub(crate) fn unregistered_while_queued(fid: FileId) -> io::Error {
+/// An op (`what`: "read", "write", ...) of a file unregistered before its
+/// SQE reached the kernel (which failed it with EBADF), in terms of the
+/// caller's fid.
+pub(crate) fn unregistered_while_queued(fid: FileId, what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
-        format!("{fid} was unregistered while this read was queued"),
+        format!("{fid} was unregistered while this {what} was queued"),
     )
+}
+
+/// A kernel error worded for the caller, with the kernel's own error kept
+/// as its [`source`](Error::source) (see [`os_error`]) and in its text.
+#[derive(Debug)]
+struct Explained {
+    what: String,
+    os: io::Error,
+}
+
+impl fmt::Display for Explained {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.what, self.os)
+    }
+}
+
+impl Error for Explained {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.os)
+    }
+}
+
+/// `os` (an errno from the kernel) with the crate's explanation `what`.
+pub(crate) fn explained(kind: io::ErrorKind, os: io::Error, what: String) -> io::Error {
+    io::Error::new(kind, Explained { what, os })
+}
+
+/// The errno behind an error of this crate, where the kernel gave one:
+/// [`io::Error::raw_os_error`] for a bare kernel error, and the kernel's
+/// errno for one the crate explained (an `EBADF` on a file not open for
+/// writing, an `EINVAL` on an `O_DIRECT` file, ...), which
+/// `raw_os_error()` does not see.
+///
+/// ```
+/// # use std::io;
+/// let e = io::Error::from_raw_os_error(libc::EINVAL);
+/// assert_eq!(uring_positioned_io::os_error(&e), Some(libc::EINVAL));
+/// assert_eq!(uring_positioned_io::os_error(&io::Error::other("no errno")), None);
+/// ```
+#[must_use]
+pub fn os_error(e: &io::Error) -> Option<i32> {
+    e.raw_os_error()
+        .or_else(|| e.get_ref()?.downcast_ref::<Explained>()?.os.raw_os_error())
+}
+
+/// An `EINVAL` from an op on an `O_DIRECT` file: names what is not
+/// aligned (`op` of `len` bytes at `offset`, memory at `addr` when the
+/// kernel sees the caller's buffer) against the alignments the kernel
+/// reported (`align`: memory, offset), or says the kernel refused an
+/// aligned request.
+pub(crate) fn direct_einval(
+    os: io::Error,
+    fid: FileId,
+    op: &str,
+    (offset, len, addr): (u64, usize, Option<usize>),
+    align: Option<(u32, u32)>,
+) -> io::Error {
+    let what = format!("{op} of {len} bytes at offset {offset} of {fid}, opened with O_DIRECT");
+    let Some((mem, off)) = align else {
+        return explained(
+            io::ErrorKind::InvalidInput,
+            os,
+            format!(
+                "{what}: the kernel refused it; offset and length must be multiples of the \
+                 device's logical block size, and the buffer's address of its memory alignment \
+                 (the kernel does not report them for this file; AlignedBuf gives 4096-byte \
+                 aligned buffers)"
+            ),
+        );
+    };
+    let (mem, off) = (u64::from(mem.max(1)), u64::from(off.max(1)));
+    let mut wrong = Vec::new();
+    if offset % off != 0 {
+        wrong.push(format!("the offset is not a multiple of {off}"));
+    }
+    if len as u64 % off != 0 {
+        wrong.push(format!("the length is not a multiple of {off}"));
+    }
+    if let Some(a) = addr {
+        if a as u64 % mem != 0 {
+            wrong.push(format!(
+                "the buffer address {a:#x} is not a multiple of {mem}"
+            ));
+        }
+    }
+    let why = if wrong.is_empty() {
+        format!(
+            "the kernel refused it, though the request is aligned (offsets and lengths to {off}, \
+             memory to {mem})"
+        )
+    } else {
+        format!(
+            "{} (O_DIRECT needs offsets and lengths aligned to {off} and buffers to {mem}: \
+             UringContext::statx reports both; AlignedBuf gives aligned buffers)",
+            wrong.join(", ")
+        )
+    };
+    explained(io::ErrorKind::InvalidInput, os, format!("{what}: {why}"))
 }
 
 /// An owned read into a buffer with no spare capacity (`bytes_init() ==

@@ -134,6 +134,15 @@ pub(crate) struct FileEntry {
     table: u64,
     /// Opened with `O_DIRECT`: no page-cache fast path.
     pub(crate) direct: bool,
+    /// `O_DIRECT` alignments `(memory, offset)` the kernel reported at
+    /// registration, to word an `EINVAL`.
+    pub(crate) dio_align: Option<(u32, u32)>,
+    /// Opened with `O_APPEND`: every write would land at the end of the
+    /// file whatever its offset, so writes are refused.
+    pub(crate) append: bool,
+    /// The access mode (`O_RDONLY`, `O_WRONLY` or `O_RDWR`), to word an
+    /// `EBADF`.
+    pub(crate) access: i32,
     /// A regular file or a block device (nothing else is accepted).
     pub(crate) kind: FileKind,
     /// Ring or blocking pool (see `route_for`).
@@ -169,6 +178,16 @@ impl FileEntry {
     #[inline]
     fn answers_to(&self, fid: FileId) -> bool {
         fid.ctx() == 0 || (fid.ctx() == self.table && fid.gen() == self.gen)
+    }
+
+    /// Whether the descriptor was opened for reading.
+    pub(crate) fn readable(&self) -> bool {
+        self.access != libc::O_WRONLY
+    }
+
+    /// Whether the descriptor was opened for writing.
+    pub(crate) fn writable(&self) -> bool {
+        self.access != libc::O_RDONLY
     }
 
     pub(crate) fn nowait_ok(&self) -> bool {
@@ -345,6 +364,10 @@ impl FileTable {
         free: &Arc<Mutex<Vec<Freed>>>,
         policy: &Policy,
     ) -> Arc<FileEntry> {
+        // `check_kind` read the flags already; O_RDWR is the assumption
+        // that words no error wrongly if they cannot be read again.
+        let flags = sys::status_flags(&file).unwrap_or(libc::O_RDWR);
+        let direct = flags & libc::O_DIRECT != 0;
         let route = route_for(classify(&sys::fs_magic(&file)), policy);
         #[cfg(feature = "tracing")]
         if let FileRoute::BlockingPool(why) = route {
@@ -358,7 +381,10 @@ impl FileTable {
         Arc::new(FileEntry {
             kind,
             route,
-            direct: sys::is_direct(&file),
+            direct,
+            dio_align: if direct { sys::dio_align(&file) } else { None },
+            append: flags & libc::O_APPEND != 0,
+            access: flags & libc::O_ACCMODE,
             file,
             index,
             gen,

@@ -136,6 +136,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 pub use builder::Builder;
 pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringContext};
+pub use error::os_error;
 pub use files::FileRoute;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};

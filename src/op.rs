@@ -38,28 +38,6 @@ pub(crate) enum OpBuf {
     /// The caller's own buffer (`read_owned`); if the future is dropped it is
     /// parked in [`Lifecycle::Ignored`].
     Caller,
-    /// Caller memory as [`OpBuf::Caller`] (the path of an open), and the
-    /// result is a new file descriptor: closed if no future collects it
-    /// (see [`claim_fd`]).
-    NewFd,
-}
-
-/// An op that returns a new descriptor (`OpBuf::NewFd`) and completed with
-/// nobody to collect it: the descriptor joins what is released with the
-/// op, and is closed when that is dropped (outside the lock).
-fn claim_fd(
-    buf: &OpBuf,
-    res: i32,
-    keep: Option<Box<dyn Any + Send>>,
-) -> Option<Box<dyn Any + Send>> {
-    if !matches!(buf, OpBuf::NewFd) || res < 0 {
-        return keep;
-    }
-    // SAFETY: the kernel just opened `res` for this op, and nothing else
-    // knows of it (the future that would have wrapped it is gone), so it is
-    // owned here, once.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(res) };
-    Some(Box::new((keep, fd)))
 }
 
 impl fmt::Debug for OpBuf {
@@ -68,7 +46,6 @@ impl fmt::Debug for OpBuf {
             OpBuf::Pool(i) => write!(f, "Pool({i})"),
             OpBuf::Heap(b) => write!(f, "Heap({})", b.len()),
             OpBuf::Caller => f.write_str("Caller"),
-            OpBuf::NewFd => f.write_str("NewFd"),
         }
     }
 }
@@ -203,7 +180,6 @@ impl<R> OpTable<R> {
             Lifecycle::Waiting(waker) => OnCqe::Wake(waker),
             Lifecycle::Ignored(keep) => {
                 let op = self.slab.remove(key);
-                let keep = claim_fd(&op.buf, res, keep);
                 OnCqe::Release(op, keep)
             }
             Lifecycle::Completed(prev) => {
@@ -263,9 +239,8 @@ impl<R> OpTable<R> {
             return Abandoned::Gone(keep_alive);
         };
         match mem::replace(&mut op.lifecycle, Lifecycle::Ignored(None)) {
-            Lifecycle::Completed(res) => {
+            Lifecycle::Completed(_) => {
                 let op = self.slab.remove(key);
-                let keep_alive = claim_fd(&op.buf, res, keep_alive);
                 Abandoned::Released(op, keep_alive)
             }
             Lifecycle::Waiting(waker) => {
@@ -288,7 +263,7 @@ impl<R> OpTable<R> {
     pub(crate) fn is_bounce(&self, key: usize) -> bool {
         self.slab
             .get(key)
-            .is_some_and(|op| !matches!(op.buf, OpBuf::Caller | OpBuf::NewFd))
+            .is_some_and(|op| !matches!(op.buf, OpBuf::Caller))
     }
 
     /// Keys of the ops the kernel still owns (waiting or ignored).
@@ -488,48 +463,6 @@ mod tests {
             panic!("completed op is handed back")
         };
         assert!(matches!(op.buf, OpBuf::Pool(1)));
-        assert_eq!(t.len(), 0);
-    }
-
-    /// A new descriptor (`OpBuf::NewFd`, an open) that no future collects —
-    /// its CQE after the drop, or the drop after its CQE — is closed with
-    /// what is released, never leaked; a failed open has nothing to close.
-    #[test]
-    fn unclaimed_descriptors_are_closed() {
-        fn new_fd() -> i32 {
-            use std::os::fd::IntoRawFd;
-            std::fs::File::open("/dev/null").unwrap().into_raw_fd()
-        }
-        // SAFETY: F_GETFD on any number only asks whether it is open.
-        let open = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
-        let mut t = OpTable::default();
-        // Dropped, then the CQE.
-        let (k, fd) = (t.insert(OpBuf::NewFd, ()), new_fd());
-        assert!(matches!(t.abandon(k, None), Abandoned::Parked(None)));
-        let OnCqe::Release(_, kept) = t.on_cqe(k, fd) else {
-            panic!("released at its CQE")
-        };
-        assert!(kept.is_some() && open(fd));
-        drop(kept);
-        assert!(!open(fd), "closed with what was released");
-        // The CQE, then dropped.
-        let (k, fd) = (t.insert(OpBuf::NewFd, ()), new_fd());
-        assert!(matches!(t.on_cqe(k, fd), OnCqe::Wake(None)));
-        let Abandoned::Released(_, kept) = t.abandon(k, None) else {
-            panic!("completed op is handed back")
-        };
-        drop(kept);
-        assert!(!open(fd), "closed when the future walked away");
-        // A failed open, and a plain op's result, are not descriptors.
-        let k = t.insert(OpBuf::NewFd, ());
-        let _ = t.abandon(k, None);
-        assert!(matches!(
-            t.on_cqe(k, -libc::ENOENT),
-            OnCqe::Release(_, None)
-        ));
-        let k = t.insert(OpBuf::Caller, ());
-        let _ = t.abandon(k, None);
-        assert!(matches!(t.on_cqe(k, 0), OnCqe::Release(_, None)));
         assert_eq!(t.len(), 0);
     }
 

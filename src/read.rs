@@ -89,6 +89,11 @@ pub(crate) trait Target {
     /// Whether a blocking-pool read may be left to finish on its own: its
     /// task reads into a buffer of its own, not into the caller's.
     const BLOCKING_DETACHABLE: bool;
+    /// The address the kernel writes the piece starting at `done` to, if
+    /// it is the caller's memory (not a bounce buffer the crate aligned).
+    fn addr(&self, _done: usize) -> Option<usize> {
+        None
+    }
 }
 
 /// The context a read belongs to: borrowed for the future's lifetime (the
@@ -494,7 +499,10 @@ impl<'a, T: Target> ReadCore<'a, T> {
                     };
                     self.state = State::Done;
                     let n = match out {
-                        Ok(out) => self.target.finish_blocking(out, self.done)?,
+                        Ok(out) => match self.target.finish_blocking(out, self.done) {
+                            Ok(n) => n,
+                            Err(e) => return Poll::Ready(Err(self.explain(e))),
+                        },
                         // Cancelled: the runtime of the blocking pool shut down.
                         Err(join) if join.is_cancelled() => {
                             return Poll::Ready(Err(error::runtime_gone_error()))
@@ -582,13 +590,25 @@ impl<'a, T: Target> ReadCore<'a, T> {
         }
     }
 
-    /// A ring read of a file that was unregistered before its SQE reached
-    /// the kernel fails with EBADF; say so in terms of the caller's fid.
+    /// Says what the kernel's bare errno meant for this read (the errno
+    /// stays the error's source: [`crate::os_error`]): a ring read of a
+    /// file unregistered before its SQE reached the kernel, a file not
+    /// open for reading, an unaligned `O_DIRECT` read.
     fn explain(&self, e: io::Error) -> io::Error {
-        if e.raw_os_error() == Some(libc::EBADF) && self.ctx.files.get(self.fid).is_err() {
-            return error::unregistered_while_queued(self.fid);
+        match (e.raw_os_error(), self.ctx.files.get(self.fid).ok()) {
+            (Some(libc::EBADF), None) => error::unregistered_while_queued(self.fid, "read"),
+            (Some(libc::EBADF), Some(f)) if !f.readable() => error::explained(
+                io::ErrorKind::PermissionDenied,
+                e,
+                format!("read of {}: the file is not open for reading", self.fid),
+            ),
+            (Some(libc::EINVAL), Some(f)) if f.direct => {
+                let at = self.offset + self.done as u64;
+                let transfer = (at, self.piece, self.target.addr(self.done));
+                error::direct_einval(e, self.fid, "read", transfer, f.dio_align)
+            }
+            _ => e,
         }
-        e
     }
 
     /// Takes an in-flight slot of ring `ring` (or of the blocking pool),
@@ -850,6 +870,10 @@ impl<B: IoBufMut> Target for Owned<B> {
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         self.buf.take().map(|b| Box::new(b) as Box<dyn Any + Send>)
+    }
+    fn addr(&self, done: usize) -> Option<usize> {
+        let b = self.buf.as_ref()?;
+        Some(b.stable_ptr() as usize + self.init + done)
     }
 }
 

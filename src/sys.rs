@@ -171,11 +171,32 @@ pub(crate) fn fs_magic(file: &File) -> io::Result<i64> {
     Ok(unsafe { st.assume_init() }.f_type)
 }
 
-/// Whether the file was opened with `O_DIRECT`.
-pub(crate) fn is_direct(file: &File) -> bool {
+/// The descriptor's status flags (`F_GETFL`: access mode, `O_DIRECT`,
+/// `O_APPEND`, ...).
+pub(crate) fn status_flags(file: &File) -> io::Result<i32> {
     // SAFETY: F_GETFL on a valid, owned descriptor has no memory effects.
-    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_DIRECT != 0
+    cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) }, -1)
+}
+
+/// The `O_DIRECT` alignments of an open file, `(memory, offset)` in bytes,
+/// as `statx(STATX_DIOALIGN)` reports them (kernel 6.1+); `None` where the
+/// kernel or the file system does not say.
+pub(crate) fn dio_align(file: &File) -> Option<(u32, u32)> {
+    // SAFETY: statx is plain data; all zeroes is a valid value.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor, a NUL-terminated empty path with
+    // AT_EMPTY_PATH (the descriptor itself), and a writable statx.
+    let r = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &raw mut st,
+        )
+    };
+    (r == 0 && st.stx_mask & libc::STATX_DIOALIGN != 0 && st.stx_dio_offset_align != 0)
+        .then_some((st.stx_dio_mem_align, st.stx_dio_offset_align))
 }
 
 /// RLIMIT_NOFILE's soft limit (1024 if it cannot be read).

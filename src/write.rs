@@ -25,7 +25,7 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -49,9 +49,27 @@ use crate::FileId;
 pub(crate) trait Job {
     /// What its blocking-pool version returns.
     type Blocking: Send + 'static;
+    /// What the op is called in errors ("write", "fsync", ...).
+    fn name(&self) -> &'static str;
     /// Whether it works on a registered file (all but `open`).
     fn on_file(&self) -> bool {
         true
+    }
+    /// Whether it may run on a ring; `false` sends it to the blocking pool
+    /// whatever its file's route.
+    fn on_ring(&self) -> bool {
+        true
+    }
+    /// The current piece's data transfer, `(offset, length, address of the
+    /// caller's memory the kernel sees)`, to word an `EINVAL` on an
+    /// `O_DIRECT` file; `None` for an op that moves no data.
+    fn transfer(&self) -> Option<(u64, usize, Option<usize>)> {
+        None
+    }
+    /// The op's result when it cannot go on with `e` (the context shut
+    /// down, its ring closed) before its next piece reached the kernel.
+    fn stopped(&mut self, e: io::Error) -> io::Result<usize> {
+        Err(e)
     }
     /// Checked on the first poll, with the file found: an error, or a
     /// result that needs no syscall at all (`Some`, a write of nothing).
@@ -135,44 +153,63 @@ impl<'a, J: Job> OpCore<'a, J> {
     }
 
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        match self.poll_pieces(cx) {
+            // A later piece that could not be issued: what the earlier
+            // ones did is the job's to report (a short write).
+            Poll::Ready(Err(Stop(e))) => Poll::Ready(self.job.stopped(e)),
+            Poll::Ready(Ok(res)) => Poll::Ready(res),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Runs the op piece by piece: its result (`Ok`), or why a piece could
+    /// not be issued (`Err`, for [`Job::stopped`]).
+    fn poll_pieces(&mut self, cx: &mut Context<'_>) -> Poll<Result<io::Result<usize>, Stop>> {
         loop {
             match &mut self.state {
                 State::Start => {
                     if self.ctx.closed.load(Ordering::Acquire) {
-                        return Poll::Ready(Err(shut_down_error()));
+                        return Poll::Ready(Err(Stop(shut_down_error())));
                     }
                     if !self.started {
                         self.started = true;
                         if self.job.on_file() {
-                            self.file = Some(self.ctx.files.get(self.fid)?);
+                            match self.ctx.files.get(self.fid) {
+                                Ok(file) => self.file = Some(file),
+                                Err(e) => return Poll::Ready(Ok(Err(e))),
+                            }
                         }
-                        if let Some(done) = self.job.check(self.fid, self.file.as_deref())? {
-                            return Poll::Ready(Ok(done));
+                        match self.job.check(self.fid, self.file.as_deref()) {
+                            Ok(None) => {}
+                            Ok(Some(done)) => return Poll::Ready(Ok(Ok(done))),
+                            Err(e) => return Poll::Ready(Ok(Err(e))),
                         }
                     }
                     // FUSE files (and every file of the fallback backend)
-                    // go to the blocking pool, as their reads do.
-                    let ring = if self.file.as_ref().is_none_or(|f| f.on_ring()) {
-                        self.ctx.ring(thread_slot())
-                    } else {
-                        None
-                    };
-                    self.acquire(ring)?;
+                    // go to the blocking pool, as their reads do; so does
+                    // an open, which may meet any file system on its path.
+                    let ring =
+                        if self.job.on_ring() && self.file.as_ref().is_none_or(|f| f.on_ring()) {
+                            self.ctx.ring(thread_slot())
+                        } else {
+                            None
+                        };
+                    self.acquire(ring).map_err(Stop)?;
                 }
                 State::Acquire { ring, permit } => {
                     let acquired = ready!(permit.as_mut().poll(cx));
                     let ring = ring.take();
                     let Ok(permit) = acquired else {
-                        return Poll::Ready(Err(closed_error(ring.as_ref())));
+                        return Poll::Ready(Err(Stop(closed_error(ring.as_ref()))));
                     };
-                    self.start(ring, permit)?;
+                    self.start(ring, permit).map_err(Stop)?;
                 }
                 State::InFlight { ring, key } => {
                     let done = ready!(ring.poll_complete(*key, cx, None));
                     self.state = State::Start;
                     let res = self.job.ring_result(done.res).map_err(|e| self.explain(e));
                     if let Some(res) = self.job.advance(res, done.tainted) {
-                        return Poll::Ready(res.map_err(|e| self.explain(e)));
+                        return Poll::Ready(Ok(res));
                     }
                 }
                 State::Blocking(handle, gave_up) => {
@@ -181,7 +218,7 @@ impl<'a, J: Job> OpCore<'a, J> {
                             // The task keeps its own buffer (and its slot)
                             // until its syscall returns.
                             self.state = State::Done;
-                            return Poll::Ready(Err(error::gave_up()));
+                            return Poll::Ready(Ok(Err(error::gave_up())));
                         }
                         return Poll::Pending;
                     };
@@ -193,7 +230,7 @@ impl<'a, J: Job> OpCore<'a, J> {
                     };
                     let res = res.map_err(|e| self.explain(e));
                     if let Some(res) = self.job.advance(res, false) {
-                        return Poll::Ready(res);
+                        return Poll::Ready(Ok(res));
                     }
                 }
                 State::Done => panic!("future polled after completion"),
@@ -201,27 +238,31 @@ impl<'a, J: Job> OpCore<'a, J> {
         }
     }
 
-    /// Says what the kernel's bare errno meant for this op.
+    /// Says what the kernel's bare errno meant for this op (the errno stays
+    /// the error's source: [`crate::os_error`]).
     fn explain(&self, e: io::Error) -> io::Error {
         let Some(file) = &self.file else { return e };
         match e.raw_os_error() {
             Some(libc::EBADF) if self.ctx.files.get(self.fid).is_err() => {
-                error::unregistered_while_queued(self.fid)
+                error::unregistered_while_queued(self.fid, self.job.name())
             }
-            Some(libc::EBADF) if !writable(file) => io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} is not open for writing (EBADF)", self.fid),
-            ),
-            Some(libc::EINVAL) if file.direct => io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} is opened with O_DIRECT and the kernel refused the request (EINVAL): \
-                     offset, length and buffer address must be multiples of the device's \
-                     logical block size (UringContext::statx gives dio_offset_align and \
-                     dio_mem_align; AlignedBuf provides aligned buffers)",
-                    self.fid
-                ),
-            ),
+            Some(libc::EBADF) if self.job.transfer().is_some() && !file.writable() => {
+                error::explained(
+                    io::ErrorKind::PermissionDenied,
+                    e,
+                    format!(
+                        "{} of {}: the file is not open for writing",
+                        self.job.name(),
+                        self.fid
+                    ),
+                )
+            }
+            Some(libc::EINVAL) if file.direct => match self.job.transfer() {
+                Some(transfer) => {
+                    error::direct_einval(e, self.fid, self.job.name(), transfer, file.dio_align)
+                }
+                None => e,
+            },
             _ => e,
         }
     }
@@ -271,12 +312,8 @@ fn closed_error(ring: Option<&RingRef<'_>>) -> io::Error {
     ring.map_or_else(shut_down_error, |r| r.closed_error())
 }
 
-/// Whether `file` was opened for writing.
-fn writable(file: &FileEntry) -> bool {
-    // SAFETY: F_GETFL on a descriptor the entry keeps open.
-    let flags = unsafe { libc::fcntl(file.file.as_raw_fd(), libc::F_GETFL) };
-    flags < 0 || flags & libc::O_ACCMODE != libc::O_RDONLY
-}
+/// Why a later piece of an op could not be issued (see [`Job::stopped`]).
+struct Stop(io::Error);
 
 impl<J: Job> Drop for OpCore<'_, J> {
     fn drop(&mut self) {
@@ -329,6 +366,11 @@ pub(crate) trait Source {
     /// See `Job::BLOCKING_DETACHABLE`.
     const BLOCKING_DETACHABLE: bool;
     fn park(&mut self) -> Option<Box<dyn Any + Send>>;
+    /// The address the kernel reads the piece starting at `done` from, if
+    /// it is the caller's memory (not a bounce buffer the crate aligned).
+    fn addr(&self, _done: usize) -> Option<usize> {
+        None
+    }
 }
 
 /// A positioned write of a [`Source`] at `offset`.
@@ -365,13 +407,52 @@ impl<S: Source> Job for Write<S> {
 
     type Blocking = io::Result<usize>;
 
-    fn check(&mut self, fid: FileId, _file: Option<&FileEntry>) -> io::Result<Option<usize>> {
+    fn name(&self) -> &'static str {
+        "write"
+    }
+
+    fn check(&mut self, fid: FileId, file: Option<&FileEntry>) -> io::Result<Option<usize>> {
         let len = self.src.len();
         let max = i64::MAX.unsigned_abs();
         if self.offset > max || max - self.offset < len as u64 {
             return Err(error::write_beyond_max(fid, self.offset, len));
         }
+        if file.is_some_and(|f| f.append) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "write to {fid}: its descriptor is opened with O_APPEND, so the kernel \
+                     would put the bytes at the end of the file whatever the offset; register \
+                     a descriptor opened without append (reads of it work as they are)"
+                ),
+            ));
+        }
         Ok((len == 0).then_some(0))
+    }
+
+    fn transfer(&self) -> Option<(u64, usize, Option<usize>)> {
+        Some((
+            self.offset + self.done as u64,
+            self.piece,
+            self.src.addr(self.done),
+        ))
+    }
+
+    /// A `write` that wrote some pieces reports them, as write(2) does when
+    /// a later part fails; a `write_all` fails, saying how far it got.
+    fn stopped(&mut self, e: io::Error) -> io::Result<usize> {
+        match (self.done, self.exact) {
+            (0, _) => Err(e),
+            (done, false) => Ok(done),
+            (done, true) => Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "{e} ({done} of {} bytes were written, from offset {})",
+                    self.src.len(),
+                    self.offset
+                ),
+            )),
+        }
     }
 
     fn ring_op(&mut self) -> RingOp<'_> {
@@ -578,6 +659,9 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         self.buf.take().map(|b| Box::new(b) as Box<dyn Any + Send>)
     }
+    fn addr(&self, done: usize) -> Option<usize> {
+        self.buf.as_ref().map(|b| b.data_ptr() as usize + done)
+    }
 }
 
 // ----------------------------------------------------------------- syncs
@@ -593,6 +677,15 @@ pub(crate) enum Sync {
 
 impl Job for Sync {
     type Blocking = io::Result<usize>;
+
+    fn name(&self) -> &'static str {
+        match self {
+            Sync::Fsync { datasync: false } => "fsync",
+            Sync::Fsync { datasync: true } => "fdatasync",
+            Sync::Range { .. } => "sync_file_range",
+            Sync::Fallocate { .. } => "fallocate",
+        }
+    }
 
     fn check(&mut self, fid: FileId, _file: Option<&FileEntry>) -> io::Result<Option<usize>> {
         let max = i64::MAX.unsigned_abs();
@@ -725,6 +818,10 @@ impl Statx {
 
 impl Job for Statx {
     type Blocking = io::Result<Box<libc::statx>>;
+
+    fn name(&self) -> &'static str {
+        "statx"
+    }
 
     fn ring_op(&mut self) -> RingOp<'_> {
         let buf = self.buf.as_deref_mut().expect("statx buffer at home");
@@ -864,7 +961,12 @@ impl OpenOptions {
         self
     }
     /// More `open(2)` flags (such as `O_NOATIME`, `O_DSYNC`); the access
-    /// mode bits are ignored, and `O_APPEND` or `O_PATH` are refused.
+    /// mode bits are ignored. Refused: `O_APPEND` (a positioned write
+    /// would land at the end of the file), `O_PATH` (no I/O), `O_NONBLOCK`
+    /// (the context never blocks a runtime worker anyway, and on a regular
+    /// file it would turn io_uring reads into `EAGAIN`), and `O_CREAT`,
+    /// `O_EXCL` or `O_TRUNC` without [`write`](Self::write), as
+    /// [`create`](Self::create) and [`truncate`](Self::truncate).
     pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
         self.custom_flags = flags;
         self
@@ -890,6 +992,15 @@ impl OpenOptions {
                 "OpenOptions: O_APPEND (pwrite on it appends whatever the offset) and O_PATH are refused",
             );
         }
+        if custom & libc::O_NONBLOCK != 0 {
+            return invalid(
+                "OpenOptions: O_NONBLOCK is refused: the context never blocks a runtime worker, \
+                 and on a regular file it turns io_uring reads into EAGAIN",
+            );
+        }
+        if custom & (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) != 0 && !self.write {
+            return invalid("OpenOptions: O_CREAT, O_EXCL and O_TRUNC in custom_flags need write");
+        }
         let mut flags = access | custom | libc::O_CLOEXEC | libc::O_NONBLOCK;
         if self.create_new {
             flags |= libc::O_CREAT | libc::O_EXCL;
@@ -907,9 +1018,7 @@ impl OpenOptions {
 }
 
 pub(crate) struct Open {
-    /// The NUL-terminated path the kernel reads (a `CString`'s bytes are on
-    /// the heap: stable; parked in the op if the future is dropped).
-    path: Option<CString>,
+    path: CString,
     flags: i32,
     mode: u32,
     /// The descriptor, once opened.
@@ -921,7 +1030,7 @@ impl Open {
         let path = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
         Ok(Open {
-            path: Some(path),
+            path,
             flags: options.flags()?,
             mode: options.mode,
             fd: None,
@@ -929,20 +1038,62 @@ impl Open {
     }
 }
 
+/// `open(2)` of `path`, on a blocking-pool thread. `ENXIO` is what a
+/// non-blocking open of a FIFO without a reader, of a socket or of a device
+/// with no driver gives: said as the refusal of a file that is not a
+/// regular file or a block device, naming what it is.
+fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated path; the result is a new descriptor.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, mode) };
+    if fd >= 0 {
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENXIO) {
+        return Err(e);
+    }
+    let shown = std::path::Path::new(std::ffi::OsStr::from_bytes(path.as_bytes())).display();
+    let what = match std::fs::metadata(std::ffi::OsStr::from_bytes(path.as_bytes())) {
+        Ok(m) if m.file_type().is_fifo() => "a pipe or FIFO",
+        Ok(m) if m.file_type().is_socket() => "a socket",
+        Ok(m) if m.file_type().is_char_device() => "a character device",
+        Ok(m) if m.file_type().is_block_device() => "a block device with no driver",
+        _ => return Err(e),
+    };
+    Err(error::explained(
+        io::ErrorKind::InvalidInput,
+        e,
+        format!(
+            "open {shown}: it is {what}; only regular files and block devices support \
+             positioned I/O"
+        ),
+    ))
+}
+
 impl Job for Open {
     type Blocking = io::Result<OwnedFd>;
+
+    fn name(&self) -> &'static str {
+        "open"
+    }
 
     fn on_file(&self) -> bool {
         false
     }
 
+    /// An open resolves a path, and any directory on it may be a FUSE or
+    /// network mount whose server never answers; on a ring the kernel
+    /// runs the open of a cached path inside `io_uring_enter`, on the
+    /// runtime worker that submits it. On the blocking pool a hung server
+    /// holds one pool thread and one of the pool's slots, and `shutdown()`
+    /// can give up on it.
+    fn on_ring(&self) -> bool {
+        false
+    }
+
     fn ring_op(&mut self) -> RingOp<'_> {
-        let path = self.path.as_ref().expect("path at home");
-        RingOp::Open {
-            path: path.as_ptr(),
-            flags: self.flags,
-            mode: self.mode,
-        }
+        unreachable!("an open runs on the blocking pool (Job::on_ring)")
     }
 
     fn spawn_blocking(
@@ -951,19 +1102,11 @@ impl Job for Open {
         _file: Option<Arc<FileEntry>>,
         permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
-        let path = self.path.clone().expect("path at home");
+        let path = self.path.clone();
         let (flags, mode) = (self.flags, self.mode);
         // The descriptor is owned as soon as it exists: a dropped future's
         // task closes it.
-        fb.run(permit, move || {
-            // SAFETY: a NUL-terminated path; the result is a new descriptor.
-            let fd = unsafe { libc::open(path.as_ptr(), flags, mode) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` was just opened and is owned by nobody else.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-        })
+        fb.run(permit, move || open_blocking(&path, flags, mode))
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
@@ -971,21 +1114,8 @@ impl Job for Open {
         Ok(0)
     }
 
-    fn park(&mut self) -> Option<Box<dyn Any + Send>> {
-        self.path.take().map(|p| Box::new(p) as Box<dyn Any + Send>)
-    }
-
     fn advance(&mut self, res: io::Result<usize>, _tainted: bool) -> Option<io::Result<usize>> {
-        if self.fd.is_none() {
-            if let Ok(fd) = &res {
-                let fd = i32::try_from(*fd).unwrap_or(-1);
-                // SAFETY: the kernel just opened `fd` for this op (the
-                // ring's result; the blocking path set `self.fd` instead),
-                // and nobody else knows of it.
-                self.fd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-        Some(res.map(|_| 0))
+        Some(res)
     }
 }
 
@@ -1146,10 +1276,10 @@ impl Future for UringOpenFuture<'_> {
             .fd
             .take()
             .ok_or_else(|| io::Error::other("open returned no descriptor (a bug)"))?;
-        let what = match &core.job.path {
-            Some(p) => format!("{:?} (opened with UringContext::open)", p.to_string_lossy()),
-            None => "the file opened with UringContext::open".to_owned(),
-        };
+        let what = format!(
+            "{:?} (opened with UringContext::open)",
+            core.job.path.to_string_lossy()
+        );
         Poll::Ready(register_opened(&core.ctx, fd, &what))
     }
 }
@@ -1413,8 +1543,9 @@ impl crate::UringContext {
         Ok(self.statx(fid).await?.size)
     }
 
-    /// Opens `path` with `options` (`IORING_OP_OPENAT`, or `open` on the
-    /// blocking pool on the fallback backend) and registers it, as
+    /// Opens `path` with `options` (`open(2)` on the blocking pool, so that
+    /// a file system that never answers holds a pool thread, not a runtime
+    /// worker) and registers it, as
     /// [`register_file`](Self::register_file) would: resolves to its
     /// checked id. Only regular files and block devices are accepted (a
     /// FIFO never blocks the open: it is opened non-blocking, then

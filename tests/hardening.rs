@@ -9,6 +9,7 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -1313,4 +1314,271 @@ fn f16_errors_name_the_right_cause() {
         }
     });
     drop(set);
+}
+
+// ---------------------------------------------------------------------------
+// Round 2: the write path, `open` and errors (numbered as the findings of
+// the second hardening round). The hung `open` is in `tests/storage.rs`.
+// ---------------------------------------------------------------------------
+
+fn rw_file(path: &std::path::Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
+/// R2-1: a registered `O_APPEND` descriptor is never written at the end of
+/// the file when an offset was asked for: every write is refused by name
+/// and the file is unchanged, on both backends, given to `new` or to
+/// `register_file`; its reads work.
+#[test]
+fn r2_01_o_append_descriptors_are_not_written_elsewhere() {
+    for choice in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let append = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .unwrap()
+        };
+        let (first, second) = (append(), append());
+        let p = path.clone();
+        common::run("r2_01", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, vec![first], |b| b);
+            let registered = ctx.register_file(second).unwrap();
+            for fid in [uring_positioned_io::FileId::from(0u32), registered] {
+                let errors = [
+                    ctx.write(fid, 0, b"XYZ").await.unwrap_err(),
+                    ctx.write_all(fid, 2, b"XYZ").await.unwrap_err(),
+                    ctx.write_owned(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                    ctx.write_all_owned(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                    ctx.write_all_owned_static(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                ];
+                for e in errors {
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}");
+                    assert!(e.to_string().contains("O_APPEND"), "{choice:?}: {e}");
+                }
+                let mut buf = [0u8; 10];
+                ctx.read_exact(fid, 0, &mut buf).await.unwrap();
+                assert_eq!(&buf, b"0123456789");
+            }
+            assert_eq!(std::fs::read(&p).unwrap(), b"0123456789", "{choice:?}");
+            drop(dir);
+        });
+    }
+}
+
+/// R2-3: a borrowed `write` cut by `shutdown()` returns the bytes it
+/// wrote, as `write(2)` does when a later part fails: `Ok(n)` with exactly
+/// its first `n` bytes in the file, or an error with none of them there.
+/// A cut `write_all` fails, saying how much it wrote.
+#[test]
+fn r2_03_a_write_cut_by_shutdown_reports_what_it_wrote() {
+    const LEN: usize = 32 << 20;
+    for choice in BOTH {
+        let (mut short, mut failed, mut whole) = (0, 0, 0);
+        for round in 0..12u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            let file = rw_file(&path);
+            let p = path.clone();
+            let outcome = common::run("r2_03", Flavor::Multi, 60, move || async move {
+                let data = Arc::new({
+                    let mut v = vec![0u8; LEN];
+                    common::fill_pattern(round + 1, 0, &mut v);
+                    v
+                });
+                let ctx = common::build_ctx(choice, vec![file], |b| b);
+                let (ctx2, data2) = (ctx.clone(), data.clone());
+                let exact = round % 4 == 3;
+                let writer = tokio::spawn(async move {
+                    if exact {
+                        ctx2.write_all(0u32, 0, &data2).await.map(|()| LEN)
+                    } else {
+                        ctx2.write(0u32, 0, &data2).await
+                    }
+                });
+                // Let it write some pieces first (more in later rounds).
+                tokio::time::sleep(Duration::from_micros(500 * round)).await;
+                ctx.shutdown().await;
+                let res = writer.await.unwrap();
+                let on_disk = std::fs::read(&p).unwrap();
+                match &res {
+                    Ok(n) => {
+                        assert!(*n > 0 && *n <= LEN, "{choice:?}: Ok({n})");
+                        assert!(
+                            on_disk.len() >= *n && on_disk[..*n] == data[..*n],
+                            "{choice:?}: Ok({n}) but the file holds {} bytes of it",
+                            on_disk.len()
+                        );
+                    }
+                    Err(e) if exact => {
+                        // write_all: the error says how far it got.
+                        if !on_disk.is_empty() {
+                            assert!(e.to_string().contains("bytes were written"), "{e}");
+                        }
+                    }
+                    Err(e) => assert!(
+                        on_disk.is_empty(),
+                        "{choice:?}: {e}, with {} bytes of it in the file",
+                        on_disk.len()
+                    ),
+                }
+                drop(dir);
+                (res.map_err(|e| e.to_string()), exact)
+            });
+            match outcome {
+                (Ok(n), _) if n < LEN => short += 1,
+                (Ok(_), _) => whole += 1,
+                (Err(_), _) => failed += 1,
+            }
+        }
+        eprintln!("{choice:?}: {short} short counts, {whole} whole, {failed} errors");
+    }
+}
+
+/// R2-4: errors on `O_DIRECT` files keep the kernel's errno
+/// (`uring_positioned_io::os_error`), blame alignment only for data
+/// transfers, and an unaligned read says what must be aligned and to what.
+#[test]
+fn r2_04_o_direct_errors_keep_the_errno_and_say_what_is_misaligned() {
+    use uring_positioned_io::{os_error, AlignedBuf};
+    for choice in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d");
+        std::fs::write(&path, vec![7u8; 64 << 10]).unwrap();
+        let direct = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => return eprintln!("skipped: O_DIRECT refused here: {e}"),
+        };
+        common::run("r2_04", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, vec![direct], |b| b);
+            let st = ctx.statx(0u32).await.unwrap();
+            let align = st.dio_offset_align.filter(|&a| a > 1).unwrap_or(512);
+            // Not data transfers: the errno as on a buffered file.
+            for e in [
+                ctx.sync_file_range(0u32, 0, 4096, 0xff00)
+                    .await
+                    .unwrap_err(),
+                ctx.fallocate(0u32, 0, 0, 0).await.unwrap_err(),
+            ] {
+                assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{choice:?}: {e}");
+                assert!(!e.to_string().contains("align"), "{choice:?}: {e}");
+            }
+            // Unaligned reads: borrowed (offset, length) and owned (buffer).
+            let mut buf = vec![0u8; 4096];
+            let off = ctx.read(0u32, 1, &mut buf).await.unwrap_err();
+            let len = ctx.read(0u32, 0, &mut buf[..100]).await.unwrap_err();
+            let aligned = AlignedBuf::new(8192, 4096);
+            let (r, _) = ctx.read_owned(0u32, 0, aligned.slice(1..4097)).await;
+            let addr = r.unwrap_err();
+            for (e, what) in [(&off, "offset"), (&len, "length"), (&addr, "address")] {
+                eprintln!("{choice:?}: {e}");
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}");
+                assert_eq!(os_error(e), Some(libc::EINVAL), "{choice:?}: {e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("O_DIRECT") && msg.contains(what),
+                    "{choice:?}: {e}"
+                );
+                if st.dio_offset_align.is_some() && what != "address" {
+                    assert!(msg.contains(&format!("multiple of {align}")), "{e}");
+                }
+            }
+            // An unaligned write likewise keeps its errno.
+            let e = ctx.write_all(0u32, 1, &[1u8; 4096]).await.unwrap_err();
+            assert_eq!(os_error(&e), Some(libc::EINVAL), "{choice:?}: {e}");
+            assert!(e.to_string().contains("offset"), "{choice:?}: {e}");
+            drop(dir);
+        });
+    }
+}
+
+/// R2-7: the messages name the op and the cause: a read of a write-only
+/// descriptor and a write of a read-only one are `PermissionDenied` with
+/// `EBADF` kept; `open` of a FIFO or a socket for writing is
+/// `InvalidInput` naming what the file is; open flags that would change or
+/// misuse a file behind the options' back are refused, and the file is
+/// unchanged.
+#[test]
+fn r2_07_messages_name_the_op_and_the_cause() {
+    use uring_positioned_io::{os_error, OpenOptions};
+    for choice in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().to_path_buf();
+        let path = base.join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let wo = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let ro = File::open(&path).unwrap();
+        common::run("r2_07", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, vec![wo, ro], |b| b);
+            let mut buf = [0u8; 4];
+            let e = ctx.read(0u32, 0, &mut buf).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{choice:?}: {e}");
+            assert!(e.to_string().contains("not open for reading"), "{e}");
+            assert_eq!(os_error(&e), Some(libc::EBADF), "{e}");
+            let (r, _) = ctx.read_owned(0u32, 0, Vec::with_capacity(4)).await;
+            assert_eq!(r.unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+            let e = ctx.write(1u32, 0, b"x").await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{choice:?}: {e}");
+            assert!(e.to_string().contains("not open for writing"), "{e}");
+            assert_eq!(os_error(&e), Some(libc::EBADF), "{e}");
+            // FIFOs and sockets, opened for writing.
+            let fifo = base.join("fifo");
+            let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            let sock = base.join("sock");
+            let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+            for (p, what) in [(&fifo, "FIFO"), (&sock, "socket")] {
+                for opts in [
+                    OpenOptions::new().write(true).clone(),
+                    OpenOptions::new().read(true).write(true).clone(),
+                    OpenOptions::new().read(true).clone(),
+                ] {
+                    let e = ctx.open(p, &opts).await.unwrap_err();
+                    assert_eq!(
+                        e.kind(),
+                        io::ErrorKind::InvalidInput,
+                        "{what} {opts:?}: {e}"
+                    );
+                    assert!(e.to_string().contains(what), "{what} {opts:?}: {e}");
+                }
+            }
+            // Flags that bypass the options' checks.
+            for (flags, name) in [
+                (libc::O_TRUNC, "O_TRUNC"),
+                (libc::O_CREAT, "O_CREAT"),
+                (libc::O_NONBLOCK, "O_NONBLOCK"),
+            ] {
+                let opts = OpenOptions::new().read(true).custom_flags(flags).clone();
+                let e = ctx.open(&path, &opts).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{name}: {e}");
+                assert!(e.to_string().contains(name), "{name}: {e}");
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), b"0123456789");
+            drop(dir);
+        });
+    }
 }

@@ -762,7 +762,8 @@ fn error_semantics(choice: BackendChoice) {
             "read removed fid",
         );
 
-        // Kernel errors are passed through as raw OS errors.
+        // A read of a write-only descriptor: named, with the kernel's EBADF
+        // kept (`os_error`).
         let wo_path = dir.join("write-only");
         std::fs::write(&wo_path, b"secret").unwrap();
         let wo = std::fs::OpenOptions::new()
@@ -770,25 +771,26 @@ fn error_semantics(choice: BackendChoice) {
             .open(&wo_path)
             .unwrap();
         let fid = ctx.register_file(wo).unwrap();
+        let denied = |e: io::Error, what: &str| {
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{what}: {e:?}");
+            assert_eq!(
+                uring_positioned_io::os_error(&e),
+                Some(libc::EBADF),
+                "{what}: {e:?}"
+            );
+        };
         let e = ctx
             .read(fid, 0, &mut buf)
             .await
             .expect_err("read of a write-only fd succeeded");
-        assert_eq!(e.raw_os_error(), Some(libc::EBADF), "write-only fd: {e:?}");
+        denied(e, "read");
         let (r, _) = ctx.read_owned(fid, 0, Vec::with_capacity(16)).await;
-        assert_eq!(
-            r.expect_err("read_owned of write-only fd").raw_os_error(),
-            Some(libc::EBADF)
-        );
+        denied(r.expect_err("read_owned of write-only fd"), "read_owned");
         let e = ctx
             .read_exact(fid, 0, &mut buf)
             .await
             .expect_err("read_exact write-only");
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EBADF),
-            "read_exact write-only fd: {e:?}"
-        );
+        denied(e, "read_exact");
         ctx.unregister_file(fid).unwrap();
 
         // A directory cannot do positioned reads: refused when registered.

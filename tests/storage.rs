@@ -1071,3 +1071,83 @@ fn fuse_writes_that_fail_lie_or_hang() {
         drop(set);
     }
 }
+
+/// An open whose FUSE server never answers `OPEN` waits on the blocking
+/// pool, never in a runtime worker: a 1 ms timer keeps firing and a 2 s
+/// timeout around the open fires, on both runtime flavours and backends.
+/// The path's lookup is cached first, so that a ring's `OPENAT` would run
+/// inside `io_uring_enter` on the worker; the server answers the hung
+/// opens (EIO) 4 s in, so a freeze ends and fails the bounds instead of
+/// hanging the suite. The bounds only catch a freeze.
+#[test]
+fn an_open_that_never_returns_does_not_freeze_the_runtime() {
+    use uring_positioned_io::OpenOptions;
+    let spec = FileSpec::new("slow-open", MIB, 0x7100);
+    let Some(fs) = FaultFs::mount_or_skip(&[spec], false) else {
+        return;
+    };
+    let fs = std::sync::Arc::new(fs);
+    let path = fs.path("slow-open");
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        for flavor in [Flavor::Current, Flavor::Multi] {
+            std::fs::metadata(&path).expect("lookup of the FUSE file");
+            fs.set_open_fault("slow-open", Fault::Hang);
+            let releaser = {
+                let fs = fs.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_secs(4));
+                    fs.release_hangs();
+                })
+            };
+            let (path, fs2) = (path.clone(), fs.clone());
+            common::run("hung_open", flavor, 60, move || async move {
+                let ctx = common::build_ctx(choice, vec![], |b| {
+                    b.shutdown_timeout(Duration::from_secs(1))
+                });
+                let tick = ticker(Instant::now() + Duration::from_millis(2500));
+                let t = Instant::now();
+                let opts = OpenOptions::new().read(true).clone();
+                let res =
+                    tokio::time::timeout(Duration::from_secs(2), ctx.open(&path, &opts)).await;
+                let took = t.elapsed();
+                let late = tick.await.unwrap();
+                eprintln!(
+                    "{choice:?} {flavor:?}: open timed out after {took:?} ({res:?}); 1 ms timer \
+                     worst gap {late:?}; {} requests hung in the server",
+                    fs2.writes_hung_now("slow-open")
+                );
+                assert!(
+                    res.is_err(),
+                    "an open the server never answers returned {res:?}"
+                );
+                assert!(
+                    took < Duration::from_millis(3500),
+                    "the 2 s timeout fired after {took:?}"
+                );
+                assert!(
+                    late < Duration::from_millis(1500),
+                    "runtime froze for {late:?}"
+                );
+                // The hung open is answered with EIO at 4 s; the context
+                // then opens the file as usual.
+                fs2.clear_faults();
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    while fs2.writes_hung_now("slow-open") > 0 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await
+                .expect("the hung open was never released");
+                let fid = ctx.open(&path, &opts).await.expect("open once answered");
+                let mut buf = vec![0u8; 4096];
+                ctx.read_exact(fid, 0, &mut buf).await.unwrap();
+                common::check_pattern(0x7100, 0, &buf).unwrap();
+                tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                    .await
+                    .expect("shutdown hung");
+            });
+            releaser.join().unwrap();
+        }
+    }
+    drop(fs);
+}

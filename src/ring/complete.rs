@@ -253,7 +253,7 @@ impl Ring {
                 st.free_bufs.push(i);
             }
             OpBuf::Heap(b) => heap = Some(b),
-            OpBuf::Caller | OpBuf::NewFd => {}
+            OpBuf::Caller => {}
         }
         drop(st);
         if let (Some(b), Ok(n), Some(copy)) = (&heap, &result, copy_to) {

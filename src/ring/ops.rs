@@ -1,5 +1,5 @@
-//! The ops other than reads: writes, syncs, `fallocate`, `statx` and
-//! `open` ([`Ring::submit_op`]). They share everything else with reads —
+//! The ops other than reads: writes, syncs, `fallocate` and `statx`
+//! ([`Ring::submit_op`]). They share everything else with reads —
 //! the op table and its lifecycle, the in-flight permits, the backlog,
 //! submission through the driver, completion through
 //! [`Ring::poll_complete`], cancellation through [`Ring::abandon`] — and
@@ -9,7 +9,7 @@
 //! owned by its op until its CQE: a pool buffer or a one-off `AlignedBuf`
 //! holding a copy of borrowed data (`OpBuf::Pool`/`Heap`), or caller memory
 //! that the future holds and parks in the op if it is dropped
-//! (`OpBuf::Caller`/`NewFd`), or nothing (syncs, `fallocate`). The file's
+//! (`OpBuf::Caller`), or nothing (syncs, `fallocate`). The file's
 //! fixed index and raw descriptor stay valid while the op holds its
 //! `Arc<FileEntry>` (in `Keep`).
 
@@ -47,13 +47,6 @@ pub(crate) enum RingOp<'b> {
     /// `statx` of the file itself into `buf` (caller memory, as
     /// `WriteCaller`).
     Statx { buf: *mut libc::statx, mask: u32 },
-    /// `openat(AT_FDCWD, path, flags, mode)`; `path` is NUL-terminated
-    /// caller memory (as `WriteCaller`). The result is a new descriptor.
-    Open {
-        path: *const libc::c_char,
-        flags: i32,
-        mode: u32,
-    },
 }
 
 /// The length field of a write SQE (callers cap writes at [`MAX_READ`],
@@ -186,13 +179,6 @@ impl Ring {
                         .build(),
                 )
             }
-            RingOp::Open { path, flags, mode } => (
-                OpBuf::NewFd,
-                opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path)
-                    .flags(flags)
-                    .mode(mode)
-                    .build(),
-            ),
         };
         let key = st.ops.insert(
             buf,

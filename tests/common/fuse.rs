@@ -170,16 +170,19 @@ struct FaultRule {
     fault: Fault,
 }
 
-/// A write or sync request that is hung.
+/// A write, sync or open request that is hung.
 enum ParkedWrite {
     Write { reply: ReplyWrite, file: usize },
     Sync { reply: ReplyEmpty, file: usize },
+    Open { reply: ReplyOpen, file: usize },
 }
 
 impl ParkedWrite {
     fn file(&self) -> usize {
         match self {
-            ParkedWrite::Write { file, .. } | ParkedWrite::Sync { file, .. } => *file,
+            ParkedWrite::Write { file, .. }
+            | ParkedWrite::Sync { file, .. }
+            | ParkedWrite::Open { file, .. } => *file,
         }
     }
 
@@ -187,6 +190,7 @@ impl ParkedWrite {
         match self {
             ParkedWrite::Write { reply, .. } => reply.error(Errno::EIO),
             ParkedWrite::Sync { reply, .. } => reply.error(Errno::EIO),
+            ParkedWrite::Open { reply, .. } => reply.error(Errno::EIO),
         }
     }
 }
@@ -212,6 +216,8 @@ struct Inner {
     write_faults: Vec<FaultRule>,
     /// Writable mounts: the fault of each file's sync requests.
     sync_faults: HashMap<usize, Fault>,
+    /// The fault of each file's open requests (`Errno`, `Hang`, `Delay`).
+    open_faults: HashMap<usize, Fault>,
     parked_writes: Vec<ParkedWrite>,
     write_log: Vec<WriteRecord>,
     syncs: u64,
@@ -428,7 +434,34 @@ impl Filesystem for Fs {
         } else {
             FopenFlags::FOPEN_KEEP_CACHE
         };
-        reply.opened(FileHandle(0), fl);
+        let file = self.file_of(ino).unwrap_or_default();
+        let mut inner = self.shared.lock();
+        match inner.open_faults.get(&file).cloned() {
+            Some(Fault::Errno(e)) => {
+                drop(inner);
+                reply.error(Errno::from_i32(e));
+            }
+            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
+                inner.parked_writes.push(ParkedWrite::Open { reply, file });
+            }
+            Some(Fault::Hang) => {
+                drop(inner);
+                reply.error(Errno::EIO);
+            }
+            Some(Fault::Delay(d)) => {
+                let shutting_down = inner.shutting_down;
+                drop(inner);
+                self.shared.later(
+                    d,
+                    shutting_down,
+                    Box::new(move || reply.opened(FileHandle(0), fl)),
+                );
+            }
+            Some(Fault::Short(_)) | None => {
+                drop(inner);
+                reply.opened(FileHandle(0), fl);
+            }
+        }
     }
 
     fn read(
@@ -832,13 +865,23 @@ impl FaultFs {
         inner.sync_faults.insert(file, fault);
     }
 
-    /// Remove every fault, read, write and sync (hung requests stay hung
-    /// until `release_hangs`).
+    /// Apply `fault` to every later open request of `name` (`Short` means
+    /// none); a hung open counts among `writes_hung_now`.
+    pub fn set_open_fault(&self, name: &str, fault: Fault) {
+        let file = self.shared.file_index(name);
+        let mut inner = self.shared.lock();
+        inner.hangs_released = false;
+        inner.open_faults.insert(file, fault);
+    }
+
+    /// Remove every fault, read, write, sync and open (hung requests stay
+    /// hung until `release_hangs`).
     pub fn clear_faults(&self) {
         let mut inner = self.shared.lock();
         inner.faults.clear();
         inner.write_faults.clear();
         inner.sync_faults.clear();
+        inner.open_faults.clear();
         inner.hangs_released = false;
     }
 
