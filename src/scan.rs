@@ -723,7 +723,7 @@ impl<'a> Scan<'a> {
                         }
                     }
                     Err(e)
-                        if e.raw_os_error() == Some(libc::EINVAL)
+                        if crate::os_error(&e) == Some(libc::EINVAL)
                             && slot.read_from % align != 0 =>
                     {
                         // A continuation from inside a block that the file
