@@ -776,11 +776,8 @@ impl UringContext {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(crate::error::shut_down_error());
         }
-        self.inner.files.insert(
-            file,
-            self.inner.fixed(),
-            &"the file passed to register_file",
-        )
+        let facts = crate::files::Facts::of(&file, &"the file passed to register_file")?;
+        self.inner.files.insert(file, facts, self.inner.fixed())
     }
 
     /// Removes a file. Reads already in flight on it complete (or fail with

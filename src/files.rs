@@ -279,19 +279,51 @@ pub(crate) struct FileTable {
     policy: Mutex<Policy>,
 }
 
-/// Positioned reads need a seekable file with stable content at each
-/// offset: a regular file or a block device. A pipe, FIFO or socket would
-/// have the ring ignore the offset and consume stream data (and an empty
-/// one would hang the read); a directory fails every read.
-fn check_kind(file: &File, name: &dyn fmt::Display) -> io::Result<FileKind> {
-    match sys::file_kind(file)? {
-        FileKind::Other(what) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{name} is {what}: only regular files and block devices support positioned reads"
-            ),
-        )),
-        kind => Ok(kind),
+/// What registering a file needs to know of it, read from the kernel once.
+/// Gathering them (`fstat`, `fstatfs`, `statx`) may wait for the file
+/// system: `open` gathers them on the blocking pool, with the open.
+#[derive(Debug)]
+pub(crate) struct Facts {
+    kind: FileKind,
+    /// The file system's magic number (`statfs.f_type`), or why unknown.
+    magic: io::Result<i64>,
+    /// The status flags (`F_GETFL`).
+    flags: i32,
+    /// `O_DIRECT` alignments, for a file opened with it.
+    dio_align: Option<(u32, u32)>,
+}
+
+impl Facts {
+    /// The facts of `file`, or why it cannot be registered (`name` names it).
+    ///
+    /// Positioned reads need a seekable file with stable content at each
+    /// offset: a regular file or a block device. A pipe, FIFO or socket would
+    /// have the ring ignore the offset and consume stream data (and an empty
+    /// one would hang the read); a directory fails every read.
+    pub(crate) fn of(file: &File, name: &dyn fmt::Display) -> io::Result<Facts> {
+        let kind = match sys::file_kind(file)? {
+            FileKind::Other(what) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{name} is {what}: only regular files and block devices support \
+                         positioned reads"
+                    ),
+                ))
+            }
+            kind => kind,
+        };
+        let flags = sys::status_flags(file)?;
+        Ok(Facts {
+            kind,
+            magic: sys::fs_magic(file),
+            flags,
+            dio_align: if flags & libc::O_DIRECT != 0 {
+                sys::dio_align(file)
+            } else {
+                None
+            },
+        })
     }
 }
 
@@ -341,8 +373,8 @@ impl FileTable {
             .into_iter()
             .zip(0u32..)
             .map(|(file, i)| {
-                let kind = check_kind(&file, &FileId::from(i))?;
-                Ok(Some(Self::entry(file, kind, (i, 0, id), &free, &policy)))
+                let facts = Facts::of(&file, &FileId::from(i))?;
+                Ok(Some(Self::entry(file, facts, (i, 0, id), &free, &policy)))
             })
             .collect::<io::Result<Slots>>()?;
         Ok(FileTable {
@@ -359,16 +391,19 @@ impl FileTable {
     /// A new entry; `(index, gen, table)` say where and which registration.
     fn entry(
         file: File,
-        kind: FileKind,
+        facts: Facts,
         (index, gen, table): (u32, u32, u64),
         free: &Arc<Mutex<Vec<Freed>>>,
         policy: &Policy,
     ) -> Arc<FileEntry> {
-        // `check_kind` read the flags already; O_RDWR is the assumption
-        // that words no error wrongly if they cannot be read again.
-        let flags = sys::status_flags(&file).unwrap_or(libc::O_RDWR);
+        let Facts {
+            kind,
+            magic,
+            flags,
+            dio_align,
+        } = facts;
         let direct = flags & libc::O_DIRECT != 0;
-        let route = route_for(classify(&sys::fs_magic(&file)), policy);
+        let route = route_for(classify(&magic), policy);
         #[cfg(feature = "tracing")]
         if let FileRoute::BlockingPool(why) = route {
             crate::decision!(
@@ -382,7 +417,7 @@ impl FileTable {
             kind,
             route,
             direct,
-            dio_align: if direct { sys::dio_align(&file) } else { None },
+            dio_align,
             append: flags & libc::O_APPEND != 0,
             access: flags & libc::O_ACCMODE,
             file,
@@ -454,17 +489,15 @@ impl FileTable {
         self.shards.iter().map(Shard::write).collect()
     }
 
-    /// Registers `file` under a free index, publishing it only once the rings
-    /// know it.
-    /// `what` names the file in errors.
+    /// Registers `file`, whose `facts` were read (and checked) before an
+    /// index is taken, so a rejected file costs nothing, under a free index,
+    /// publishing it only once the rings know it.
     pub(crate) fn insert(
         &self,
         file: File,
+        facts: Facts,
         fixed: &dyn FixedFiles,
-        what: &dyn fmt::Display,
     ) -> io::Result<FileId> {
-        // Checked before an index is taken, so a rejected file costs nothing.
-        let kind = check_kind(&file, what)?;
         let mut shards = self.write_all();
         let len = shards[0].len();
         let recycled = crate::lock(&self.free).pop();
@@ -486,7 +519,7 @@ impl FileTable {
         }
         let entry = Self::entry(
             file,
-            kind,
+            facts,
             (index, gen, self.id),
             &self.free,
             &crate::lock(&self.policy),
@@ -548,6 +581,13 @@ mod tests {
         tempfile::tempfile().unwrap()
     }
 
+    /// Registers a fresh temp file.
+    fn add(t: &FileTable) -> io::Result<FileId> {
+        let f = tmp();
+        let facts = Facts::of(&f, &"tmp")?;
+        t.insert(f, facts, &NoRings)
+    }
+
     fn policy() -> Policy {
         Policy {
             fuse_via_blocking_pool: true,
@@ -596,7 +636,7 @@ mod tests {
         assert_eq!(e.share().available_permits(), 8);
         t.set_pool_share(3);
         assert_eq!(e.share().available_permits(), 3);
-        let later = t.insert(tmp(), &NoRings, &"tmp").unwrap();
+        let later = add(&t).unwrap();
         assert_eq!(t.get(later).unwrap().share().available_permits(), 3);
     }
 
@@ -607,9 +647,9 @@ mod tests {
         t.remove(FileId::from(1), &NoRings).unwrap();
         assert!(t.get(FileId::from(1)).is_err());
         // Index 1 is still held by an "in-flight op": a new file gets index 2.
-        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 2);
+        assert_eq!(add(&t).unwrap().index(), 2);
         drop(held);
-        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 1);
+        assert_eq!(add(&t).unwrap().index(), 1);
     }
 
     #[test]
@@ -630,7 +670,7 @@ mod tests {
         a.remove(ids[1], &NoRings).unwrap();
         let e = a.get(ids[1]).unwrap_err();
         assert!(e.to_string().contains("stale"), "{e}");
-        let again = a.insert(tmp(), &NoRings, &"tmp").unwrap();
+        let again = add(&a).unwrap();
         assert_eq!(again.index(), 1, "the index is reused");
         assert_ne!(again, ids[1]);
         let e = a.get(ids[1]).unwrap_err();
@@ -651,11 +691,11 @@ mod tests {
             index: 0,
             gen: u32::MAX - 1,
         });
-        let last = t.insert(tmp(), &NoRings, &"tmp").unwrap();
+        let last = add(&t).unwrap();
         assert_eq!((last.index(), last.gen()), (0, u32::MAX));
         t.remove(last, &NoRings).unwrap();
         assert!(crate::lock(&t.free).is_empty(), "index 0 retired");
-        assert_eq!(t.insert(tmp(), &NoRings, &"tmp").unwrap().index(), 1);
+        assert_eq!(add(&t).unwrap().index(), 1);
     }
 
     #[test]
@@ -665,10 +705,7 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("file #7"), "{e}");
         assert!(t.remove(FileId::from(7), &NoRings).is_err());
-        assert!(
-            t.insert(tmp(), &NoRings, &"tmp").is_err(),
-            "capacity 1 is full"
-        );
+        assert!(add(&t).is_err(), "capacity 1 is full");
         assert!(FileTable::new(vec![tmp(), tmp()], 1, 1, policy()).is_err());
     }
 }

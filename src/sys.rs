@@ -178,6 +178,15 @@ pub(crate) fn status_flags(file: &File) -> io::Result<i32> {
     cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) }, -1)
 }
 
+/// Clears `O_NONBLOCK` from the descriptor's status flags.
+pub(crate) fn clear_nonblock(file: &File) -> io::Result<()> {
+    let fl = status_flags(file)?;
+    // SAFETY: F_SETFL on a valid, owned descriptor has no memory effects.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
 /// The `O_DIRECT` alignments of an open file, `(memory, offset)` in bytes,
 /// as `statx(STATX_DIOALIGN)` reports them (kernel 6.1+); `None` where the
 /// kernel or the file system does not say.

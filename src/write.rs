@@ -38,7 +38,7 @@ use crate::buf::IoBuf;
 use crate::context::Inner;
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
-use crate::files::{thread_slot, FileEntry};
+use crate::files::{thread_slot, Facts, FileEntry};
 use crate::permit::{self, Acquired, Permit};
 use crate::read::{Ctx, RingRef, BORROWED_CHUNK};
 
@@ -504,9 +504,9 @@ impl<S: Source> Job for Write<S> {
             Ok(n) => n.min(self.piece),
             // An exact write retries what was interrupted, as `write_all`.
             Err(e) if self.exact && e.kind() == io::ErrorKind::Interrupted => return None,
-            // Bytes already written are reported, as write(2) would.
-            Err(_) if self.done > 0 && !self.exact => return Some(Ok(self.done)),
-            Err(e) => return Some(Err(e)),
+            // Bytes already written are reported, as write(2) would (a
+            // `write_all` fails, saying how many).
+            Err(e) => return Some(self.stopped(e)),
         };
         if tainted && n < self.piece {
             return Some(Err(io::Error::other(format!(
@@ -1021,8 +1021,8 @@ pub(crate) struct Open {
     path: CString,
     flags: i32,
     mode: u32,
-    /// The descriptor, once opened.
-    pub(crate) fd: Option<OwnedFd>,
+    /// The file and its facts, once opened.
+    pub(crate) opened: Option<(std::fs::File, Facts)>,
 }
 
 impl Open {
@@ -1033,7 +1033,7 @@ impl Open {
             path,
             flags: options.flags()?,
             mode: options.mode,
-            fd: None,
+            opened: None,
         })
     }
 }
@@ -1042,12 +1042,25 @@ impl Open {
 /// non-blocking open of a FIFO without a reader, of a socket or of a device
 /// with no driver gives: said as the refusal of a file that is not a
 /// regular file or a block device, naming what it is.
-fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+///
+/// What registering the file needs to know of it (`Facts`: `fstat`,
+/// `fstatfs`, `statx`, each of which may wait for the file system) is read
+/// here too, off the runtime's workers.
+fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<(std::fs::File, Facts)> {
     // SAFETY: a NUL-terminated path; the result is a new descriptor.
     let fd = unsafe { libc::open(path.as_ptr(), flags, mode) };
     if fd >= 0 {
         // SAFETY: `fd` was just opened and is owned by nobody else.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Opened with O_NONBLOCK so that a FIFO could not block the open; a
+        // regular file needs it cleared (io_uring would return EAGAIN).
+        crate::sys::clear_nonblock(&file)?;
+        let name = format!(
+            "{:?} (opened with UringContext::open)",
+            path.to_string_lossy()
+        );
+        let facts = Facts::of(&file, &name)?;
+        return Ok((file, facts));
     }
     let e = io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ENXIO) {
@@ -1072,7 +1085,7 @@ fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
 }
 
 impl Job for Open {
-    type Blocking = io::Result<OwnedFd>;
+    type Blocking = io::Result<(std::fs::File, Facts)>;
 
     fn name(&self) -> &'static str {
         "open"
@@ -1110,7 +1123,7 @@ impl Job for Open {
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
-        self.fd = Some(out?);
+        self.opened = Some(out?);
         Ok(0)
     }
 
@@ -1119,27 +1132,16 @@ impl Job for Open {
     }
 }
 
-/// Turns an opened descriptor into a registered file.
+/// Registers a file `open` opened (with the facts its pool task read).
 pub(crate) fn register_opened(
     inner: &Inner,
-    fd: OwnedFd,
-    what: &dyn fmt::Display,
+    file: std::fs::File,
+    facts: Facts,
 ) -> io::Result<FileId> {
-    // Opened with O_NONBLOCK so that a FIFO could not block the open; a
-    // regular file needs it cleared (io_uring would return EAGAIN).
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-    unsafe {
-        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        if fl < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
     if inner.closed.load(Ordering::Acquire) {
         return Err(shut_down_error());
     }
-    inner
-        .files
-        .insert(std::fs::File::from(fd), inner.fixed(), what)
+    inner.files.insert(file, facts, inner.fixed())
 }
 
 // --------------------------------------------------------------- futures
@@ -1271,16 +1273,12 @@ impl Future for UringOpenFuture<'_> {
             }
         };
         ready!(core.poll_op(cx))?;
-        let fd = core
+        let (file, facts) = core
             .job
-            .fd
+            .opened
             .take()
             .ok_or_else(|| io::Error::other("open returned no descriptor (a bug)"))?;
-        let what = format!(
-            "{:?} (opened with UringContext::open)",
-            core.job.path.to_string_lossy()
-        );
-        Poll::Ready(register_opened(&core.ctx, fd, &what))
+        Poll::Ready(register_opened(&core.ctx, file, facts))
     }
 }
 
