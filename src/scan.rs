@@ -117,7 +117,7 @@ use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::{FileId, UringContext};
-use crate::error::invalid;
+use crate::error::{invalid, shut_down_error};
 use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
@@ -260,12 +260,17 @@ impl ScanOptions {
 
     /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
     /// end beyond the file stops at end of file). Nothing is read until the
-    /// stream is polled.
+    /// stream is polled; what can be checked without reading is checked
+    /// here.
     ///
     /// # Errors
     ///
-    /// `InvalidInput` for settings out of range (naming them) or a range
-    /// whose start is beyond its end.
+    /// `InvalidInput` for settings out of range (naming them), a range
+    /// whose start is beyond its end or beyond `i64::MAX`, or an `fid` that
+    /// every call taking it refuses (not registered, or a checked id of
+    /// another context or of an unregistered file: see [`FileId`]), with
+    /// the same error as theirs; the shut-down error if the context is
+    /// shut down.
     pub fn scan<'a>(
         &self,
         ctx: &'a UringContext,
@@ -273,8 +278,12 @@ impl ScanOptions {
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
         let fid = fid.into();
+        if ctx.inner.closed.load(Ordering::Acquire) {
+            return Err(shut_down_error());
+        }
+        let direct = ctx.file_is_direct(fid)?;
         let mut opts = *self;
-        if ctx.file_is_direct(fid) {
+        if direct {
             if !opts.chunk_set {
                 opts.chunk_size = DEFAULT_DIRECT_CHUNK.max(opts.align);
             }
@@ -294,13 +303,15 @@ impl ScanOptions {
             Bound::Unbounded => u64::MAX,
         };
         if start > end {
-            return invalid(format!("scan range {start}..{end}: start beyond end"));
-        }
-        if start > i64::MAX.unsigned_abs() && start < end {
-            // Named here, with the caller's numbers: the first read would
-            // fail on its aligned-down offset instead.
             return invalid(format!(
-                "scan range {start}..{end}: starts beyond i64::MAX, where no file has data"
+                "scan of {fid}, range {start}..{end}: start beyond end"
+            ));
+        }
+        if start > i64::MAX.unsigned_abs() {
+            // Named here, with the caller's numbers, as a read at such an
+            // offset is refused (even an empty one).
+            return invalid(format!(
+                "scan of {fid}, range {start}..{end}: starts beyond i64::MAX, where no file has data"
             ));
         }
         let align = self.align as u64;

@@ -7,14 +7,14 @@ mod common;
 
 use std::fs::File;
 use std::io;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use common::fuse::{Fault, FaultFs, FileSpec};
 use common::{check_pattern, Flavor, TestFile};
 use futures::StreamExt;
-use uring_positioned_io::{BackendChoice, Chunk, ScanOptions, UringContext};
+use uring_positioned_io::{BackendChoice, Chunk, FileId, ScanOptions, UringContext};
 
 const CHUNK: usize = 64 << 10;
 
@@ -943,8 +943,72 @@ fn truncated_mid_scan(choice: BackendChoice) {
     );
 }
 
+/// What a scan can check without reading, `scan()` checks at the call,
+/// with the error every other call gives: an unregistered index, a checked
+/// id of another context or of an unregistered file, a range starting
+/// beyond `i64::MAX` (even an empty one, as for a read), a shut-down
+/// context. Nothing is refused that a read would take.
+fn refused_at_the_call(choice: BackendChoice) {
+    let set = common::FileSet::new(0x1d5c, &[10_000, 20_000]);
+    common::run(
+        "refused_at_the_call",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let a = common::default_ctx(choice, vec![set.files[0].open()]);
+            let b = common::default_ctx(choice, vec![set.files[1].open()]);
+            let ida = a.file_id(0).unwrap();
+            let extra = b.register_file(set.files[1].open()).unwrap();
+            let stale = a.register_file(set.files[1].open()).unwrap();
+            a.unregister_file(stale).unwrap();
+            let mut buf = vec![0u8; 64];
+            for (ctx, fid, why) in [
+                (&b, ida, "belongs to another UringContext"),
+                (&a, extra, "belongs to another UringContext"),
+                (&a, FileId::from(7), "is not registered"),
+                (&a, stale, "is stale"),
+            ] {
+                let read = ctx.read(fid, 0, &mut buf).await.unwrap_err();
+                let e = ScanOptions::new()
+                    .scan(ctx, fid, ..)
+                    .expect_err("a bad id is refused by scan() itself");
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                assert_eq!(e.to_string(), read.to_string(), "the error a read gives");
+                assert!(e.to_string().contains(why), "{e}");
+            }
+            let max = i64::MAX.unsigned_abs();
+            let beyond: [(Bound<u64>, Bound<u64>); 4] = [
+                (Bound::Included(max + 1), Bound::Unbounded),
+                (Bound::Included(max + 1), Bound::Excluded(max + 1)),
+                (Bound::Excluded(max), Bound::Included(max + 5)),
+                (Bound::Included(u64::MAX), Bound::Unbounded),
+            ];
+            for r in beyond {
+                let e = ScanOptions::new().scan(&a, ida, r).unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{r:?}: {e}");
+                assert!(e.to_string().contains("beyond i64::MAX"), "{e}");
+            }
+            // At i64::MAX a read returns 0: so does the scan, an empty stream.
+            let mut s = ScanOptions::new().scan(&a, ida, max..).unwrap();
+            assert!(s.next().await.is_none());
+            drop(s);
+            // Good ids still scan.
+            let n = check_scan(&a, 0, &set.files[0], ScanOptions::new(), 0..u64::MAX).await;
+            assert_eq!(n, 1);
+            a.shutdown().await;
+            let read = a.read(ida, 0, &mut buf).await.unwrap_err();
+            let e = ScanOptions::new().scan(&a, ida, ..).unwrap_err();
+            assert_eq!(e.kind(), read.kind(), "{e} / {read}");
+            assert!(e.to_string().contains("shut down"), "{e}");
+            drop((a, b));
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
     largest_settings_on_a_small_file,
+    refused_at_the_call,
     runtime_dropped_mid_scan,
     shutdown_mid_scan,
     hung_storage_mid_scan,
