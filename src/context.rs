@@ -931,10 +931,10 @@ impl UringContext {
         })
     }
 
-    /// Whether file `fid` was opened with `O_DIRECT` (false for an unknown
-    /// id: its reads will say why).
-    pub(crate) fn file_is_direct(&self, fid: FileId) -> bool {
-        self.inner.files.get(fid).is_ok_and(|f| f.direct)
+    /// Whether file `fid` was opened with `O_DIRECT`; for an id this
+    /// context refuses, the `InvalidInput` every call taking it gives.
+    pub(crate) fn file_is_direct(&self, fid: FileId) -> io::Result<bool> {
+        self.inner.files.get(fid).map(|f| f.direct)
     }
 
     /// Whether the bounce buffers are registered with the kernel (io_uring

@@ -39,10 +39,27 @@
 //! consumer as a [`Chunk`], or free. The stream starts a read whenever a
 //! buffer is free (or not handed out yet), so up to `in_flight` reads run ahead of the
 //! consumer; chunks are yielded strictly in file order. A consumer holding
-//! chunks holds buffers: with all of them out, the stream starts no read and
-//! returns `Pending` until a chunk is dropped, which puts its buffer back and
-//! wakes the stream. Memory is therefore bounded by `chunk_size × in_flight`,
-//! and in steady state nothing is allocated per chunk.
+//! chunks holds buffers, and dropping a chunk puts its buffer back. Memory
+//! is therefore bounded by `chunk_size × in_flight`, and in steady state
+//! nothing is allocated per chunk.
+//!
+//! # A consumer holding every buffer
+//!
+//! With every buffer held by a chunk not dropped yet, no read can start.
+//! What `next()` does then is [`ScanOptions::wait_for_dropped_chunks`]:
+//!
+//! - by default it returns an error (kind `ResourceBusy`) saying that all
+//!   the buffers are held and what to do, rather than wait for a drop that
+//!   a consumer keeping every chunk (`collect()`, a `Vec` of chunks) would
+//!   never make; a range that ends at end of file right after the chunks
+//!   held ends instead (a small read checks). The error does not end the
+//!   stream: the next `next()` goes on if a chunk has been dropped since,
+//!   and returns `None` otherwise. A consumer that keeps at most
+//!   `in_flight − 1` chunks never sees it;
+//! - with `wait_for_dropped_chunks(true)` it waits (`Pending`) until a
+//!   chunk is dropped, on any thread, which wakes the stream: the
+//!   backpressure a pipeline wants, whose consumer hands chunks to other
+//!   tasks that drop them later.
 //!
 //! Reads are aligned: every read starts at a multiple of
 //! [`align`](ScanOptions::align) (default 4096) into an aligned buffer and
@@ -62,7 +79,7 @@
 //! instead, that too is taken as end of file — only for a continuation
 //! from inside a block, never for a chunk's first read. An error is
 //! yielded once and ends the stream (reads interrupted with `EINTR` are
-//! retried).
+//! retried), except the error of a consumer holding every buffer (above).
 //!
 //! # Cached and uncached files
 //!
@@ -117,7 +134,7 @@ use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::{FileId, UringContext};
-use crate::error::invalid;
+use crate::error::{invalid, shut_down_error};
 use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
@@ -153,6 +170,9 @@ const RING_AHEAD: usize = 512 << 10;
 /// consumer's thread when the file is cached, so that the consumer takes a
 /// share of the copying (see the module's "Cached and uncached files").
 const CONSUMER_SHARE: u64 = 4;
+/// Largest read that checks whether the file goes on when every buffer is
+/// held (see [`Held`]): one block of the alignment, at most a page.
+const PROBE: usize = 4096;
 
 /// Settings of a scan; [`scan`](ScanOptions::scan) starts one.
 ///
@@ -169,6 +189,9 @@ pub struct ScanOptions {
     /// `in_flight` was set by the caller (else it depends on `O_DIRECT`).
     in_flight_set: bool,
     align: usize,
+    /// With every buffer held by a chunk, `next()` waits for one to be
+    /// dropped instead of failing.
+    wait_for_dropped: bool,
 }
 
 impl Default for ScanOptions {
@@ -179,6 +202,7 @@ impl Default for ScanOptions {
             in_flight: DEFAULT_IN_FLIGHT,
             in_flight_set: false,
             align: DEFAULT_ALIGN,
+            wait_for_dropped: false,
         }
     }
 }
@@ -204,7 +228,9 @@ impl ScanOptions {
 
     /// Buffers of the scan (default 8, or 4 on a file opened with
     /// `O_DIRECT`): the reads in flight ahead of the consumer plus the
-    /// chunks it holds. From 1 to 1024. A scan holds up to `chunk_size ×
+    /// chunks it holds (with all of them held, see
+    /// [`wait_for_dropped_chunks`](Self::wait_for_dropped_chunks)). From 1
+    /// to 1024. A scan holds up to `chunk_size ×
     /// in_flight` of memory, 8 MiB with the defaults: many scans at once (a
     /// k-way merge over many files, say) want fewer or smaller chunks.
     #[must_use]
@@ -220,6 +246,37 @@ impl ScanOptions {
     #[must_use]
     pub fn align(mut self, bytes: usize) -> Self {
         self.align = bytes;
+        self
+    }
+
+    /// What `next()` does when every buffer is held by a chunk not dropped
+    /// yet, so that no read can start (default `false`).
+    ///
+    /// `false`: `next()` returns an error of kind
+    /// [`ResourceBusy`](io::ErrorKind::ResourceBusy) saying so, rather than
+    /// waiting for a drop that a consumer holding its chunks (`collect()`,
+    /// say) would never make. Chunks dropped before the call count,
+    /// whichever thread dropped them; a read in flight is waited for as
+    /// usual. Before failing, the scan checks with a small read that the
+    /// file goes on, so a range that ends at end of file right after the
+    /// chunks held ends the stream instead. The error does not end the
+    /// stream: the next `next()` goes on if a chunk has been dropped since,
+    /// and otherwise returns `None` (so loops that take every item, such as
+    /// `collect()`, stop).
+    ///
+    /// `true`: `next()` waits until a chunk is dropped, on any thread (the
+    /// drop wakes the stream). This is for pipelines: a consumer that hands
+    /// chunks to other tasks or threads, which drop them later, uses the
+    /// scan's buffers as backpressure (with `false`, such a consumer gets
+    /// the error whenever it is ahead of them). A consumer that holds every
+    /// chunk itself then waits forever.
+    ///
+    /// So: `false` when the code calling `next()` drops the chunks itself
+    /// (a loop that keeps at most `in_flight − 1` of them never sees the
+    /// error); `true` when other tasks drop them.
+    #[must_use]
+    pub fn wait_for_dropped_chunks(mut self, wait: bool) -> Self {
+        self.wait_for_dropped = wait;
         self
     }
 
@@ -260,12 +317,17 @@ impl ScanOptions {
 
     /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
     /// end beyond the file stops at end of file). Nothing is read until the
-    /// stream is polled.
+    /// stream is polled; what can be checked without reading is checked
+    /// here.
     ///
     /// # Errors
     ///
-    /// `InvalidInput` for settings out of range (naming them) or a range
-    /// whose start is beyond its end.
+    /// `InvalidInput` for settings out of range (naming them), a range
+    /// whose start is beyond its end or beyond `i64::MAX`, or an `fid` that
+    /// every call taking it refuses (not registered, or a checked id of
+    /// another context or of an unregistered file: see [`FileId`]), with
+    /// the same error as theirs; the shut-down error if the context is
+    /// shut down.
     pub fn scan<'a>(
         &self,
         ctx: &'a UringContext,
@@ -273,8 +335,12 @@ impl ScanOptions {
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
         let fid = fid.into();
+        if ctx.inner.closed.load(Ordering::Acquire) {
+            return Err(shut_down_error());
+        }
+        let direct = ctx.file_is_direct(fid)?;
         let mut opts = *self;
-        if ctx.file_is_direct(fid) {
+        if direct {
             if !opts.chunk_set {
                 opts.chunk_size = DEFAULT_DIRECT_CHUNK.max(opts.align);
             }
@@ -294,13 +360,15 @@ impl ScanOptions {
             Bound::Unbounded => u64::MAX,
         };
         if start > end {
-            return invalid(format!("scan range {start}..{end}: start beyond end"));
-        }
-        if start > i64::MAX.unsigned_abs() && start < end {
-            // Named here, with the caller's numbers: the first read would
-            // fail on its aligned-down offset instead.
             return invalid(format!(
-                "scan range {start}..{end}: starts beyond i64::MAX, where no file has data"
+                "scan of {fid}, range {start}..{end}: start beyond end"
+            ));
+        }
+        if start > i64::MAX.unsigned_abs() {
+            // Named here, with the caller's numbers, as a read at such an
+            // offset is refused (even an empty one).
+            return invalid(format!(
+                "scan of {fid}, range {start}..{end}: starts beyond i64::MAX, where no file has data"
             ));
         }
         let align = self.align as u64;
@@ -329,6 +397,7 @@ impl ScanOptions {
             stopped: start == end,
             cache: Cache::Unknown,
             yielded: false,
+            held: Held::No,
         })
     }
 }
@@ -583,6 +652,26 @@ pub struct Scan<'a> {
     /// would reach the kernel before the ring's reads of the chunks in front
     /// of it, and its readahead would start out of order.
     yielded: bool,
+    /// Where the stream is with a consumer holding every buffer (without
+    /// `wait_for_dropped_chunks`).
+    held: Held<'a>,
+}
+
+/// A consumer holds every buffer (no read in flight, none free), and the
+/// scan does not wait for a dropped chunk: the steps to the error. Any read
+/// started (a chunk was dropped) puts it back to `No`.
+enum Held<'a> {
+    No,
+    /// A read of a block at `next` checks that the file goes on: if it ends
+    /// there, the stream ends rather than failing.
+    /// (Boxed: it is rare, and the scan stays small.)
+    Probing(Box<UringReadOwnedFuture<'a, AlignedBuf>>),
+    /// The file goes on (or could not be asked): the error is due once the
+    /// pool, looked at once more, still has no buffer.
+    GoesOn,
+    /// The error was returned and no chunk has been dropped since: the next
+    /// call ends the stream.
+    Told,
 }
 
 /// What the reads of the consumer's share have found in the page cache.
@@ -754,6 +843,73 @@ impl<'a> Scan<'a> {
     fn stop(&mut self) {
         self.stopped = true;
         self.slots.clear();
+        self.held = Held::No;
+    }
+
+    /// The error of a scan whose consumer holds every buffer.
+    fn all_held(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "scan of {}: all {} buffers are held by chunks not dropped yet, so the chunk at \
+                 offset {} cannot be read: drop chunks before asking for the next (collect() \
+                 keeps them all), raise ScanOptions::in_flight, or, if other tasks drop the \
+                 chunks, set ScanOptions::wait_for_dropped_chunks(true) to wait for them",
+                self.fid,
+                self.buffers,
+                self.next.max(self.start)
+            ),
+        )
+    }
+
+    /// Every buffer is held by a chunk not dropped yet, and the scan does
+    /// not wait for one: ends the stream if the file ends at `next`, else
+    /// fails once; a second call with every buffer still held ends the
+    /// stream. `None` from `Ready` means "look again" (the loop of
+    /// `poll_next`, whose `issue` looks at the pool again).
+    #[allow(clippy::option_option, reason = "Ready(None) asks the caller to loop")]
+    fn poll_held(&mut self, cx: &mut Context<'_>) -> Poll<Option<Option<io::Result<Chunk>>>> {
+        match std::mem::replace(&mut self.held, Held::No) {
+            Held::No => {
+                // The chunks held may reach the end of file exactly (their
+                // reads were whole): ask the file before saying it goes on.
+                let len = self.opts.align.min(PROBE);
+                self.held = match AlignedBuf::try_with_capacity(len, len) {
+                    Ok(buf) => {
+                        Held::Probing(Box::new(self.ctx.read_owned(self.fid, self.next, buf)))
+                    }
+                    Err(_) => Held::GoesOn,
+                };
+                Poll::Ready(None)
+            }
+            Held::Probing(mut fut) => match Pin::new(&mut *fut).poll(cx) {
+                Poll::Pending => {
+                    self.held = Held::Probing(fut);
+                    Poll::Pending
+                }
+                Poll::Ready((Ok(0), _)) => {
+                    // End of file right after the chunks held.
+                    self.stop();
+                    Poll::Ready(Some(None))
+                }
+                Poll::Ready(_) => {
+                    // Data, or an error the chunk's own read will meet (if
+                    // it is ever read): the file goes on.
+                    self.held = Held::GoesOn;
+                    Poll::Ready(None)
+                }
+            },
+            Held::GoesOn => {
+                self.held = Held::Told;
+                Poll::Ready(Some(Some(Err(self.all_held()))))
+            }
+            Held::Told => {
+                // Told, and still holding every chunk: the end, so that a
+                // loop taking every item (collect()) ends too.
+                self.stop();
+                Poll::Ready(Some(None))
+            }
+        }
     }
 }
 
@@ -764,13 +920,28 @@ impl Stream for Scan<'_> {
         let this = self.get_mut();
         loop {
             this.issue(cx);
+            if !this.slots.is_empty() {
+                // A buffer came back: whatever the consumer was told is over.
+                this.held = Held::No;
+            }
             this.poll_reads(cx);
             let Some(front) = this.slots.front_mut() else {
                 if this.stopped || this.next >= this.end {
                     return Poll::Ready(None);
                 }
-                // Every buffer is with the consumer: a dropped chunk wakes us.
-                return Poll::Pending;
+                // No read in flight and, under the pool's lock (`issue`),
+                // no buffer free: every buffer is held by a chunk not
+                // dropped yet.
+                if this.opts.wait_for_dropped {
+                    // `Pool::take` registered our waker under that lock: a
+                    // chunk dropped since wakes us.
+                    return Poll::Pending;
+                }
+                match this.poll_held(cx) {
+                    Poll::Ready(None) => continue,
+                    Poll::Ready(Some(item)) => return Poll::Ready(item),
+                    Poll::Pending => return Poll::Pending,
+                }
             };
             match std::mem::replace(&mut front.state, SlotState::Empty) {
                 SlotState::Done(buf) => {

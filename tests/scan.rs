@@ -1,20 +1,22 @@
 //! Sequential scans (`ScanOptions::scan`): order and content for many sizes
 //! and ranges, O_DIRECT, short reads mid-file and errors (FUSE), dropping a
-//! scan with reads in flight, a consumer holding every chunk, buffer reuse,
-//! both backends. Every test runs under a watchdog.
+//! scan with reads in flight, a consumer holding every chunk (an error by
+//! default, waiting with `wait_for_dropped_chunks`), chunks dropped on
+//! other threads, bad ids at the call, buffer reuse, both backends. Every
+//! test runs under a watchdog.
 
 mod common;
 
 use std::fs::File;
 use std::io;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use common::fuse::{Fault, FaultFs, FileSpec};
 use common::{check_pattern, Flavor, TestFile};
 use futures::StreamExt;
-use uring_positioned_io::{BackendChoice, Chunk, ScanOptions, UringContext};
+use uring_positioned_io::{BackendChoice, Chunk, FileId, ScanOptions, UringContext};
 
 const CHUNK: usize = 64 << 10;
 
@@ -313,14 +315,17 @@ fn drop_mid_scan_on_the_blocking_pool(choice: BackendChoice) {
     }
 }
 
-/// A consumer that keeps every chunk: the stream stops reading and waits;
-/// dropping one chunk lets it go on.
+/// A consumer that keeps every chunk, with `wait_for_dropped_chunks`: the
+/// stream stops reading and waits; dropping one chunk lets it go on.
 fn holding_chunks(choice: BackendChoice) {
     let set = common::FileSet::new(0x401d, &[10 * CHUNK as u64 + 99]);
     common::run("holding_chunks", Flavor::Multi, 30, move || async move {
         let file = set.files[0].clone();
         let ctx = common::default_ctx(choice, set.open_all());
-        let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(3);
+        let opts = ScanOptions::new()
+            .chunk_size(CHUNK)
+            .in_flight(3)
+            .wait_for_dropped_chunks(true);
         let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
         let mut held: Vec<Chunk> = Vec::new();
         for _ in 0..3 {
@@ -377,6 +382,355 @@ fn holding_chunks(choice: BackendChoice) {
         assert_eq!(scan.buffers_allocated(), 3);
         drop(set);
     });
+}
+
+/// The error a consumer holding every buffer gets: names the count and
+/// the ways out.
+fn assert_all_held(e: &io::Error, buffers: usize) {
+    assert_eq!(e.kind(), io::ErrorKind::ResourceBusy, "{e}");
+    let msg = e.to_string();
+    for what in [
+        &format!("all {buffers} buffers are held by chunks not dropped yet")[..],
+        "in_flight",
+        "wait_for_dropped_chunks(true)",
+    ] {
+        assert!(msg.contains(what), "does not say `{what}`: {msg}");
+    }
+}
+
+/// Collects `scan` under a timeout (a hang fails here, not at the
+/// watchdog): the chunks it yielded (checked) and the error, if any, which
+/// must be the last item.
+async fn collect_checked(
+    scan: uring_positioned_io::Scan<'_>,
+    seed: u64,
+    mut at: u64,
+) -> (Vec<Chunk>, Option<io::Error>) {
+    let items: Vec<io::Result<Chunk>> =
+        tokio::time::timeout(Duration::from_secs(10), scan.collect())
+            .await
+            .expect("collect() of a scan whose consumer holds every chunk hung");
+    let mut chunks = Vec::new();
+    let mut err = None;
+    for item in items {
+        assert!(err.is_none(), "an item after the error");
+        match item {
+            Ok(c) => {
+                assert_eq!(c.offset(), at);
+                check_pattern(seed, at, &c).unwrap();
+                at += c.len() as u64;
+                chunks.push(c);
+            }
+            Err(e) => err = Some(e),
+        }
+    }
+    (chunks, err)
+}
+
+/// `collect()` holds every chunk. With 4 buffers over 16 chunks it gets the
+/// first 4 and then an error saying why (it used to wait forever); the
+/// next `next()` goes on once a chunk is dropped, and ends the stream if
+/// none was. A range that ends right after the chunks held (at end of file
+/// or of the range) ends without the error.
+fn collect_holding_every_chunk(choice: BackendChoice) {
+    let c = CHUNK as u64;
+    let set = common::FileSet::new(0xc011, &[16 * c, 4 * c, 16 * c + 1]);
+    common::run(
+        "collect_holding_every_chunk",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::default_ctx(choice, set.open_all());
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(4);
+            let seed = set.files[0].seed;
+            let (chunks, err) = collect_checked(opts.scan(&ctx, 0u32, ..).unwrap(), seed, 0).await;
+            assert_eq!(chunks.len(), 4);
+            assert_all_held(&err.expect("the error after 4 chunks"), 4);
+            // A range of 16 chunks; 1 buffer; a file of 16 chunks and a byte.
+            for (fid, opts, range, n) in [
+                (0u32, opts, 0..16 * c, 4),
+                (0, opts.in_flight(1), 0..u64::MAX, 1),
+                (2, opts.in_flight(16), 0..u64::MAX, 16),
+                (2, opts.in_flight(3), 100..10 * c, 3),
+            ] {
+                let scan = opts.scan(&ctx, fid, range.clone()).unwrap();
+                let seed = set.files[fid as usize].seed;
+                let (chunks, err) = collect_checked(scan, seed, range.start).await;
+                assert_eq!(chunks.len(), n, "{fid} {range:?}");
+                assert_all_held(&err.expect("the error"), n);
+            }
+            // Ends right after the chunks held: no error. A file of exactly
+            // 4 chunks (whole reads: only a read at its end tells) and
+            // ranges of exactly 4 chunks.
+            for (fid, range) in [(1u32, 0..u64::MAX), (1, 0..4 * c), (0, 3 * c..7 * c)] {
+                let scan = opts.scan(&ctx, fid, range.clone()).unwrap();
+                let seed = set.files[fid as usize].seed;
+                let (chunks, err) = collect_checked(scan, seed, range.start).await;
+                assert!(err.is_none(), "{fid} {range:?}: {err:?}");
+                assert_eq!(chunks.len(), 4, "{fid} {range:?}");
+            }
+
+            // After the error: a dropped chunk lets the scan go on, in order.
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let mut held = Vec::new();
+            for _ in 0..4 {
+                held.push(scan.next().await.unwrap().unwrap());
+            }
+            assert_all_held(&scan.next().await.unwrap().unwrap_err(), 4);
+            held.remove(0);
+            let next = scan.next().await.unwrap().unwrap();
+            assert_eq!(next.offset(), 4 * c);
+            check_pattern(seed, 4 * c, &next).unwrap();
+            held.push(next);
+            // Told again; nothing dropped: the stream ends, for good.
+            assert_all_held(&scan.next().await.unwrap().unwrap_err(), 4);
+            assert!(scan.next().await.is_none(), "still holding every chunk");
+            held.clear();
+            assert!(scan.next().await.is_none(), "an ended stream stays ended");
+            drop(scan);
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await,
+                0
+            );
+            drop(set);
+        },
+    );
+}
+
+/// With `wait_for_dropped_chunks(true)`, a consumer that hands every chunk
+/// to another task or thread (which drops it later) gets every chunk, in
+/// order, with no error: `next()` waits for the drops.
+fn pipeline_waits_for_dropped_chunks(choice: BackendChoice) {
+    let set = common::FileSet::new(0x919e, &[40 * CHUNK as u64 + 5]);
+    common::run(
+        "pipeline_waits_for_dropped_chunks",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let file = set.files[0].clone();
+            let ctx = common::default_ctx(choice, set.open_all());
+            for (in_flight, on_thread) in [(1, false), (4, false), (4, true), (2, true)] {
+                let opts = ScanOptions::new()
+                    .chunk_size(CHUNK)
+                    .in_flight(in_flight)
+                    .wait_for_dropped_chunks(true);
+                let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Chunk>();
+                let seed = file.seed;
+                // Checks the chunks in order and drops each a little later.
+                let check = move |c: Chunk, at: &mut u64| {
+                    assert_eq!(c.offset(), *at);
+                    check_pattern(seed, *at, &c).unwrap();
+                    *at += c.len() as u64;
+                    c
+                };
+                let sink = if on_thread {
+                    tokio::task::spawn_blocking(move || {
+                        let mut at = 0;
+                        while let Some(c) = rx.blocking_recv() {
+                            let c = check(c, &mut at);
+                            std::thread::sleep(Duration::from_millis(1));
+                            drop(c);
+                        }
+                        at
+                    })
+                } else {
+                    tokio::spawn(async move {
+                        let mut at = 0;
+                        while let Some(c) = rx.recv().await {
+                            let c = check(c, &mut at);
+                            tokio::task::yield_now().await;
+                            drop(c);
+                        }
+                        at
+                    })
+                };
+                while let Some(c) = scan.next().await {
+                    tx.send(c.expect("no error in a pipeline")).unwrap();
+                }
+                drop(tx);
+                assert_eq!(sink.await.unwrap(), file.len);
+                assert!(scan.buffers_allocated() <= in_flight);
+            }
+            drop(set);
+        },
+    );
+}
+
+/// Chunks dropped on other threads while `next()` runs: without the
+/// opt-in, a consumer that never has more than `in_flight − 1` chunks out
+/// (counting a chunk until its drop is acknowledged) never gets the
+/// error; with it, a consumer handing every chunk out never misses a
+/// wake-up. Bounded: a few hundred chunks per round.
+fn concurrent_drops(choice: BackendChoice) {
+    let set = common::FileSet::new(0xc0d2, &[(256 * CHUNK as u64) + 77]);
+    common::run("concurrent_drops", Flavor::Multi, 120, move || async move {
+        let file = set.files[0].clone();
+        let ctx = common::default_ctx(choice, set.open_all());
+        for (round, (in_flight, wait)) in [(2, false), (4, false), (1, true), (2, true), (4, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let opts = ScanOptions::new()
+                .chunk_size(CHUNK)
+                .in_flight(in_flight)
+                .wait_for_dropped_chunks(wait);
+            let mut scan = opts.scan(&ctx, 0u32, ..).unwrap();
+            let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
+            let (ack, mut acks) = tokio::sync::mpsc::unbounded_channel::<()>();
+            // Drops each chunk after a short random spin, then acknowledges.
+            let dropper = std::thread::spawn(move || {
+                let mut rng = common::Rng::new(0xd0 + round as u64);
+                for c in rx {
+                    for _ in 0..rng.below(20_000) {
+                        std::hint::spin_loop();
+                    }
+                    drop(c);
+                    let _ = ack.send(());
+                }
+            });
+            let (mut at, mut out) = (0, 0usize);
+            loop {
+                if !wait {
+                    while out >= in_flight {
+                        acks.recv().await.unwrap();
+                        out -= 1;
+                    }
+                    while acks.try_recv().is_ok() {
+                        out -= 1;
+                    }
+                }
+                let item = tokio::time::timeout(Duration::from_secs(10), scan.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("round {round}: a lost wake-up at {at}"));
+                let Some(c) = item else { break };
+                let c = c.unwrap_or_else(|e| panic!("round {round} @ {at}: {e}"));
+                assert_eq!(c.offset(), at);
+                check_pattern(file.seed, at, &c).unwrap();
+                at += c.len() as u64;
+                if in_flight == 1 && !wait {
+                    drop(c);
+                } else {
+                    out += 1;
+                    tx.send(c).unwrap();
+                }
+            }
+            drop(tx);
+            dropper.join().unwrap();
+            assert_eq!(at, file.len, "round {round}");
+        }
+        drop(set);
+    });
+}
+
+/// Attacks on a consumer holding chunks, on both runtime flavours: a chunk
+/// larger than the file, an empty range, `align(1)` and `O_DIRECT` files
+/// that end right after the chunks held (the end-of-file check), the scan
+/// dropped while that check is in flight and with chunks held, chunks
+/// dropped after the context is shut down and after it is dropped.
+fn hostile_holders(choice: BackendChoice) {
+    let c = CHUNK as u64;
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        let set = common::FileSet::new(0x4057, &[10_000, 4 * c, 8 * c]);
+        set.sync_all();
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&set.files[1].path)
+            .map_err(|e| println!("O_DIRECT part skipped: {e}"))
+            .ok();
+        common::run("hostile_holders", flavor, 60, move || async move {
+            let ctx = common::default_ctx(choice, set.open_all());
+            let [small, four, eight] = [0, 1, 2].map(|i| set.files[i].clone());
+            let opts = ScanOptions::new().chunk_size(CHUNK).in_flight(4);
+            // A chunk larger than the file; an empty range; one buffer.
+            let big = ScanOptions::new().chunk_size(1 << 20).in_flight(4);
+            let (got, err) =
+                collect_checked(big.scan(&ctx, 0u32, ..).unwrap(), small.seed, 0).await;
+            assert!(err.is_none(), "{err:?}");
+            assert_eq!((got.len(), got[0].len()), (1, 10_000));
+            let (got, err) = collect_checked(opts.scan(&ctx, 1u32, c..c).unwrap(), 0, c).await;
+            assert!(got.is_empty() && err.is_none());
+            let one = opts.in_flight(1);
+            let (got, err) =
+                collect_checked(one.scan(&ctx, 0u32, ..).unwrap(), small.seed, 0).await;
+            assert!(err.is_none() && got.len() == 1);
+            // Ends right after the chunks held, unaligned reads.
+            let a1 = opts.align(1);
+            let (got, err) = collect_checked(a1.scan(&ctx, 1u32, 1..).unwrap(), four.seed, 1).await;
+            assert!(err.is_none(), "{err:?}");
+            assert_eq!(got.iter().map(|c| c.len() as u64).sum::<u64>(), 4 * c - 1);
+            if let Some(f) = direct {
+                let fid = ctx.register_file(f).unwrap();
+                for o in [opts, opts.align(512)] {
+                    let (got, err) =
+                        collect_checked(o.scan(&ctx, fid, ..).unwrap(), four.seed, 0).await;
+                    assert!(err.is_none(), "O_DIRECT {o:?}: {err:?}");
+                    assert_eq!(got.len(), 4);
+                }
+            }
+
+            // A chunk dropped while the scan checks for the end of file
+            // (cold file: the check may be in flight) or after it failed:
+            // the scan goes on, in order.
+            eight.drop_cache();
+            let mut scan = opts.scan(&ctx, 2u32, ..).unwrap();
+            let mut held = Vec::new();
+            for _ in 0..4 {
+                held.push(scan.next().await.unwrap().unwrap());
+            }
+            let first = common::poll_once(std::pin::Pin::new(&mut scan.next())).await;
+            assert!(
+                matches!(
+                    &first,
+                    std::task::Poll::Pending | std::task::Poll::Ready(Some(Err(_)))
+                ),
+                "{first:?}"
+            );
+            held.remove(0);
+            let (at, err) = drain_checked(&mut scan, eight.seed, 4 * c).await;
+            assert!(err.is_none() && at == 8 * c, "{at} {err:?}");
+            drop((scan, held));
+
+            // Dropped while checking for the end of file (cold file), with
+            // every chunk held: the chunks stay intact, nothing stays in
+            // flight.
+            eight.drop_cache();
+            let mut scan = opts.scan(&ctx, 2u32, ..).unwrap();
+            let mut held = Vec::new();
+            for _ in 0..4 {
+                held.push(scan.next().await.unwrap().unwrap());
+            }
+            let _ = common::poll_once(std::pin::Pin::new(&mut scan.next())).await;
+            drop(scan);
+            assert_eq!(
+                common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await,
+                0
+            );
+            for c in &held {
+                check_pattern(eight.seed, c.offset(), c).unwrap();
+            }
+            // Shut down with a scan holding every chunk: its next() fails
+            // (never waits), chunks stay intact through the shutdown and
+            // the context's drop, and drop fine afterwards.
+            let mut scan = opts.scan(&ctx, 2u32, ..).unwrap();
+            let mut held2 = Vec::new();
+            for _ in 0..4 {
+                held2.push(scan.next().await.unwrap().unwrap());
+            }
+            ctx.shutdown().await;
+            assert!(matches!(scan.next().await, Some(Err(_))));
+            assert!(scan.next().await.is_none());
+            held.pop();
+            drop(scan);
+            drop(ctx);
+            for c in held.iter().chain(&held2) {
+                check_pattern(eight.seed, c.offset(), c).unwrap();
+            }
+            drop((held, held2));
+            drop(set);
+        });
+    }
 }
 
 /// A long scan allocates at most `in_flight` buffers.
@@ -943,8 +1297,72 @@ fn truncated_mid_scan(choice: BackendChoice) {
     );
 }
 
+/// What a scan can check without reading, `scan()` checks at the call,
+/// with the error every other call gives: an unregistered index, a checked
+/// id of another context or of an unregistered file, a range starting
+/// beyond `i64::MAX` (even an empty one, as for a read), a shut-down
+/// context. Nothing is refused that a read would take.
+fn refused_at_the_call(choice: BackendChoice) {
+    let set = common::FileSet::new(0x1d5c, &[10_000, 20_000]);
+    common::run(
+        "refused_at_the_call",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let a = common::default_ctx(choice, vec![set.files[0].open()]);
+            let b = common::default_ctx(choice, vec![set.files[1].open()]);
+            let ida = a.file_id(0).unwrap();
+            let extra = b.register_file(set.files[1].open()).unwrap();
+            let stale = a.register_file(set.files[1].open()).unwrap();
+            a.unregister_file(stale).unwrap();
+            let mut buf = vec![0u8; 64];
+            for (ctx, fid, why) in [
+                (&b, ida, "belongs to another UringContext"),
+                (&a, extra, "belongs to another UringContext"),
+                (&a, FileId::from(7), "is not registered"),
+                (&a, stale, "is stale"),
+            ] {
+                let read = ctx.read(fid, 0, &mut buf).await.unwrap_err();
+                let e = ScanOptions::new()
+                    .scan(ctx, fid, ..)
+                    .expect_err("a bad id is refused by scan() itself");
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                assert_eq!(e.to_string(), read.to_string(), "the error a read gives");
+                assert!(e.to_string().contains(why), "{e}");
+            }
+            let max = i64::MAX.unsigned_abs();
+            let beyond: [(Bound<u64>, Bound<u64>); 4] = [
+                (Bound::Included(max + 1), Bound::Unbounded),
+                (Bound::Included(max + 1), Bound::Excluded(max + 1)),
+                (Bound::Excluded(max), Bound::Included(max + 5)),
+                (Bound::Included(u64::MAX), Bound::Unbounded),
+            ];
+            for r in beyond {
+                let e = ScanOptions::new().scan(&a, ida, r).unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{r:?}: {e}");
+                assert!(e.to_string().contains("beyond i64::MAX"), "{e}");
+            }
+            // At i64::MAX a read returns 0: so does the scan, an empty stream.
+            let mut s = ScanOptions::new().scan(&a, ida, max..).unwrap();
+            assert!(s.next().await.is_none());
+            drop(s);
+            // Good ids still scan.
+            let n = check_scan(&a, 0, &set.files[0], ScanOptions::new(), 0..u64::MAX).await;
+            assert_eq!(n, 1);
+            a.shutdown().await;
+            let read = a.read(ida, 0, &mut buf).await.unwrap_err();
+            let e = ScanOptions::new().scan(&a, ida, ..).unwrap_err();
+            assert_eq!(e.kind(), read.kind(), "{e} / {read}");
+            assert!(e.to_string().contains("shut down"), "{e}");
+            drop((a, b));
+            drop(set);
+        },
+    );
+}
+
 backend_tests!(
     largest_settings_on_a_small_file,
+    refused_at_the_call,
     runtime_dropped_mid_scan,
     shutdown_mid_scan,
     hung_storage_mid_scan,
@@ -956,6 +1374,10 @@ backend_tests!(
     drop_mid_scan,
     drop_mid_scan_on_the_blocking_pool,
     holding_chunks,
+    collect_holding_every_chunk,
+    pipeline_waits_for_dropped_chunks,
+    concurrent_drops,
+    hostile_holders,
     buffers_recycled,
     short_reads_and_errors,
 );
