@@ -307,6 +307,44 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Answers a request without a byte range (a sync, an open) under
+    /// `fault`: `ok` replies success, `fail` an errno, `park` makes it a
+    /// hung request (`Short` means no fault).
+    fn answer_whole<R: Send + 'static>(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+        fault: Option<Fault>,
+        reply: R,
+        park: impl FnOnce(R) -> ParkedWrite,
+        ok: impl FnOnce(R) + Send + 'static,
+        fail: impl FnOnce(R, Errno),
+    ) {
+        match fault {
+            Some(Fault::Errno(e)) => {
+                drop(inner);
+                fail(reply, Errno::from_i32(e));
+            }
+            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
+                inner.parked_writes.push(park(reply));
+            }
+            Some(Fault::Hang) => {
+                drop(inner);
+                fail(reply, Errno::EIO);
+            }
+            Some(Fault::Delay(d)) => {
+                let shutting_down = inner.shutting_down;
+                drop(inner);
+                self.later(d, shutting_down, Box::new(move || ok(reply)));
+            }
+            Some(Fault::Short(_)) | None => {
+                drop(inner);
+                ok(reply);
+            }
+        }
+    }
+}
+
 enum TimerMsg {
     At(Instant, Box<dyn FnOnce() + Send>),
     Shutdown,
@@ -435,33 +473,16 @@ impl Filesystem for Fs {
             FopenFlags::FOPEN_KEEP_CACHE
         };
         let file = self.file_of(ino).unwrap_or_default();
-        let mut inner = self.shared.lock();
-        match inner.open_faults.get(&file).cloned() {
-            Some(Fault::Errno(e)) => {
-                drop(inner);
-                reply.error(Errno::from_i32(e));
-            }
-            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
-                inner.parked_writes.push(ParkedWrite::Open { reply, file });
-            }
-            Some(Fault::Hang) => {
-                drop(inner);
-                reply.error(Errno::EIO);
-            }
-            Some(Fault::Delay(d)) => {
-                let shutting_down = inner.shutting_down;
-                drop(inner);
-                self.shared.later(
-                    d,
-                    shutting_down,
-                    Box::new(move || reply.opened(FileHandle(0), fl)),
-                );
-            }
-            Some(Fault::Short(_)) | None => {
-                drop(inner);
-                reply.opened(FileHandle(0), fl);
-            }
-        }
+        let inner = self.shared.lock();
+        let fault = inner.open_faults.get(&file).cloned();
+        self.shared.answer_whole(
+            inner,
+            fault,
+            reply,
+            move |reply| ParkedWrite::Open { reply, file },
+            move |reply| reply.opened(FileHandle(0), fl),
+            ReplyOpen::error,
+        );
     }
 
     fn read(
@@ -619,29 +640,15 @@ impl Filesystem for Fs {
         };
         let mut inner = self.shared.lock();
         inner.syncs += 1;
-        match inner.sync_faults.get(&file).cloned() {
-            Some(Fault::Errno(e)) => {
-                drop(inner);
-                reply.error(Errno::from_i32(e));
-            }
-            Some(Fault::Hang) if !(inner.hangs_released || inner.shutting_down) => {
-                inner.parked_writes.push(ParkedWrite::Sync { reply, file });
-            }
-            Some(Fault::Hang) => {
-                drop(inner);
-                reply.error(Errno::EIO);
-            }
-            Some(Fault::Delay(d)) => {
-                let shutting_down = inner.shutting_down;
-                drop(inner);
-                self.shared
-                    .later(d, shutting_down, Box::new(move || reply.ok()));
-            }
-            Some(Fault::Short(_)) | None => {
-                drop(inner);
-                reply.ok();
-            }
-        }
+        let fault = inner.sync_faults.get(&file).cloned();
+        self.shared.answer_whole(
+            inner,
+            fault,
+            reply,
+            move |reply| ParkedWrite::Sync { reply, file },
+            ReplyEmpty::ok,
+            ReplyEmpty::error,
+        );
     }
 
     fn readdir(
