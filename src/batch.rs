@@ -27,6 +27,7 @@ use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::context::{Backend, UringContext};
+use crate::files::FileRoute;
 use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
 use crate::FileId;
@@ -187,9 +188,18 @@ impl<'a, B: IoBufMut> Core<'a, B> {
 
     /// Whether request `r` (with `room` bytes of spare capacity) may be
     /// merged: it reads something, no more than the bound, ends within
-    /// `i64::MAX`, and on an `O_DIRECT` file is aligned (offset, length and
-    /// buffer) to `BOUNCE_ALIGN`, so a merged read is aligned too, and an
-    /// unaligned read still gets its own (failing) read.
+    /// `i64::MAX`, its file is on a local file system, and on an `O_DIRECT`
+    /// file it is aligned (offset, length and buffer) to `BOUNCE_ALIGN`, so
+    /// a merged read is aligned too, and an unaligned read still gets its
+    /// own (failing) read.
+    ///
+    /// A merged read takes a short count for the end of the file, which
+    /// holds only where storage answers short at the end of the file alone:
+    /// a FUSE or network file system's server may answer any request short,
+    /// and the read alone then returns that short count, which the merged
+    /// read would have continued past. The file table's route says which
+    /// file systems those are: every file not on a local file system has a
+    /// route other than `FileRoute::Ring`, whatever the backend.
     fn mergeable(&self, r: &Request<B>, room: usize, max_len: usize) -> bool {
         if room == 0 || room > max_len {
             return false;
@@ -203,6 +213,9 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         let Ok(file) = self.ctx.inner.files.get(r.fid) else {
             return false;
         };
+        if file.route != FileRoute::Ring {
+            return false;
+        }
         if file.direct {
             let align = BOUNCE_ALIGN as u64;
             let at = r.buf.stable_ptr() as usize + r.buf.bytes_init();
@@ -433,7 +446,9 @@ impl<'a, B: IoBufMut> ReadBatch<'a, B> {
     /// reads are issued one by one, so an error reaches only the reads it
     /// concerns. Not merged: reads of more than `max_merged_len` bytes,
     /// with no spare capacity, ending beyond `i64::MAX`, of an unknown
-    /// file, and, on files opened with `O_DIRECT`, reads whose offset,
+    /// file, of a file on FUSE or a network file system (whose server may
+    /// answer any request short, which a read alone returns as it is),
+    /// and, on files opened with `O_DIRECT`, reads whose offset,
     /// length or buffer address is not a multiple of 4096 (a merged read of
     /// aligned reads is aligned too). Merging trades a copy per merged byte
     /// (and reading the gaps) for fewer operations; it is off by default.
