@@ -28,6 +28,7 @@ use futures::Stream;
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::context::{Backend, UringContext};
 use crate::files::FileRoute;
+use crate::inline;
 use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
 use crate::FileId;
@@ -166,6 +167,9 @@ struct Core<'a, B: IoBufMut> {
     planned: bool,
     /// The first poll has polled every unit (binding each read to its file).
     polled: bool,
+    /// The first poll yielded for fairness (see `Core::turn_over`): once
+    /// per batch at most.
+    yielded: bool,
     left: usize,
 }
 
@@ -183,7 +187,40 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             next: 0,
             planned: false,
             polled: false,
+            yielded: false,
         }
+    }
+
+    /// Whether the batch yields before its first poll polls any read: the
+    /// running task has used up its stretch of inline (page-cache) reads
+    /// (`inline::turn_over`, the check a single read makes before its
+    /// inline read).
+    ///
+    /// The reads of a batch skip that check one by one, since a yield
+    /// between them would split the batch's submission over two polls (and
+    /// two enters). The batch makes it once instead, before any of its
+    /// reads, and starts the task's stretch there if another task had the
+    /// thread's: the time its reads then spend inline counts toward the
+    /// task's stretch, so a task looping on cached batches yields as a task
+    /// looping on cached single reads does, not only when tokio's coop
+    /// budget runs out (128 reads). Only where reads may be served inline:
+    /// on the fallback backend, or with the fast path off, every read
+    /// waits for the blocking pool or a ring, and the task yields there.
+    ///
+    /// After the yield, the poll that follows starts a new stretch (the
+    /// yield ended the last), so that the reads of this batch count toward
+    /// it; it never yields twice.
+    fn turn_over(&mut self) -> bool {
+        let inner = &self.ctx.inner;
+        if self.left == 0 || !inner.inline_nowait || matches!(inner.backend, Backend::Fallback) {
+            return false;
+        }
+        let over = inline::turn_over(inner.inline_stretch);
+        if self.yielded {
+            return false;
+        }
+        self.yielded = over;
+        over
     }
 
     /// Whether request `r` (with `room` bytes of spare capacity) may be
@@ -324,6 +361,13 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         cx: &mut Context<'_>,
         emit: &mut dyn FnMut(usize, io::Result<usize>, B),
     ) -> bool {
+        if !self.polled && self.turn_over() {
+            // Let other tasks (and the timer) run first; no read of the
+            // batch has been polled, so they are still all bound to their
+            // files, and submitted, together at the next poll.
+            cx.waker().wake_by_ref();
+            return false;
+        }
         if !self.planned {
             self.plan();
             self.live = (0..self.units.len()).collect();

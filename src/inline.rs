@@ -110,6 +110,9 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 /// had used the thread's stretch, or once 10 µs had passed since the
 /// thread's last stretch began, idle time included — at 50 % load that sent
 /// most lookups to the back of the run queue once before their only read.
+///
+/// A batch's reads skip it; the batch calls it once, before its first read
+/// (`batch::Core::turn_over`), so that its reads' inline time counts too.
 pub(crate) fn turn_over(stretch: Duration) -> bool {
     thread_local! {
         static STRETCH: Cell<Option<(Option<tokio::task::Id>, Instant)>> =

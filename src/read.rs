@@ -377,8 +377,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         && ring.inline.worth_trying()
                     {
                         // A batch's reads do not yield one by one (that
-                        // would split the batch's submission over polls);
-                        // tokio's coop budget still bounds its polls.
+                        // would split the batch's submission over polls):
+                        // the batch checks once, before its first read
+                        // (`batch::Core::turn_over`).
                         if !ring.batching_here() && inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {
