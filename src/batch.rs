@@ -347,6 +347,35 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
+    /// Binds every read to its file without reading (see `ReadCore::bind`),
+    /// when the first poll yields. A read whose file is not registered is
+    /// polled at once instead: it fails there, and its result goes to
+    /// `emit`.
+    fn bind_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+    ) {
+        let left = &mut self.left;
+        let mut count = |i: usize, r: io::Result<usize>, b: B| {
+            *left -= 1;
+            emit(i, r, b);
+        };
+        for unit in &mut self.units {
+            let bound = match unit {
+                Unit::Single(_, read) => read.core.bind(),
+                Unit::Merged(Merged {
+                    state: MergedState::Reading(core),
+                    ..
+                }) => core.bind(),
+                Unit::Merged(_) | Unit::Done => Ok(()),
+            };
+            if bound.is_err() && poll_unit(unit, cx, &mut count) {
+                self.dead += 1;
+            }
+        }
+    }
+
     /// Polls the unfinished reads; hands each finished one to `emit`.
     /// Returns whether every read is done.
     ///
@@ -361,19 +390,22 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         cx: &mut Context<'_>,
         emit: &mut dyn FnMut(usize, io::Result<usize>, B),
     ) -> bool {
-        if !self.polled && self.turn_over() {
-            // Let other tasks (and the timer) run first; no read of the
-            // batch has been polled, so they are still all bound to their
-            // files, and submitted, together at the next poll.
-            cx.waker().wake_by_ref();
-            return false;
-        }
+        let yields = !self.polled && self.turn_over();
         if !self.planned {
             self.plan();
             self.live = (0..self.units.len()).collect();
         }
         if self.left == 0 {
             return true;
+        }
+        if yields {
+            // Let other tasks (and the timer) run first. Every read is bound
+            // to its file now, as at a first poll (so what it reads does not
+            // depend on when the runtime lets it run), and polled at the
+            // next poll, all submitted together as before.
+            self.bind_all(cx, emit);
+            cx.waker().wake_by_ref();
+            return self.left == 0;
         }
         // Reads queued while this is alive are submitted together when it
         // drops (also if a read's poll panics).
@@ -407,19 +439,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
                 cx.waker().wake_by_ref();
                 break;
             }
-            let finished = match unit {
-                Unit::Single(index, read) => match Pin::new(read).poll(cx) {
-                    Poll::Ready((res, buf)) => {
-                        count(*index, res, buf);
-                        true
-                    }
-                    Poll::Pending => false,
-                },
-                Unit::Merged(m) => m.poll(cx, &mut count),
-                Unit::Done => false,
-            };
-            if finished {
-                *unit = Unit::Done;
+            if poll_unit(unit, cx, &mut count) {
                 self.dead += 1;
             }
         }
@@ -431,6 +451,30 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
         self.left == 0
     }
+}
+
+/// Polls one unit; hands each of its finished reads to `emit`. Returns
+/// whether it is done (it is then `Done`).
+fn poll_unit<B: IoBufMut>(
+    unit: &mut Unit<'_, B>,
+    cx: &mut Context<'_>,
+    emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+) -> bool {
+    let finished = match unit {
+        Unit::Single(index, read) => match Pin::new(read).poll(cx) {
+            Poll::Ready((res, buf)) => {
+                emit(*index, res, buf);
+                true
+            }
+            Poll::Pending => false,
+        },
+        Unit::Merged(m) => m.poll(cx, emit),
+        Unit::Done => false,
+    };
+    if finished {
+        *unit = Unit::Done;
+    }
+    finished
 }
 
 impl<B: IoBufMut> fmt::Debug for Core<'_, B> {

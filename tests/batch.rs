@@ -790,3 +790,99 @@ fn merging_keeps_short_replies_of_fuse_files() {
     drop(fs);
     drop(set);
 }
+
+/// A batch's fairness yield (before its first read, once the task has used
+/// up its stretch of inline reads; here a stretch of zero, so every batch
+/// after the first yields), used as a hostile caller would: a task alone on
+/// the runtime still finishes its batches; an empty batch never yields; a
+/// batch dropped after its yield leaves nothing behind; the reads of a
+/// batch that yielded are bound to their files at that first poll, as a
+/// single read is (a file unregistered before the next poll is still the
+/// one read); an unknown file id fails at once.
+#[test]
+fn a_batch_that_yields_first() {
+    let set = common::FileSet::new(0xba89, &[1 << 20, 1 << 20]);
+    let (a, b) = (set.files[0].clone(), set.files[1].clone());
+    let opened = set.open_all();
+    common::run("batch_yields", Flavor::Current, 60, move || async move {
+        use std::future::Future;
+        use std::pin::pin;
+        use std::task::Poll;
+        let ctx = common::build_ctx(BackendChoice::IoUring, opened, |bld| {
+            bld.inline_stretch(Duration::ZERO)
+        });
+        common::verify_whole_file(&ctx, 0, &a, 1 << 20).await;
+        common::verify_whole_file(&ctx, 1, &b, 1 << 20).await;
+        let reads = |fid: u32, n: u64| {
+            (0..n).map(move |i| (fid, (i * 7 % 256) * 4096, Vec::with_capacity(4096)))
+        };
+        // Alone on the runtime: every batch but the first yields once, and
+        // all finish.
+        let mut polls = Vec::new();
+        for round in 0..400u64 {
+            let mut batch = pin!(ctx.read_batch(reads(0, 8)).merge_gap(if round % 2 == 0 {
+                0
+            } else {
+                u64::MAX
+            }));
+            let mut n = 0;
+            let got = std::future::poll_fn(|cx| {
+                n += 1;
+                batch.as_mut().poll(cx)
+            })
+            .await;
+            for (i, (r, buf)) in got.iter().enumerate() {
+                let o = (i as u64 * 7 % 256) * 4096;
+                assert_eq!(r.as_ref().ok(), Some(&4096));
+                assert_eq!(&buf[..], &a.expected(o, 4096)[..]);
+            }
+            polls.push(n);
+        }
+        assert!(
+            polls[1..].iter().all(|&n| n >= 2),
+            "polls per batch: {polls:?}"
+        );
+        // An empty batch has nothing to yield for.
+        let mut empty = pin!(ctx.read_batch(Vec::<(u32, u64, Vec<u8>)>::new()));
+        assert!(matches!(common::poll_once(empty.as_mut()).await, Poll::Ready(v) if v.is_empty()));
+        // Dropped after its yield: nothing was submitted or left in flight.
+        let before = ctx.stats();
+        {
+            let mut batch = pin!(ctx.read_batch(reads(0, 8)));
+            assert!(common::poll_once(batch.as_mut()).await.is_pending());
+        }
+        let after = ctx.stats();
+        assert_eq!(
+            (after.submitted, after.inline_completed, after.in_flight),
+            (before.submitted, before.inline_completed, 0)
+        );
+        // (A batch that does not yield, as the stretch restarts after a
+        // yield, so that the next one does.)
+        let got = ctx.read_batch(reads(0, 1)).await;
+        assert_eq!(got[0].0.as_ref().ok(), Some(&4096));
+        // Bound at the poll that yielded: file 1 unregistered before the
+        // next poll is still read, and an unknown id fails right away.
+        let fid = ctx.file_id(1u32).unwrap();
+        let mut batch = pin!(
+            ctx.read_batch(reads(1, 4).map(|(_, o, v)| (fid, o, v)).chain([(
+                9u32.into(),
+                0,
+                Vec::with_capacity(16)
+            )]))
+        );
+        assert!(common::poll_once(batch.as_mut()).await.is_pending());
+        ctx.unregister_file(fid).unwrap();
+        let got = batch.await;
+        for (i, (r, buf)) in got[..4].iter().enumerate() {
+            let o = (i as u64 * 7 % 256) * 4096;
+            assert_eq!(r.as_ref().ok(), Some(&4096), "read {i}");
+            assert_eq!(&buf[..], &b.expected(o, 4096)[..]);
+        }
+        let e = got[4].0.as_ref().expect_err("fid 9 does not exist");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        // Afterwards the id is an error, as for any read.
+        let (r, _) = ctx.read_owned(fid, 0, Vec::with_capacity(16)).await;
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        drop(set);
+    });
+}
