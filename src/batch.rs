@@ -498,6 +498,13 @@ impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
 /// Dropping it drops every read not yet complete, as dropping each
 /// `read_owned` future would (their buffers stay with the context until the
 /// kernel is done with them, and their reads are cancelled).
+///
+/// A task looping on batches of page-cache hits yields as one looping on
+/// single reads does ([`Builder::inline_stretch`](crate::Builder::inline_stretch)):
+/// once the task has spent its stretch on reads served inline, its next
+/// batch returns `Pending` once at its first poll, before any of its reads
+/// runs (each read is bound to its file there), and runs them all at the
+/// next.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadBatch<'a, B: IoBufMut> {
     core: Core<'a, B>,
