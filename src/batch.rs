@@ -209,7 +209,9 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     ///
     /// After the yield, the poll that follows starts a new stretch (the
     /// yield ended the last), so that the reads of this batch count toward
-    /// it; it never yields twice.
+    /// it; it never yields twice. A poll that leaves reads unfinished (the
+    /// task then waits for them) ends the stretch (`inline::end_stretch`),
+    /// so a batch after a cold one does not yield first.
     fn turn_over(&mut self) -> bool {
         let inner = &self.ctx.inner;
         if self.left == 0 || !inner.inline_nowait || matches!(inner.backend, Backend::Fallback) {
@@ -448,6 +450,12 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             self.live.retain(|&i| !matches!(units[i], Unit::Done));
             self.dead = 0;
             self.next = 0;
+        }
+        if self.left > 0 {
+            // The task waits for the reads (or for budget) now: that ends
+            // its stretch, so the next batch after a cold one does not make
+            // a fairness yield first.
+            inline::end_stretch();
         }
         self.left == 0
     }

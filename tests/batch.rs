@@ -886,3 +886,54 @@ fn a_batch_that_yields_first() {
         drop(set);
     });
 }
+
+/// A batch that waited for its reads (cold, `Pending` until the kernel
+/// answered) ended the task's stretch of inline reads there, as any wait
+/// does: the next batch does not make a fairness yield before its first
+/// read, it submits its reads at its first poll. With a stretch of zero, a
+/// stretch the batch started before waiting made every cold batch after
+/// the first yield once, an extra trip through the run queue.
+#[test]
+fn a_cold_batch_ends_the_stretch() {
+    let set = common::FileSet::new(0xba8a, &[16 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "cold_ends_stretch",
+        Flavor::Current,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                b.rings(1).inline_stretch(Duration::ZERO)
+            });
+            file.drop_cache();
+            let reads = |round: u64| {
+                (0..16u64).map(move |i| (0u32, (round * 16 + i) * 65_536, Vec::with_capacity(4096)))
+            };
+            let mut yielded = Vec::new();
+            for round in 0..8u64 {
+                let mut batch = std::pin::pin!(ctx.read_batch(reads(round)));
+                let before = ctx.stats();
+                let first = common::poll_once(batch.as_mut()).await;
+                // Whatever the first poll queued reaches the kernel meanwhile.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let after = ctx.stats();
+                assert!(first.is_pending(), "round {round}: cold reads done at once");
+                if after.submitted == before.submitted {
+                    yielded.push(round);
+                }
+                for (i, (r, buf)) in batch.await.iter().enumerate() {
+                    let off = (round * 16 + i as u64) * 65_536;
+                    assert_eq!(r.as_ref().ok(), Some(&4096));
+                    assert_eq!(&buf[..], &file.expected(off, 4096)[..]);
+                }
+            }
+            assert!(
+                yielded.is_empty(),
+                "batches that yielded first: {yielded:?}"
+            );
+            drop(set);
+        },
+    );
+}
