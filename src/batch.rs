@@ -27,6 +27,8 @@ use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::context::{Backend, UringContext};
+use crate::files::FileRoute;
+use crate::inline;
 use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
 use crate::FileId;
@@ -165,6 +167,9 @@ struct Core<'a, B: IoBufMut> {
     planned: bool,
     /// The first poll has polled every unit (binding each read to its file).
     polled: bool,
+    /// The first poll yielded for fairness (see `Core::turn_over`): once
+    /// per batch at most.
+    yielded: bool,
     left: usize,
 }
 
@@ -182,14 +187,58 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             next: 0,
             planned: false,
             polled: false,
+            yielded: false,
         }
+    }
+
+    /// Whether the batch yields before its first poll polls any read: the
+    /// running task has used up its stretch of inline (page-cache) reads
+    /// (`inline::turn_over`, the check a single read makes before its
+    /// inline read).
+    ///
+    /// The reads of a batch skip that check one by one, since a yield
+    /// between them would split the batch's submission over two polls (and
+    /// two enters). The batch makes it once instead, before any of its
+    /// reads, and starts the task's stretch there if another task had the
+    /// thread's: the time its reads then spend inline counts toward the
+    /// task's stretch, so a task looping on cached batches yields as a task
+    /// looping on cached single reads does, not only when tokio's coop
+    /// budget runs out (128 reads). Only where reads may be served inline:
+    /// on the fallback backend, or with the fast path off, every read
+    /// waits for the blocking pool or a ring, and the task yields there.
+    ///
+    /// After the yield, the poll that follows starts a new stretch (the
+    /// yield ended the last), so that the reads of this batch count toward
+    /// it; it never yields twice. A poll that leaves reads unfinished (the
+    /// task then waits for them) ends the stretch (`inline::end_stretch`),
+    /// so a batch after a cold one does not yield first.
+    fn turn_over(&mut self) -> bool {
+        let inner = &self.ctx.inner;
+        if self.left == 0 || !inner.inline_nowait || matches!(inner.backend, Backend::Fallback) {
+            return false;
+        }
+        let over = inline::turn_over(inner.inline_stretch);
+        if self.yielded {
+            return false;
+        }
+        self.yielded = over;
+        over
     }
 
     /// Whether request `r` (with `room` bytes of spare capacity) may be
     /// merged: it reads something, no more than the bound, ends within
-    /// `i64::MAX`, and on an `O_DIRECT` file is aligned (offset, length and
-    /// buffer) to `BOUNCE_ALIGN`, so a merged read is aligned too, and an
-    /// unaligned read still gets its own (failing) read.
+    /// `i64::MAX`, its file is on a local file system, and on an `O_DIRECT`
+    /// file it is aligned (offset, length and buffer) to `BOUNCE_ALIGN`, so
+    /// a merged read is aligned too, and an unaligned read still gets its
+    /// own (failing) read.
+    ///
+    /// A merged read takes a short count for the end of the file, which
+    /// holds only where storage answers short at the end of the file alone:
+    /// a FUSE or network file system's server may answer any request short,
+    /// and the read alone then returns that short count, which the merged
+    /// read would have continued past. The file table's route says which
+    /// file systems those are: every file not on a local file system has a
+    /// route other than `FileRoute::Ring`, whatever the backend.
     fn mergeable(&self, r: &Request<B>, room: usize, max_len: usize) -> bool {
         if room == 0 || room > max_len {
             return false;
@@ -203,6 +252,9 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         let Ok(file) = self.ctx.inner.files.get(r.fid) else {
             return false;
         };
+        if file.route != FileRoute::Ring {
+            return false;
+        }
         if file.direct {
             let align = BOUNCE_ALIGN as u64;
             let at = r.buf.stable_ptr() as usize + r.buf.bytes_init();
@@ -297,6 +349,35 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
+    /// Binds every read to its file without reading (see `ReadCore::bind`),
+    /// when the first poll yields. A read whose file is not registered is
+    /// polled at once instead: it fails there, and its result goes to
+    /// `emit`.
+    fn bind_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+    ) {
+        let left = &mut self.left;
+        let mut count = |i: usize, r: io::Result<usize>, b: B| {
+            *left -= 1;
+            emit(i, r, b);
+        };
+        for unit in &mut self.units {
+            let bound = match unit {
+                Unit::Single(_, read) => read.core.bind(),
+                Unit::Merged(Merged {
+                    state: MergedState::Reading(core),
+                    ..
+                }) => core.bind(),
+                Unit::Merged(_) | Unit::Done => Ok(()),
+            };
+            if bound.is_err() && poll_unit(unit, cx, &mut count) {
+                self.dead += 1;
+            }
+        }
+    }
+
     /// Polls the unfinished reads; hands each finished one to `emit`.
     /// Returns whether every read is done.
     ///
@@ -311,12 +392,22 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         cx: &mut Context<'_>,
         emit: &mut dyn FnMut(usize, io::Result<usize>, B),
     ) -> bool {
+        let yields = !self.polled && self.turn_over();
         if !self.planned {
             self.plan();
             self.live = (0..self.units.len()).collect();
         }
         if self.left == 0 {
             return true;
+        }
+        if yields {
+            // Let other tasks (and the timer) run first. Every read is bound
+            // to its file now, as at a first poll (so what it reads does not
+            // depend on when the runtime lets it run), and polled at the
+            // next poll, all submitted together as before.
+            self.bind_all(cx, emit);
+            cx.waker().wake_by_ref();
+            return self.left == 0;
         }
         // Reads queued while this is alive are submitted together when it
         // drops (also if a read's poll panics).
@@ -350,19 +441,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
                 cx.waker().wake_by_ref();
                 break;
             }
-            let finished = match unit {
-                Unit::Single(index, read) => match Pin::new(read).poll(cx) {
-                    Poll::Ready((res, buf)) => {
-                        count(*index, res, buf);
-                        true
-                    }
-                    Poll::Pending => false,
-                },
-                Unit::Merged(m) => m.poll(cx, &mut count),
-                Unit::Done => false,
-            };
-            if finished {
-                *unit = Unit::Done;
+            if poll_unit(unit, cx, &mut count) {
                 self.dead += 1;
             }
         }
@@ -372,8 +451,38 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             self.dead = 0;
             self.next = 0;
         }
+        if self.left > 0 {
+            // The task waits for the reads (or for budget) now: that ends
+            // its stretch, so the next batch after a cold one does not make
+            // a fairness yield first.
+            inline::end_stretch();
+        }
         self.left == 0
     }
+}
+
+/// Polls one unit; hands each of its finished reads to `emit`. Returns
+/// whether it is done (it is then `Done`).
+fn poll_unit<B: IoBufMut>(
+    unit: &mut Unit<'_, B>,
+    cx: &mut Context<'_>,
+    emit: &mut dyn FnMut(usize, io::Result<usize>, B),
+) -> bool {
+    let finished = match unit {
+        Unit::Single(index, read) => match Pin::new(read).poll(cx) {
+            Poll::Ready((res, buf)) => {
+                emit(*index, res, buf);
+                true
+            }
+            Poll::Pending => false,
+        },
+        Unit::Merged(m) => m.poll(cx, emit),
+        Unit::Done => false,
+    };
+    if finished {
+        *unit = Unit::Done;
+    }
+    finished
 }
 
 impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
@@ -397,6 +506,13 @@ impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
 /// Dropping it drops every read not yet complete, as dropping each
 /// `read_owned` future would (their buffers stay with the context until the
 /// kernel is done with them, and their reads are cancelled).
+///
+/// A task looping on batches of page-cache hits yields as one looping on
+/// single reads does ([`Builder::inline_stretch`](crate::Builder::inline_stretch)):
+/// once the task has spent its stretch on reads served inline, its next
+/// batch returns `Pending` once at its first poll, before any of its reads
+/// runs (each read is bound to its file there), and runs them all at the
+/// next.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadBatch<'a, B: IoBufMut> {
     core: Core<'a, B>,
@@ -433,7 +549,9 @@ impl<'a, B: IoBufMut> ReadBatch<'a, B> {
     /// reads are issued one by one, so an error reaches only the reads it
     /// concerns. Not merged: reads of more than `max_merged_len` bytes,
     /// with no spare capacity, ending beyond `i64::MAX`, of an unknown
-    /// file, and, on files opened with `O_DIRECT`, reads whose offset,
+    /// file, of a file on FUSE or a network file system (whose server may
+    /// answer any request short, which a read alone returns as it is),
+    /// and, on files opened with `O_DIRECT`, reads whose offset,
     /// length or buffer address is not a multiple of 4096 (a merged read of
     /// aligned reads is aligned too). Merging trades a copy per merged byte
     /// (and reading the gaps) for fewer operations; it is off by default.

@@ -75,6 +75,26 @@ impl Policy {
     }
 }
 
+thread_local! {
+    /// The stretch of inline reads running on this thread: whose (the
+    /// task's, `None` outside a task) and since when (see [`turn_over`]).
+    static STRETCH: Cell<Option<(Option<tokio::task::Id>, Instant)>> =
+        const { Cell::new(None) };
+}
+
+/// Ends the running task's stretch (if the thread's is its): the task is
+/// about to wait (a batch returning `Pending` for its reads, or for tokio's
+/// coop budget), which lets other tasks run as a fairness yield does, so its
+/// next inline reads start a new stretch instead of yielding first.
+pub(crate) fn end_stretch() {
+    let task = tokio::task::try_id();
+    STRETCH.with(|s| {
+        if s.get().is_some_and(|(t, _)| t == task) {
+            s.set(None);
+        }
+    });
+}
+
 /// How long a thread may do inline reads before it yields (see
 /// [`turn_over`]), on a runtime of this flavour.
 ///
@@ -110,11 +130,10 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 /// had used the thread's stretch, or once 10 µs had passed since the
 /// thread's last stretch began, idle time included — at 50 % load that sent
 /// most lookups to the back of the run queue once before their only read.
+///
+/// A batch's reads skip it; the batch calls it once, before its first read
+/// (`batch::Core::turn_over`), so that its reads' inline time counts too.
 pub(crate) fn turn_over(stretch: Duration) -> bool {
-    thread_local! {
-        static STRETCH: Cell<Option<(Option<tokio::task::Id>, Instant)>> =
-            const { Cell::new(None) };
-    }
     let task = tokio::task::try_id();
     STRETCH.with(|s| {
         let now = Instant::now();

@@ -291,6 +291,18 @@ impl<'a, T: Target> ReadCore<'a, T> {
         self
     }
 
+    /// Binds a read that has not started to the file registered under its
+    /// id now, as its first poll does, without reading: for a batch that
+    /// yields before its first read (`batch::Core::turn_over`). `Err` if no
+    /// file is registered under the id: the read is left as it was, to be
+    /// polled at once (its lookup then fails the same way).
+    pub(crate) fn bind(&mut self) -> io::Result<()> {
+        if matches!(self.state, State::Start) && self.bound.is_none() {
+            self.bound = Some(self.ctx.files.get(self.fid)?);
+        }
+        Ok(())
+    }
+
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         // Every poll spends tokio's cooperative budget, so a task whose reads
         // complete at once (page-cache hits) still yields to its neighbours.
@@ -382,8 +394,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
                         && ring.inline.worth_trying()
                     {
                         // A batch's reads do not yield one by one (that
-                        // would split the batch's submission over polls);
-                        // tokio's coop budget still bounds its polls.
+                        // would split the batch's submission over polls):
+                        // the batch checks once, before its first read
+                        // (`batch::Core::turn_over`).
                         if !ring.batching_here() && inline::turn_over(ctx.inline_stretch) {
                             // Let other tasks (and the timer) run first.
                             if self.bound.is_none() {

@@ -532,10 +532,43 @@ fn dropped_stream(choice: BackendChoice) {
 
 backend_tests!(dropped_stream);
 
+/// A loop device backed by `path`, read-only; detached on drop. `None` if
+/// loop devices cannot be set up here.
+struct LoopDev(String);
+
+impl LoopDev {
+    fn attach(path: &std::path::Path) -> Option<LoopDev> {
+        let out = std::process::Command::new("losetup")
+            .args(["-r", "-f", "--show"])
+            .arg(path)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("SKIPPED: losetup: {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        Some(LoopDev(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
 /// A merged read that fails (EIO from storage on one block of its range)
 /// is split: each read gets the result it would have had alone — the reads
-/// away from the bad block succeed, the one on it fails. FUSE files go to
-/// the blocking pool; vectored reads of them too, with pread's short count.
+/// away from the bad block succeed, the one on it fails. The storage is a
+/// block device (a loop device over a FUSE file with one bad block: a local
+/// file as far as routing goes, so its reads merge); reads of the FUSE file
+/// itself are never merged (its server may answer short) and get the same
+/// results. FUSE files go to the blocking pool; vectored reads of them too,
+/// with pread's short count.
 #[test]
 fn failing_merged_read_is_split() {
     use common::fuse::{Fault, FaultFs, FileSpec};
@@ -547,23 +580,44 @@ fn failing_merged_read_is_split() {
     fs.set_fault("bad", 65_536..69_632, Fault::Errno(libc::EIO));
     fs.set_fault("bad", 1 << 20..2 << 20, Fault::Short(1000));
     let path = fs.path("bad");
+    let Some(dev) = LoopDev::attach(&path) else {
+        return;
+    };
     for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
-        let (path, spec) = (path.clone(), spec.clone());
+        let (path, dev, spec) = (path.clone(), dev.0.clone(), spec.clone());
         common::run("merge_split", Flavor::Multi, 60, move || async move {
-            let ctx = common::build_ctx(choice, vec![std::fs::File::open(&path).unwrap()], |b| b);
+            let files = vec![
+                std::fs::File::open(&path).unwrap(),
+                std::fs::File::open(&dev).unwrap(),
+            ];
+            let ctx = common::build_ctx(choice, files, |b| b);
             let offs = [0u64, 8192, 65_536, 73_728];
-            let got = ctx
-                .read_batch(offs.iter().map(|&o| (0u32, o, Vec::with_capacity(4096))))
-                .merge_gap(65_536)
-                .await;
-            for (&o, (r, buf)) in offs.iter().zip(&got) {
-                if o == 65_536 {
-                    let e = r.as_ref().expect_err("the bad block");
-                    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
-                } else {
-                    assert_eq!(r.as_ref().ok(), Some(&4096), "@{o}");
-                    assert_eq!(buf, &common::expected(spec.seed, spec.len, o, 4096));
+            for fid in [0u32, 1] {
+                let before = ctx.stats();
+                let got = ctx
+                    .read_batch(offs.iter().map(|&o| (fid, o, Vec::with_capacity(4096))))
+                    .merge_gap(65_536)
+                    .await;
+                let after = ctx.stats();
+                for (&o, (r, buf)) in offs.iter().zip(&got) {
+                    if o == 65_536 {
+                        let e = r.as_ref().expect_err("the bad block");
+                        assert_eq!(e.raw_os_error(), Some(libc::EIO), "file {fid}: {e}");
+                    } else {
+                        assert_eq!(r.as_ref().ok(), Some(&4096), "file {fid} @{o}");
+                        assert_eq!(buf, &common::expected(spec.seed, spec.len, o, 4096));
+                    }
                 }
+                // The device's four reads were merged into one that failed,
+                // then issued one by one; the FUSE file's were never merged.
+                let ops = after.submitted + after.inline_completed
+                    - before.submitted
+                    - before.inline_completed;
+                let want = if fid == 1 { 5 } else { 4 };
+                assert!(
+                    ops >= want,
+                    "{choice:?}: file {fid}: {ops} reads for the batch"
+                );
             }
             // Vectored, routed to the blocking pool: pread's short count.
             let (mut a, mut b) = ([0u8; 600], [0u8; 3000]);
@@ -586,6 +640,7 @@ fn failing_merged_read_is_split() {
             );
         });
     }
+    drop(dev);
     drop(fs);
 }
 
@@ -675,4 +730,210 @@ fn huge_batches_stay_linear() {
         });
     }
     drop(set);
+}
+
+/// On storage that may answer any request short (a FUSE `direct_io` file
+/// whose server replies with fewer bytes than asked), a read merged with its
+/// neighbours returns what it returns alone: merging must not read on past
+/// a short reply that a read alone would have returned. Reads of a local
+/// file in the same batch still merge. Both backends.
+#[test]
+fn merging_keeps_short_replies_of_fuse_files() {
+    use common::fuse::{Fault, FaultFs, FileSpec};
+    let spec = FileSpec::new("short", 4 << 20, 0xba87);
+    let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), true) else {
+        return;
+    };
+    fs.set_fault("short", 1 << 20..2 << 20, Fault::Short(1000));
+    let path = fs.path("short");
+    let set = common::FileSet::new(0xba88, &[1 << 20]);
+    let local = set.files[0].clone();
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let (path, spec, local) = (path.clone(), spec.clone(), local.clone());
+        common::run("merge_short", Flavor::Multi, 60, move || async move {
+            let files = vec![std::fs::File::open(&path).unwrap(), local.open()];
+            let ctx = common::build_ctx(choice, files, |b| b);
+            // Four reads on the short range, one before it whose merged
+            // range would run into it, and four of the local file.
+            let mut reads: Vec<(u32, u64)> = (0..4u64).map(|i| (0, (1 << 20) + i * 8192)).collect();
+            reads.push((0, (1 << 20) - 4096));
+            reads.extend((0..4u64).map(|i| (1, i * 4096)));
+            let before = ctx.stats();
+            let got = ctx
+                .read_batch(reads.iter().map(|&(f, o)| (f, o, Vec::with_capacity(4096))))
+                .merge_gap(65_536)
+                .await;
+            let after = ctx.stats();
+            let ops = after.submitted + after.inline_completed
+                - before.submitted
+                - before.inline_completed;
+            for (&(f, o), (r, buf)) in reads.iter().zip(&got) {
+                let what = format!("{choice:?}: file {f} @ {o}");
+                let (alone, alone_buf) = ctx.read_owned(f, o, Vec::with_capacity(4096)).await;
+                let alone = alone.unwrap_or_else(|e| panic!("{what}: alone: {e}"));
+                assert_eq!(r.as_ref().ok(), Some(&alone), "{what}: merged vs alone");
+                assert_eq!(buf, &alone_buf, "{what}: bytes");
+                let want = if f == 0 && o >= 1 << 20 { 1000 } else { 4096 };
+                assert_eq!(alone, want, "{what}");
+                let expected = if f == 0 {
+                    common::expected(spec.seed, spec.len, o, want)
+                } else {
+                    local.expected(o, want)
+                };
+                assert_eq!(buf, &expected, "{what}: content");
+            }
+            // Five reads of the FUSE file, each on its own, and one for the
+            // four of the local file, merged.
+            assert_eq!(ops, 6, "{choice:?}: reads issued for the batch");
+        });
+    }
+    drop(fs);
+    drop(set);
+}
+
+/// A batch's fairness yield (before its first read, once the task has used
+/// up its stretch of inline reads; here a stretch of zero, so every batch
+/// after the first yields), used as a hostile caller would: a task alone on
+/// the runtime still finishes its batches; an empty batch never yields; a
+/// batch dropped after its yield leaves nothing behind; the reads of a
+/// batch that yielded are bound to their files at that first poll, as a
+/// single read is (a file unregistered before the next poll is still the
+/// one read); an unknown file id fails at once.
+#[test]
+fn a_batch_that_yields_first() {
+    let set = common::FileSet::new(0xba89, &[1 << 20, 1 << 20]);
+    let (a, b) = (set.files[0].clone(), set.files[1].clone());
+    let opened = set.open_all();
+    common::run("batch_yields", Flavor::Current, 60, move || async move {
+        use std::future::Future;
+        use std::pin::pin;
+        use std::task::Poll;
+        let ctx = common::build_ctx(BackendChoice::IoUring, opened, |bld| {
+            bld.inline_stretch(Duration::ZERO)
+        });
+        common::verify_whole_file(&ctx, 0, &a, 1 << 20).await;
+        common::verify_whole_file(&ctx, 1, &b, 1 << 20).await;
+        let reads = |fid: u32, n: u64| {
+            (0..n).map(move |i| (fid, (i * 7 % 256) * 4096, Vec::with_capacity(4096)))
+        };
+        // Alone on the runtime: every batch but the first yields once, and
+        // all finish.
+        let mut polls = Vec::new();
+        for round in 0..400u64 {
+            let mut batch = pin!(ctx.read_batch(reads(0, 8)).merge_gap(if round % 2 == 0 {
+                0
+            } else {
+                u64::MAX
+            }));
+            let mut n = 0;
+            let got = std::future::poll_fn(|cx| {
+                n += 1;
+                batch.as_mut().poll(cx)
+            })
+            .await;
+            for (i, (r, buf)) in got.iter().enumerate() {
+                let o = (i as u64 * 7 % 256) * 4096;
+                assert_eq!(r.as_ref().ok(), Some(&4096));
+                assert_eq!(&buf[..], &a.expected(o, 4096)[..]);
+            }
+            polls.push(n);
+        }
+        assert!(
+            polls[1..].iter().all(|&n| n >= 2),
+            "polls per batch: {polls:?}"
+        );
+        // An empty batch has nothing to yield for.
+        let mut empty = pin!(ctx.read_batch(Vec::<(u32, u64, Vec<u8>)>::new()));
+        assert!(matches!(common::poll_once(empty.as_mut()).await, Poll::Ready(v) if v.is_empty()));
+        // Dropped after its yield: nothing was submitted or left in flight.
+        let before = ctx.stats();
+        {
+            let mut batch = pin!(ctx.read_batch(reads(0, 8)));
+            assert!(common::poll_once(batch.as_mut()).await.is_pending());
+        }
+        let after = ctx.stats();
+        assert_eq!(
+            (after.submitted, after.inline_completed, after.in_flight),
+            (before.submitted, before.inline_completed, 0)
+        );
+        // (A batch that does not yield, as the stretch restarts after a
+        // yield, so that the next one does.)
+        let got = ctx.read_batch(reads(0, 1)).await;
+        assert_eq!(got[0].0.as_ref().ok(), Some(&4096));
+        // Bound at the poll that yielded: file 1 unregistered before the
+        // next poll is still read, and an unknown id fails right away.
+        let fid = ctx.file_id(1u32).unwrap();
+        let mut batch = pin!(
+            ctx.read_batch(reads(1, 4).map(|(_, o, v)| (fid, o, v)).chain([(
+                9u32.into(),
+                0,
+                Vec::with_capacity(16)
+            )]))
+        );
+        assert!(common::poll_once(batch.as_mut()).await.is_pending());
+        ctx.unregister_file(fid).unwrap();
+        let got = batch.await;
+        for (i, (r, buf)) in got[..4].iter().enumerate() {
+            let o = (i as u64 * 7 % 256) * 4096;
+            assert_eq!(r.as_ref().ok(), Some(&4096), "read {i}");
+            assert_eq!(&buf[..], &b.expected(o, 4096)[..]);
+        }
+        let e = got[4].0.as_ref().expect_err("fid 9 does not exist");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        // Afterwards the id is an error, as for any read.
+        let (r, _) = ctx.read_owned(fid, 0, Vec::with_capacity(16)).await;
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        drop(set);
+    });
+}
+
+/// A batch that waited for its reads (cold, `Pending` until the kernel
+/// answered) ended the task's stretch of inline reads there, as any wait
+/// does: the next batch does not make a fairness yield before its first
+/// read, it submits its reads at its first poll. With a stretch of zero, a
+/// stretch the batch started before waiting made every cold batch after
+/// the first yield once, an extra trip through the run queue.
+#[test]
+fn a_cold_batch_ends_the_stretch() {
+    let set = common::FileSet::new(0xba8a, &[16 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "cold_ends_stretch",
+        Flavor::Current,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(BackendChoice::IoUring, opened, |b| {
+                b.rings(1).inline_stretch(Duration::ZERO)
+            });
+            file.drop_cache();
+            let reads = |round: u64| {
+                (0..16u64).map(move |i| (0u32, (round * 16 + i) * 65_536, Vec::with_capacity(4096)))
+            };
+            let mut yielded = Vec::new();
+            for round in 0..8u64 {
+                let mut batch = std::pin::pin!(ctx.read_batch(reads(round)));
+                let before = ctx.stats();
+                let first = common::poll_once(batch.as_mut()).await;
+                // Whatever the first poll queued reaches the kernel meanwhile.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let after = ctx.stats();
+                assert!(first.is_pending(), "round {round}: cold reads done at once");
+                if after.submitted == before.submitted {
+                    yielded.push(round);
+                }
+                for (i, (r, buf)) in batch.await.iter().enumerate() {
+                    let off = (round * 16 + i as u64) * 65_536;
+                    assert_eq!(r.as_ref().ok(), Some(&4096));
+                    assert_eq!(&buf[..], &file.expected(off, 4096)[..]);
+                }
+            }
+            assert!(
+                yielded.is_empty(),
+                "batches that yielded first: {yielded:?}"
+            );
+            drop(set);
+        },
+    );
 }

@@ -427,3 +427,133 @@ fn a_huge_cached_read_does_not_stall_the_runtime() {
     });
     drop(dir);
 }
+
+/// Yields once, to the back of the run queue (a self-wake, as the crate's
+/// own fairness yields do; `tokio::task::yield_now` defers its wake-up
+/// until the `current_thread` scheduler next parks or does maintenance).
+async fn self_yield() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// Polls `fut`, counting its polls in `polls`.
+async fn counting_polls<F: std::future::Future>(fut: F, polls: &mut u32) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        *polls += 1;
+        fut.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// A task looping on batches of cached reads lets another ready task run
+/// between its batches, as a task looping on cached single reads does: a
+/// batch yields before its first read when the task has used up its stretch
+/// of inline reads, and a batch's inline reads count toward it. Structural,
+/// with a stretch of zero on a `current_thread` runtime: every batch but
+/// the first returns `Pending` at least once, and another task that only
+/// yields runs between every two batches. Before, batches of 8 cached reads
+/// yielded only when tokio's coop budget (128 reads) ran out: one batch in
+/// 16, and the other task waited 16 batches. For the future, the stream
+/// and merged batches. On the fallback backend there are no inline reads:
+/// a batch waits for the blocking pool, and returns `Pending` unless the
+/// pool's threads were done before it looked (most batches here: a woken
+/// pool thread can preempt the runtime's), as a single read does; then
+/// tokio's coop budget bounds the run. Only printed there.
+fn cached_batches_let_other_tasks_run(choice: BackendChoice) {
+    const BATCHES: u64 = 300;
+    const PER_BATCH: u64 = 8;
+    let set = common::FileSet::new(0xfa2, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run("batch_fairness", Flavor::Current, 60, move || async move {
+        use futures::StreamExt;
+        let ctx = common::build_ctx(choice, opened, |b| b.inline_stretch(Duration::ZERO));
+        common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+        for mode in ["future", "stream", "merged"] {
+            let batches = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let other = {
+                let (batches, stop) = (batches.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let (mut last, mut worst, mut runs) = (0, 0, 0u64);
+                    while !stop.load(Relaxed) {
+                        self_yield().await;
+                        let now = batches.load(Relaxed);
+                        worst = worst.max(now - last);
+                        last = now;
+                        runs += 1;
+                    }
+                    (worst, runs)
+                })
+            };
+            let reader = {
+                let (ctx, file, batches) = (ctx.clone(), file.clone(), batches.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(0xfa2);
+                    // Batches done in one poll, without a yield.
+                    let mut at_once = 0u64;
+                    for _ in 0..BATCHES {
+                        let offs: Vec<u64> = (0..PER_BATCH)
+                            .map(|_| rng.below(file.len / 4096) * 4096)
+                            .collect();
+                        let reads = offs.iter().map(|&o| (0u32, o, Vec::with_capacity(4096)));
+                        let mut polls = 0;
+                        let got: Vec<_> = match mode {
+                            "future" => counting_polls(ctx.read_batch(reads), &mut polls).await,
+                            "merged" => {
+                                let batch = ctx.read_batch(reads).merge_gap(8192);
+                                counting_polls(batch, &mut polls).await
+                            }
+                            _ => {
+                                let stream = ctx.read_batch(reads).unordered();
+                                let all = stream.collect::<Vec<_>>();
+                                let mut got: Vec<_> = counting_polls(all, &mut polls).await;
+                                got.sort_by_key(|(i, _, _)| *i);
+                                got.into_iter().map(|(_, r, b)| (r, b)).collect()
+                            }
+                        };
+                        if polls == 1 {
+                            at_once += 1;
+                        }
+                        for (&o, (r, buf)) in offs.iter().zip(&got) {
+                            assert_eq!(r.as_ref().ok(), Some(&4096), "{mode} @{o}");
+                            assert_eq!(&buf[..], &file.expected(o, 4096)[..], "{mode} @{o}");
+                        }
+                        batches.fetch_add(1, Relaxed);
+                    }
+                    at_once
+                })
+            };
+            let at_once = reader.await.unwrap();
+            stop.store(true, Relaxed);
+            let (worst, runs) = other.await.unwrap();
+            eprintln!(
+                "{choice:?} {mode}: {BATCHES} batches of {PER_BATCH} cached reads, {at_once} \
+                 done in one poll; the other task ran {runs} times, at most {worst} batches apart"
+            );
+            if choice == BackendChoice::IoUring {
+                assert!(
+                    at_once <= 1,
+                    "{choice:?} {mode}: {at_once} of {BATCHES} batches of cached reads never yielded"
+                );
+                assert!(
+                    worst <= 2,
+                    "{choice:?} {mode}: another ready task waited for {worst} batches of cached reads"
+                );
+            }
+        }
+        drop(set);
+    });
+}
+
+backend_tests!(cached_batches_let_other_tasks_run);
