@@ -608,8 +608,18 @@ impl<'a, T: Target> ReadCore<'a, T> {
     /// file unregistered before its SQE reached the kernel, a file not
     /// open for reading, an unaligned `O_DIRECT` read.
     fn explain(&self, e: io::Error) -> io::Error {
-        match (e.raw_os_error(), self.ctx.files.get(self.fid).ok()) {
-            (Some(libc::EBADF), None) => error::unregistered_while_queued(self.fid, "read"),
+        // The file this read went to (every piece is bound to it), and
+        // whether its id still names it.
+        let now = self.ctx.files.get(self.fid).ok();
+        let file = self.bound.clone().or_else(|| now.clone());
+        let registered = match (&file, &now) {
+            (Some(f), Some(n)) => Arc::ptr_eq(f, n),
+            _ => false,
+        };
+        match (e.raw_os_error(), file) {
+            (Some(libc::EBADF), _) if !registered => {
+                error::unregistered_while_queued(self.fid, "read")
+            }
             (Some(libc::EBADF), Some(f)) if !f.readable() => error::explained(
                 io::ErrorKind::PermissionDenied,
                 e,
