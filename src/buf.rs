@@ -10,6 +10,8 @@ use std::io;
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::ptr::NonNull;
 
+use crate::sys;
+
 /// A buffer that can be handed to the kernel by value for a zero-copy read
 /// ([`UringContext::read_owned`](crate::UringContext::read_owned) and the
 /// other owned reads).
@@ -830,21 +832,7 @@ impl AlignedBuf {
         // 12 s before the first chunk of a scan with 1 GiB alignment).
         let a = align.max(HUGE);
         let span = len.checked_add(a).ok_or_else(oom)?;
-        // SAFETY: a new private anonymous mapping; no existing memory is
-        // touched.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(oom());
-        }
+        let raw = sys::mmap_anonymous(span).map_err(|_| oom())?;
         let start = raw as usize;
         let base = start.next_multiple_of(a);
         let (head, tail) = (base - start, span - (base - start) - len);
@@ -853,15 +841,15 @@ impl AlignedBuf {
         // unmapping them leaves exactly [base, base + len) mapped.
         unsafe {
             if head > 0 {
-                libc::munmap(raw, head);
+                let _ = sys::munmap(raw, head);
             }
             if tail > 0 {
-                libc::munmap((base + len) as *mut libc::c_void, tail);
+                let _ = sys::munmap((base + len) as *mut libc::c_void, tail);
             }
-            // Advice only: without transparent huge pages (or with them
-            // off) it fails or does nothing, and the buffer still works.
-            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
+        // Advice only: without transparent huge pages (or with them off) it
+        // fails or does nothing, and the buffer still works.
+        let _ = sys::advise_huge_pages(base as *mut libc::c_void, len);
         let ptr = NonNull::new(base as *mut u8).ok_or_else(oom)?;
         Ok(AlignedBuf {
             ptr,
@@ -941,7 +929,7 @@ impl Drop for AlignedBuf {
             // SAFETY: `map` made exactly [ptr, ptr + mapped_len(cap)) a
             // mapping of its own, which this buffer alone owns.
             unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), mapped_len(self.cap));
+                let _ = sys::munmap(self.ptr.as_ptr().cast(), mapped_len(self.cap));
             }
             return;
         }
@@ -964,9 +952,7 @@ const HUGE: usize = 2 << 20;
 /// pages. (A last partial 2 MiB stays in small pages: the mapping does not
 /// cover a whole huge page there.)
 fn mapped_len(cap: usize) -> usize {
-    // SAFETY: sysconf only reads a value (glibc: from the auxiliary vector).
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let page = usize::try_from(page).unwrap_or(4096).clamp(4096, HUGE);
+    let page = sys::page_size().unwrap_or(4096).clamp(4096, HUGE);
     cap.next_multiple_of(page)
 }
 
