@@ -751,9 +751,10 @@ impl AlignedBuf {
     /// advised `MADV_HUGEPAGE`. Where transparent huge pages are enabled
     /// (`always` or `madvise`), its memory is then physically contiguous in
     /// 2 MiB pieces, and an `O_DIRECT` read into it reaches the device in a
-    /// few large segments instead of one per 4 KiB page: on the virtio disk
-    /// measured, sequential `O_DIRECT` reads ran 3–5× faster (the crate's
-    /// `docs/DESIGN.md`, "Scans"). Scans of `O_DIRECT` files use it.
+    /// few large segments instead of one per 4 KiB page, which makes
+    /// sequential `O_DIRECT` reads much faster on devices that pay per
+    /// segment, such as virtio disks (the crate's `docs/DESIGN.md`,
+    /// "Scans"). Scans of `O_DIRECT` files use it.
     ///
     /// The cost: four system calls to make and one to free it, and the
     /// first touch of each 2 MiB may wait for the kernel to find (or
@@ -816,8 +817,7 @@ impl AlignedBuf {
     /// aligned to [`HUGE`] and advised `MADV_HUGEPAGE`, so that its memory
     /// can be transparent huge pages — physically contiguous, which lets an
     /// `O_DIRECT` read reach the device in one segment per 2 MiB instead of
-    /// one per 4 KiB page (measured 5× faster sequential `O_DIRECT` reads on
-    /// a virtio disk; see DESIGN, "Scans"). Fresh anonymous memory is
+    /// one per 4 KiB page (see DESIGN, "Scans"). Fresh anonymous memory is
     /// zeroed.
     fn map(cap: usize, align: usize) -> io::Result<AlignedBuf> {
         let oom = || {
@@ -827,9 +827,9 @@ impl AlignedBuf {
             )
         };
         let len = mapped_len(cap);
-        // Aligned to 2 MiB, or to `align` where that is more (a larger
-        // alignment from the global allocator was zero-filled up front:
-        // 12 s before the first chunk of a scan with 1 GiB alignment).
+        // Aligned to 2 MiB, or to `align` where that is more: the global
+        // allocator would zero-fill a larger alignment up front, all of it
+        // before the buffer's first use.
         let a = align.max(HUGE);
         let span = len.checked_add(a).ok_or_else(oom)?;
         let raw = sys::mmap_anonymous(span).map_err(|_| oom())?;

@@ -489,9 +489,9 @@ impl<S: Source> Job for Write<S> {
     /// for a file it cannot poll). Seen with a FUSE server that answers a
     /// write with 0 bytes (`tests/storage.rs`,
     /// `fuse_writes_that_fail_lie_or_hang`); `pwrite` returns 0 there, so
-    /// the two backends now agree: `write` returns `Ok(0)`, `write_all`
-    /// fails with `WriteZero`, and neither invites the caller to retry a
-    /// write that cannot progress, as `WouldBlock` would.
+    /// mapping it to 0 makes the two backends agree: `write` returns
+    /// `Ok(0)`, `write_all` fails with `WriteZero`, and neither invites the
+    /// caller to retry a write that cannot progress, as `WouldBlock` would.
     fn ring_result(&mut self, res: io::Result<usize>) -> io::Result<usize> {
         match res {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(0),
@@ -1373,11 +1373,11 @@ impl crate::UringContext {
     /// buffer comes back with the number of bytes written. Use an
     /// [`AlignedBuf`](crate::AlignedBuf) for `O_DIRECT` files — for large
     /// sequential writes one from
-    /// [`AlignedBuf::new_huge`](crate::AlignedBuf::new_huge), which wrote
-    /// twice as fast on the disk measured (the crate's
-    /// `docs/BENCHMARKS.md`, "Sequential O_DIRECT writes"). Short
-    /// writes and errors as [`write`](Self::write); a write is not split
-    /// (up to the kernel's limit of 2 GiB − 4 KiB per call).
+    /// [`AlignedBuf::new_huge`](crate::AlignedBuf::new_huge), whose
+    /// physically contiguous memory reaches the device in fewer, larger
+    /// segments (the crate's `docs/DESIGN.md`, "Writes and durability").
+    /// Short writes and errors as [`write`](Self::write); a write is not
+    /// split (up to the kernel's limit of 2 GiB − 4 KiB per call).
     ///
     /// ```
     /// # use uring_positioned_io::{AlignedBuf, UringContext};
