@@ -384,9 +384,8 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     /// The first poll polls every read (so each is bound to its file at
     /// once). Later polls start where the last one ran out of tokio's coop
     /// budget and stop when it runs out again: every read's poll spends
-    /// budget, so polling all of them each time, as this once did, made a
-    /// batch of n cached reads O(n² / 128) — 2.2 s for 200 k reads against
-    /// 0.15 s for the same reads one by one.
+    /// budget, so polling all of them each time would make a batch of n
+    /// cached reads cost O(n²) polls (see DESIGN, "Batches").
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -404,7 +403,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             // Let other tasks (and the timer) run first. Every read is bound
             // to its file now, as at a first poll (so what it reads does not
             // depend on when the runtime lets it run), and polled at the
-            // next poll, all submitted together as before.
+            // next poll, all submitted together.
             self.bind_all(cx, emit);
             cx.waker().wake_by_ref();
             return self.left == 0;

@@ -10,6 +10,8 @@ use std::io;
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 use std::ptr::NonNull;
 
+use crate::sys;
+
 /// A buffer that can be handed to the kernel by value for a zero-copy read
 /// ([`UringContext::read_owned`](crate::UringContext::read_owned) and the
 /// other owned reads).
@@ -749,9 +751,10 @@ impl AlignedBuf {
     /// advised `MADV_HUGEPAGE`. Where transparent huge pages are enabled
     /// (`always` or `madvise`), its memory is then physically contiguous in
     /// 2 MiB pieces, and an `O_DIRECT` read into it reaches the device in a
-    /// few large segments instead of one per 4 KiB page: on the virtio disk
-    /// measured, sequential `O_DIRECT` reads ran 3–5× faster (the crate's
-    /// `docs/DESIGN.md`, "Scans"). Scans of `O_DIRECT` files use it.
+    /// few large segments instead of one per 4 KiB page, which makes
+    /// sequential `O_DIRECT` reads much faster on devices that pay per
+    /// segment, such as virtio disks (the crate's `docs/DESIGN.md`,
+    /// "Scans"). Scans of `O_DIRECT` files use it.
     ///
     /// The cost: four system calls to make and one to free it, and the
     /// first touch of each 2 MiB may wait for the kernel to find (or
@@ -814,8 +817,7 @@ impl AlignedBuf {
     /// aligned to [`HUGE`] and advised `MADV_HUGEPAGE`, so that its memory
     /// can be transparent huge pages — physically contiguous, which lets an
     /// `O_DIRECT` read reach the device in one segment per 2 MiB instead of
-    /// one per 4 KiB page (measured 5× faster sequential `O_DIRECT` reads on
-    /// a virtio disk; see DESIGN, "Scans"). Fresh anonymous memory is
+    /// one per 4 KiB page (see DESIGN, "Scans"). Fresh anonymous memory is
     /// zeroed.
     fn map(cap: usize, align: usize) -> io::Result<AlignedBuf> {
         let oom = || {
@@ -825,26 +827,12 @@ impl AlignedBuf {
             )
         };
         let len = mapped_len(cap);
-        // Aligned to 2 MiB, or to `align` where that is more (a larger
-        // alignment from the global allocator was zero-filled up front:
-        // 12 s before the first chunk of a scan with 1 GiB alignment).
+        // Aligned to 2 MiB, or to `align` where that is more: the global
+        // allocator would zero-fill a larger alignment up front, all of it
+        // before the buffer's first use.
         let a = align.max(HUGE);
         let span = len.checked_add(a).ok_or_else(oom)?;
-        // SAFETY: a new private anonymous mapping; no existing memory is
-        // touched.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(oom());
-        }
+        let raw = sys::mmap_anonymous(span).map_err(|_| oom())?;
         let start = raw as usize;
         let base = start.next_multiple_of(a);
         let (head, tail) = (base - start, span - (base - start) - len);
@@ -853,15 +841,15 @@ impl AlignedBuf {
         // unmapping them leaves exactly [base, base + len) mapped.
         unsafe {
             if head > 0 {
-                libc::munmap(raw, head);
+                let _ = sys::munmap(raw, head);
             }
             if tail > 0 {
-                libc::munmap((base + len) as *mut libc::c_void, tail);
+                let _ = sys::munmap((base + len) as *mut libc::c_void, tail);
             }
-            // Advice only: without transparent huge pages (or with them
-            // off) it fails or does nothing, and the buffer still works.
-            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
+        // Advice only: without transparent huge pages (or with them off) it
+        // fails or does nothing, and the buffer still works.
+        let _ = sys::advise_huge_pages(base as *mut libc::c_void, len);
         let ptr = NonNull::new(base as *mut u8).ok_or_else(oom)?;
         Ok(AlignedBuf {
             ptr,
@@ -941,7 +929,7 @@ impl Drop for AlignedBuf {
             // SAFETY: `map` made exactly [ptr, ptr + mapped_len(cap)) a
             // mapping of its own, which this buffer alone owns.
             unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), mapped_len(self.cap));
+                let _ = sys::munmap(self.ptr.as_ptr().cast(), mapped_len(self.cap));
             }
             return;
         }
@@ -964,9 +952,7 @@ const HUGE: usize = 2 << 20;
 /// pages. (A last partial 2 MiB stays in small pages: the mapping does not
 /// cover a whole huge page there.)
 fn mapped_len(cap: usize) -> usize {
-    // SAFETY: sysconf only reads a value (glibc: from the auxiliary vector).
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let page = usize::try_from(page).unwrap_or(4096).clamp(4096, HUGE);
+    let page = sys::page_size().unwrap_or(4096).clamp(4096, HUGE);
     cap.next_multiple_of(page)
 }
 

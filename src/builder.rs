@@ -139,12 +139,11 @@ impl Builder {
     /// Number of rings (1..=256; default: one per two runtime workers,
     /// rounded up, but no more than `max_in_flight`). A worker thread
     /// submits to ring `worker % rings`, so more rings spread the kernel
-    /// work of submitting over more threads. On 2 workers one ring measured
-    /// better than two: read p99.9 at depth 8 0.2–0.5 ms against 4.5–16 ms,
-    /// a 1 ms timer at most 1–10 ms late against 19–24 ms, 16–22 % less CPU
-    /// per read (DESIGN, "Low depth"). More than 2 workers were not
-    /// measured (2-CPU machines); set `rings` to the worker count to go back
-    /// to one ring per worker.
+    /// work of submitting over more threads. On 2 workers one ring gives
+    /// shorter read and timer tails and less CPU per read than two (DESIGN,
+    /// "Low depth"). The default is tuned on 2-worker runtimes; with more
+    /// workers, also try `rings` equal to the worker count (one ring per
+    /// worker).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn rings(mut self, rings: usize) -> Self {
         self.rings = Some(rings);
@@ -221,10 +220,10 @@ impl Builder {
     /// More than 256 runnable tasks per worker of a multi-thread runtime
     /// (say 512 tasks reading cached data on 2 workers) overflow tokio's
     /// local queues into its global queue, where they wait far longer than
-    /// any stretch (p99.9 of ~20 ms measured against 3–6 ms at 256–448
-    /// tasks); there the runtime's
+    /// any stretch; there the runtime's
     /// [`global_queue_interval`](tokio::runtime::Builder::global_queue_interval)
-    /// matters more than this setting (8 halved that tail).
+    /// matters more than this setting (a small interval such as 8 shortens
+    /// that tail; see the design document's fairness section).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn inline_stretch(mut self, stretch: Duration) -> Self {
         self.inline_stretch = Some(stretch);
@@ -238,13 +237,10 @@ impl Builder {
     ///
     /// The block layer holds one submission's requests until all of them
     /// are issued, so at low depth smaller enters reach the device sooner,
-    /// for a syscall every `n` reads. The best value depends on the device.
-    /// On one virtio disk, 8 took depth 32 from 0.92× to 1.07× a raw ring
-    /// loop, where 4 and 2 hurt depth 8's tail. On the same VM's disk three
-    /// days later, 1 and 2 beat 8 at depth 32 by 7–35 % (against `pread`
-    /// threads in the same run). Measure yours
-    /// (`uring-bench --uring-shallow-batch`); DESIGN, "Low depth", has
-    /// both.
+    /// for a syscall every `n` reads. The best value depends on the device
+    /// and its state (on one virtio disk, 8 won in one session and 1 or 2 in
+    /// another; DESIGN, "Low depth", has both). Measure yours
+    /// (`uring-bench --uring-shallow-batch`).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn shallow_batch(mut self, reads: u32) -> Self {
         self.shallow_batch = reads;
@@ -298,8 +294,8 @@ impl Builder {
     /// Coda, `OrangeFS`) with `pread` on the blocking pool instead of the
     /// rings (default: on). A network server that stalls holds io_uring's
     /// bounded io-wq workers the way a stalled FUSE server does, and these
-    /// file systems could not be measured where this crate is tested, so
-    /// they take the route that is never worse than `spawn_blocking` +
+    /// file systems are not covered by the crate's tests, so they take the
+    /// route that is never worse than `spawn_blocking` +
     /// `pread`. Turned off, their ring reads are issued with `IOSQE_ASYNC`
     /// (so that no `io_uring_enter` waits for the server), as are those of
     /// FUSE files with [`fuse_via_blocking_pool(false)`](Self::fuse_via_blocking_pool).
@@ -377,9 +373,8 @@ impl Builder {
         };
         let files = FileTable::new(files, plan.capacity, plan.shards, policy)?;
         if self.backend != BackendChoice::Fallback {
-            // Not a ring problem, so said as is: inside `setup_rings` it
-            // came back wrapped as "io_uring setup failed … the kernel
-            // rejected these settings", which was wrong.
+            // Not a ring problem, so said as is, not wrapped in
+            // `setup_rings`'s "io_uring setup failed" error.
             io_driver_present()?;
         }
         let (backend, info) = match self.backend {
@@ -521,10 +516,9 @@ impl Builder {
         }
         let base = max_in_flight / rings;
         // One bounce buffer per read a ring may have in flight (the first
-        // `max_in_flight % rings` rings take one more read than `base`).
-        // It was `base + 1` whatever the remainder, which made the
-        // documented `max_in_flight(65536)` on one ring an error about a
-        // buffer pool the caller never set.
+        // `max_in_flight % rings` rings take one more read than `base`):
+        // exactly `max_in_flight` on one ring, so that the documented
+        // `max_in_flight(65536)` fits the pool's limit.
         let default_pool = max_in_flight.div_ceil(rings);
         let (pool_count, pool_size) = self.pool.unwrap_or((default_pool, DEFAULT_POOL_BUF));
         if pool_count > MAX_POOL_COUNT {

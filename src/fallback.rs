@@ -209,10 +209,9 @@ impl Fallback {
             return;
         }
         // The timer thread waits on a channel, so that it ends as soon as
-        // the reads do (the sender is dropped below): a plain sleep held
-        // its blocking-pool thread — and the runtime's drop — for the whole
-        // timeout (10 s by default, forever with `Duration::MAX`), once per
-        // `shutdown()` call.
+        // the reads do (the sender is dropped below) rather than holding
+        // its blocking-pool thread, and the runtime's drop, for the whole
+        // timeout.
         let (stop_timer, timer_stopped) = std::sync::mpsc::channel::<()>();
         let timer = self.runtime.spawn_blocking(move || {
             let _ = timer_stopped.recv_timeout(timeout);

@@ -96,18 +96,18 @@ fn classify(magic: &io::Result<i64>) -> FsClass {
 }
 
 /// Where reads of a file on `class` go, and whether its ring reads must go
-/// straight to io-wq (`IOSQE_ASYNC`). Measured on FUSE (kernel 6.18, see
-/// the storage-fault tests): with `FOPEN_DIRECT_IO` a short reply makes
-/// io_uring's internal retry re-read the rest at the original offset, so a
-/// read completes as `Ok(len)` with wrong bytes after the short part; and a
-/// request the server never answers blocks `io_uring_enter` itself, on a
-/// runtime worker. `pread` on the blocking pool returns the short count
-/// with the right bytes and blocks only its own thread. Network file
-/// systems cannot be mounted on the machines this was measured on; their
-/// servers stall like a FUSE server can, so they take the same route unless
-/// the user says otherwise. A FUSE or network file the user puts on the
-/// rings anyway has its reads issued with `IOSQE_ASYNC`, so that a request
-/// its server never answers blocks an io-wq worker, never the enter.
+/// straight to io-wq (`IOSQE_ASYNC`). On FUSE (see the storage-fault
+/// tests), with `FOPEN_DIRECT_IO` a short reply makes io_uring's internal
+/// retry re-read the rest at the original offset, so a read completes as
+/// `Ok(len)` with wrong bytes after the short part; and a request the
+/// server never answers blocks `io_uring_enter` itself, on a runtime
+/// worker. `pread` on the blocking pool returns the short count with the
+/// right bytes and blocks only its own thread. Network file systems are not
+/// covered by the tests, but their servers stall like a FUSE server can, so
+/// they take the same route unless the user says otherwise. A FUSE or
+/// network file the user puts on the rings anyway has its reads issued
+/// with `IOSQE_ASYNC`, so that a request its server never answers blocks
+/// an io-wq worker, never the enter.
 fn route_for(class: FsClass, policy: &Policy) -> FileRoute {
     match class {
         FsClass::Fuse if policy.fuse_via_blocking_pool => FileRoute::BlockingPool(
@@ -264,9 +264,9 @@ impl Shard {
 /// The table, replicated once per runtime worker (and at least once per
 /// ring). A reader locks (for reading) only the shard of its thread, and
 /// on the page-cache fast path borrows the entry without touching its
-/// reference count: with one shared table and
-/// `Arc` clones, two workers reading the same file bounced the lock word and
-/// the count between their caches on every read (perf: ~5 % of a hot read).
+/// reference count: with one shared table and `Arc` clones, two workers
+/// reading the same file would bounce the lock word and the count between
+/// their caches on every read (see DESIGN, "Measured costs").
 /// Writers (register/unregister, rare) lock every shard, in order.
 #[derive(Debug)]
 pub(crate) struct FileTable {

@@ -33,10 +33,10 @@ struct Padded<T>(T);
 /// One ring's record of its inline reads, and the decision it feeds: the
 /// ring keeps it (its hits are summed into `Stats::inline_completed`).
 ///
-/// A hit writes only its thread's counter: with one counter for the ring,
-/// two workers sharing it bounced that line (and the miss streak beside it,
-/// which every read loads) between their caches on every read (perf: ~6 %
-/// of a cached read's CPU).
+/// A hit writes only its thread's counter: one counter for the ring would
+/// bounce its cache line (and the miss streak beside it, which every read
+/// loads) between the workers sharing the ring on every read (see DESIGN,
+/// "Measured costs").
 #[derive(Debug, Default)]
 pub(crate) struct Policy {
     /// Reads served inline, by thread group.
@@ -101,9 +101,9 @@ pub(crate) fn end_stretch() {
 /// A task woken on a `current_thread` runtime waits behind every ready task
 /// (one queue), so its stretches must be short. On a multi-thread runtime a
 /// woken task (a timer's) also lands behind the worker's ready tasks, up to
-/// 256 of them: 10 µs stretches kept a 1 ms timer's p99 lateness at
-/// 1.2–1.4 ms with 8–512 cached readers, against 2.5–18 ms with 50 µs, for
-/// 0–3 % of throughput (see the design document).
+/// 256 of them, each of which may run a whole stretch. Longer stretches
+/// make timers late; shorter ones cost throughput (see DESIGN, "Why a
+/// page-cache fast path", fairness).
 pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
     match flavor {
         RuntimeFlavor::CurrentThread => Duration::from_micros(8),
@@ -117,19 +117,17 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 /// Such reads complete without ever returning `Pending`, so a task looping
 /// over them would run a whole coop budget (128 reads) per poll, and a
 /// runtime full of such tasks would let a newly woken task (a timer, say)
-/// wait for a round of all of them (measured: 20 ms gaps in a 1 ms interval
-/// with 512 readers). Bounding the stretch keeps polls short. It is measured
-/// in time rather than reads so that fast reads are not taxed with a yield
-/// every few (see [`stretch`] for the values).
+/// wait for a round of all of them. Bounding the stretch keeps polls short.
+/// It is counted in time rather than reads so that fast reads are not taxed
+/// with a yield every few (see [`stretch`] for the values).
 ///
 /// The stretch belongs to the task (`tokio::task::try_id`; outside a task,
 /// to the thread): it starts at the task's first inline read after it last
 /// yielded here or after another task's, so a task that does one or two
-/// reads and ends (a point lookup) never yields. A stretch per thread made
-/// the next task on the thread yield at its first read once earlier tasks
-/// had used the thread's stretch, or once 10 µs had passed since the
-/// thread's last stretch began, idle time included — at 50 % load that sent
-/// most lookups to the back of the run queue once before their only read.
+/// reads and ends (a point lookup) never yields. (A stretch per thread
+/// would make a task yield at its first read whenever earlier tasks, or
+/// idle time, had used up the thread's stretch: a lookup would go to the
+/// back of the run queue before its only read.)
 ///
 /// A batch's reads skip it; the batch calls it once, before its first read
 /// (`batch::Core::turn_over`), so that its reads' inline time counts too.

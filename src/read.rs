@@ -414,9 +414,9 @@ impl<'a, T: Target> ReadCore<'a, T> {
                             let start = self.done;
                             let at = self.offset + start as u64;
                             // At most BORROWED_CHUNK per call, with the
-                            // fairness check between pieces: one `preadv2`
-                            // of a whole 1 GiB cached read held its thread
-                            // for 0.7 s.
+                            // fairness check between pieces, so that a huge
+                            // cached read does not hold the thread for its
+                            // whole copy (see DESIGN, "The read path").
                             let end = total.min(start.saturating_add(BORROWED_CHUNK));
                             match self.target.nowait(fd, start..end, at) {
                                 Nowait::Read(0) => {

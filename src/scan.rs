@@ -143,16 +143,15 @@ const DEFAULT_CHUNK: usize = 1 << 20;
 /// slots of one `AlignedBuf::new_huge` mapping, see `Region`).
 const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
 /// Default buffers of a buffered scan: 8 × 1 MiB. On a cached file the
-/// deeper read-ahead keeps the copying worker busy (measured: 8 was the
-/// fastest of 1/4/8/16 in 5 of 5 hot runs, and level with 4 cold; DESIGN,
-/// "Scans").
+/// deeper read-ahead keeps the copying worker busy (DESIGN, "Scans").
 const DEFAULT_IN_FLIGHT: usize = 8;
 /// Default buffers of an `O_DIRECT` scan: 4 × 2 MiB, the same 8 MiB.
 const DEFAULT_DIRECT_IN_FLIGHT: usize = 4;
 /// Largest `chunk_size`: a chunk is one read, and one read moves at most
 /// ~2 GiB (`MAX_RW_COUNT`); a chunk of more than 1 GiB buys nothing.
 const MAX_CHUNK: usize = 1 << 30;
-/// Largest `in_flight`: far past where more read-ahead helps (4–16 here).
+/// Largest `in_flight`: far past where more read-ahead helps (DESIGN,
+/// "Scans").
 const MAX_IN_FLIGHT: usize = 1024;
 /// Slots reserved up front; a deeper scan grows its queue as it goes.
 const INITIAL_SLOTS: usize = 16;
@@ -164,7 +163,8 @@ const DEFAULT_ALIGN: usize = 4096;
 const REGION_BYTES: usize = 8 << 20;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
 /// scan's reads skip the page-cache fast path and go to a ring (see the
-/// module's "Cached and uncached files"); measured crossover, 2 vCPUs.
+/// module's "Cached and uncached files", and DESIGN, "Scans", for where
+/// the crossover was found).
 const RING_AHEAD: usize = 512 << 10;
 /// With read-ahead on the ring, one chunk in this many is still read on the
 /// consumer's thread when the file is cached, so that the consumer takes a
@@ -423,11 +423,10 @@ struct PoolState {
 /// 2 MiB it is its own mapping, aligned to 2 MiB and backed by transparent
 /// huge pages where the system allows ([`AlignedBuf::try_new_huge`]): it
 /// comes zero-filled from the kernel and is faulted in a huge page at a
-/// time, where 1 MiB buffers from the allocator were zeroed by `memset`
-/// and faulted in 4 KiB at a time (DESIGN, "Scans": ~3 ms of an 8 MiB
-/// scan's ~50 ms on a cached file). A huge page is also physically
-/// contiguous, which an `O_DIRECT` read into it needs to reach the device
-/// in a few segments.
+/// time, where buffers from the allocator would be zeroed by `memset` and
+/// faulted in 4 KiB at a time (DESIGN, "Scans"). A huge page is also
+/// physically contiguous, which an `O_DIRECT` read into it needs to reach
+/// the device in a few segments.
 struct Region {
     /// Owns the memory (freed when the last slot and the pool are gone);
     /// never read or written through: only through `base`.
@@ -685,9 +684,9 @@ enum Cache {
     Hit,
     /// One was not: the file is not (all) cached, and the rest of the scan
     /// leaves every read to the ring (a miss on the consumer's thread
-    /// starts the kernel's readahead out of order; re-probing every 16th
-    /// turn still cut the disk requests of an uncached 16-deep scan from
-    /// 4 MiB to 3.4–3.7 MiB). Final.
+    /// starts the kernel's readahead out of order, shrinking the disk
+    /// requests even when re-probed only now and then; see DESIGN,
+    /// "Scans"). Final.
     Missed,
 }
 

@@ -2,10 +2,11 @@
 //! io_uring's own, which go through the `io-uring` crate): each turns `-1`
 //! into `io::Error::last_os_error()` and owns what it creates.
 
+use std::ffi::CStr;
 use std::fs::File;
 use std::io::{self, Read};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Turns a `-1` return into the thread's `errno`.
@@ -297,4 +298,131 @@ pub(crate) fn wait_readable(fd: &File, timeout: Duration) {
     let ms = libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd that outlives the call.
     unsafe { libc::poll(&raw mut pfd, 1, ms) };
+}
+
+/// `fsync(fd)`, or `fdatasync(fd)` with `datasync`.
+pub(crate) fn fsync(file: &File, datasync: bool) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: plain syscalls on a descriptor `file` keeps open; no memory is
+    // passed.
+    let r = unsafe {
+        if datasync {
+            libc::fdatasync(fd)
+        } else {
+            libc::fsync(fd)
+        }
+    };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// `sync_file_range(fd, offset, len, flags)`.
+pub(crate) fn sync_file_range(
+    file: &File,
+    offset: libc::off64_t,
+    len: libc::off64_t,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory
+    // is passed.
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// `fallocate(fd, mode, offset, len)`.
+pub(crate) fn fallocate(
+    file: &File,
+    mode: i32,
+    offset: libc::off64_t,
+    len: libc::off64_t,
+) -> io::Result<()> {
+    // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory
+    // is passed.
+    let r = unsafe { libc::fallocate64(file.as_raw_fd(), mode, offset, len) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, mask)`: the descriptor's own metadata.
+pub(crate) fn statx(file: &File, mask: u32) -> io::Result<Box<libc::statx>> {
+    // SAFETY: statx is plain data; all zeroes is a valid value.
+    let mut st: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: a valid descriptor, a NUL-terminated empty path, and a
+    // writable statx the call fills.
+    let r = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            mask,
+            &raw mut *st,
+        )
+    };
+    cvt(r, -1)?;
+    Ok(st)
+}
+
+/// `open(path, flags, mode)`: a new descriptor, owned by the returned file.
+pub(crate) fn open(path: &CStr, flags: i32, mode: u32) -> io::Result<File> {
+    // SAFETY: a NUL-terminated path that outlives the call; the result is a
+    // new descriptor.
+    let fd = cvt(unsafe { libc::open(path.as_ptr(), flags, mode) }, -1)?;
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// A new private, anonymous, readable and writable mapping of `len` bytes
+/// (zeroed), at an address the kernel picks. The caller owns it and
+/// unmaps it with [`munmap`].
+pub(crate) fn mmap_anonymous(len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a new private anonymous mapping at an address of the kernel's
+    // choosing (no MAP_FIXED): no existing memory is touched.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(raw)
+}
+
+/// `munmap(addr, len)`.
+///
+/// # Safety
+///
+/// `[addr, addr + len)` is memory the caller mapped and owns, and nothing
+/// uses it any more (no reference into it outlives the call).
+pub(crate) unsafe fn munmap(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: the range is the caller's own, unused mapping (the caller's
+    // contract).
+    let r = unsafe { libc::munmap(addr, len) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// `madvise(addr, len, MADV_HUGEPAGE)`: asks that the range be backed by
+/// transparent huge pages. Advice only: the range's contents and mapping
+/// stay as they are.
+pub(crate) fn advise_huge_pages(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_HUGEPAGE changes only how the kernel may back the range,
+    // never its contents or whether it is mapped; a range that is not
+    // mapped is refused (ENOMEM), so no address can cause harm.
+    let r = unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// The size of a memory page in bytes (`sysconf(_SC_PAGESIZE)`).
+pub(crate) fn page_size() -> io::Result<usize> {
+    // SAFETY: sysconf only reads a value (glibc: from the auxiliary vector).
+    let page = cvt(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }, -1)?;
+    usize::try_from(page).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }

@@ -23,7 +23,6 @@ use std::ffi::CString;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
@@ -43,6 +42,7 @@ use crate::permit::{self, Acquired, Permit};
 use crate::read::{Ctx, RingRef, BORROWED_CHUNK};
 
 use crate::ring::{RingOp, MAX_READ};
+use crate::sys;
 use crate::FileId;
 
 /// One kind of op, plugged into [`OpCore`].
@@ -489,9 +489,9 @@ impl<S: Source> Job for Write<S> {
     /// for a file it cannot poll). Seen with a FUSE server that answers a
     /// write with 0 bytes (`tests/storage.rs`,
     /// `fuse_writes_that_fail_lie_or_hang`); `pwrite` returns 0 there, so
-    /// the two backends now agree: `write` returns `Ok(0)`, `write_all`
-    /// fails with `WriteZero`, and neither invites the caller to retry a
-    /// write that cannot progress, as `WouldBlock` would.
+    /// mapping it to 0 makes the two backends agree: `write` returns
+    /// `Ok(0)`, `write_all` fails with `WriteZero`, and neither invites the
+    /// caller to retry a write that cannot progress, as `WouldBlock` would.
     fn ring_result(&mut self, res: io::Result<usize>) -> io::Result<usize> {
         match res {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(0),
@@ -717,28 +717,19 @@ impl Job for Sync {
         let file = file.ok_or_else(|| io::Error::other("sync without a file (a bug)"))?;
         let op = *self;
         fb.run(permit, move || {
-            let fd = file.file.as_raw_fd();
-            // SAFETY: plain syscalls on a descriptor the entry keeps open;
-            // no memory is passed.
-            let r = unsafe {
-                match op {
-                    Sync::Fsync { datasync: false } => libc::fsync(fd),
-                    Sync::Fsync { datasync: true } => libc::fdatasync(fd),
-                    // Offsets and lengths were checked to stay within
-                    // i64::MAX (`check`): `off` never saturates.
-                    Sync::Range { offset, len, flags } => {
-                        libc::sync_file_range(fd, off(offset), libc::off64_t::from(len), flags)
-                    }
-                    Sync::Fallocate { mode, offset, len } => {
-                        libc::fallocate64(fd, mode, off(offset), off(len))
-                    }
+            let file = &file.file;
+            match op {
+                Sync::Fsync { datasync } => sys::fsync(file, datasync),
+                // Offsets and lengths were checked to stay within i64::MAX
+                // (`check`): `off` never saturates.
+                Sync::Range { offset, len, flags } => {
+                    sys::sync_file_range(file, off(offset), libc::off64_t::from(len), flags)
                 }
-            };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(0)
+                Sync::Fallocate { mode, offset, len } => {
+                    sys::fallocate(file, mode, off(offset), off(len))
+                }
             }
+            .map(|()| 0)
         })
     }
 
@@ -838,26 +829,7 @@ impl Job for Statx {
         permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         let file = file.ok_or_else(|| io::Error::other("statx without a file (a bug)"))?;
-        fb.run(permit, move || {
-            // SAFETY: statx is plain data; all zeroes is a valid value.
-            let mut st: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
-            // SAFETY: a valid descriptor, a NUL-terminated empty path, and
-            // a writable statx the call fills.
-            let r = unsafe {
-                libc::statx(
-                    file.file.as_raw_fd(),
-                    c"".as_ptr(),
-                    libc::AT_EMPTY_PATH,
-                    STATX_MASK,
-                    &raw mut *st,
-                )
-            };
-            if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(st)
-            }
-        })
+        fb.run(permit, move || sys::statx(&file.file, STATX_MASK))
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
@@ -1047,22 +1019,20 @@ impl Open {
 /// `fstatfs`, `statx`, each of which may wait for the file system) is read
 /// here too, off the runtime's workers.
 fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<(std::fs::File, Facts)> {
-    // SAFETY: a NUL-terminated path; the result is a new descriptor.
-    let fd = unsafe { libc::open(path.as_ptr(), flags, mode) };
-    if fd >= 0 {
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        // Opened with O_NONBLOCK so that a FIFO could not block the open; a
-        // regular file needs it cleared (io_uring would return EAGAIN).
-        crate::sys::clear_nonblock(&file)?;
-        let name = format!(
-            "{:?} (opened with UringContext::open)",
-            path.to_string_lossy()
-        );
-        let facts = Facts::of(&file, &name)?;
-        return Ok((file, facts));
-    }
-    let e = io::Error::last_os_error();
+    let e = match sys::open(path, flags, mode) {
+        Ok(file) => {
+            // Opened with O_NONBLOCK so that a FIFO could not block the open;
+            // a regular file needs it cleared (io_uring would return EAGAIN).
+            sys::clear_nonblock(&file)?;
+            let name = format!(
+                "{:?} (opened with UringContext::open)",
+                path.to_string_lossy()
+            );
+            let facts = Facts::of(&file, &name)?;
+            return Ok((file, facts));
+        }
+        Err(e) => e,
+    };
     if e.raw_os_error() != Some(libc::ENXIO) {
         return Err(e);
     }
@@ -1403,11 +1373,11 @@ impl crate::UringContext {
     /// buffer comes back with the number of bytes written. Use an
     /// [`AlignedBuf`](crate::AlignedBuf) for `O_DIRECT` files — for large
     /// sequential writes one from
-    /// [`AlignedBuf::new_huge`](crate::AlignedBuf::new_huge), which wrote
-    /// twice as fast on the disk measured (the crate's
-    /// `docs/BENCHMARKS.md`, "Sequential O_DIRECT writes"). Short
-    /// writes and errors as [`write`](Self::write); a write is not split
-    /// (up to the kernel's limit of 2 GiB − 4 KiB per call).
+    /// [`AlignedBuf::new_huge`](crate::AlignedBuf::new_huge), whose
+    /// physically contiguous memory reaches the device in fewer, larger
+    /// segments (the crate's `docs/DESIGN.md`, "Writes and durability").
+    /// Short writes and errors as [`write`](Self::write); a write is not
+    /// split (up to the kernel's limit of 2 GiB − 4 KiB per call).
     ///
     /// ```
     /// # use uring_positioned_io::{AlignedBuf, UringContext};

@@ -36,12 +36,9 @@ const REAP_BATCH: usize = 256;
 
 /// The most completions the driver hands to a relay ([`Ring::reap_relayed`]);
 /// a bigger round is worth spreading over the runtime's workers at once.
-/// Measured (2 workers, three alternating runs, `docs/BENCHMARKS.md`): 3
-/// changed nothing (the rounds at depth 8 are mostly bigger); 16 and an
-/// unbounded relay cut the same syscalls at depth 8, but an unbounded one
-/// serialises the 100+ completions of a round at depth 512 on one worker
-/// (cold 512: −1 to −10 % reads/s in two A/B runs); 16 left 512 level
-/// within the noise.
+/// A relay runs its round on one worker: 16 covers the rounds of low depths,
+/// where relaying saves syscalls, without serialising the hundred-odd
+/// completions of a deep ring's round (see DESIGN, "The driver").
 const RELAY_MAX: usize = 16;
 
 /// What a completed ring read tells its future.
@@ -89,9 +86,8 @@ impl Ring {
     /// idle worker (a futex wake or an eventfd write, then that worker's
     /// wake-up, steal attempt and return to sleep) even when the round is a
     /// few µs of work. Woken one after another, each from the task before
-    /// it, most of them run on this worker without that. Measured at depth
-    /// 8 on 2 workers: syscalls per read 1.57 → 0.98 cold, 1.13 → 0.86
-    /// direct; CPU per read −4 to −8 %.
+    /// it, most of them run on this worker without that, saving syscalls
+    /// and CPU per read (see DESIGN, "The driver").
     ///
     /// Liveness: the driver yields after any round of 2 or more
     /// completions and wakes whatever is still queued at its next poll

@@ -60,13 +60,11 @@ const SHALLOW_DEPTH: u64 = 64;
 
 /// Most SQEs one enter hands to a shallow ring, unless the builder says
 /// otherwise (`Builder::shallow_batch`). The block layer holds the
-/// requests of one submission batch in a plug until all of them are issued
-/// (~3 µs each on a virtio disk), so the first of 32 reached the disk
-/// ~100 µs late; in enters of 8 the disk gets them as they are issued.
-/// Measured (DESIGN, "Low depth"), with one ring for two workers: at depth
-/// 32, 0.91–0.93× → 1.07× a raw ring loop. A deep ring keeps one enter per
-/// batch: at depth 512 the same cap applied throughout cost 5–25 % (the
-/// disk is full either way, and the extra enters are CPU).
+/// requests of one submission batch in a plug until all of them are
+/// issued, so in a big batch the first reaches the disk late; in enters of
+/// 8 the disk gets them as they are issued. A deep ring keeps one enter per
+/// batch: the disk is full either way, and extra enters only cost CPU (see
+/// DESIGN, "Low depth").
 pub(crate) const DEFAULT_SHALLOW_BATCH: u32 = 8;
 
 thread_local! {
@@ -140,11 +138,11 @@ impl Ring {
         }
         let fixed = types::Fixed(file.index);
         // A large buffered read is copied out of the page cache inside the
-        // `io_uring_enter` that submits it, on a runtime worker: a 1 GiB
-        // cached `read_owned` held its thread ~1 s. From `ASYNC_READ_FROM`
-        // bytes such reads go to io-wq instead (a thread hop of tens of µs
-        // against ≥ 0.8 ms of copying; a scan's default chunks, 1–2 MiB,
-        // stay below it). `O_DIRECT` reads do not copy in the enter.
+        // `io_uring_enter` that submits it, holding a runtime worker for the
+        // whole copy. From `ASYNC_READ_FROM` bytes such reads go to io-wq
+        // instead, where the thread hop is small next to the copy (a scan's
+        // default chunks, 1–2 MiB, stay below it; see DESIGN, "The read
+        // path"). `O_DIRECT` reads do not copy in the enter.
         let big = match dst {
             Dst::Caller(_, len) | Dst::Bounce(len) => len >= ASYNC_READ_FROM,
             Dst::CallerVec(..) => false,
