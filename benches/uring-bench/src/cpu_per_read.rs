@@ -15,9 +15,10 @@
 //! - `crate nowait/2w`: the default (page-cache hits served inline with
 //!   RWF_NOWAIT), multi_thread with 2 workers, 2 rings.
 
-use crate::cli::{CpuPerReadArgs, OnOff, Regime, DEFAULT_SEED};
+use crate::cli::CpuPerReadArgs;
 use crate::dataset::{Dataset, Progress};
-use crate::engines::{self, CellSpec, EngineKind, UringOpts};
+use crate::engines::{self, CellSpec, UringOpts};
+use crate::kinds::{EngineKind, OnOff, Regime, DEFAULT_SEED};
 use crate::report::Cell;
 use crate::verify::VerifyMode;
 use std::path::PathBuf;

@@ -12,10 +12,12 @@ mod cli;
 mod cpu_per_read;
 mod dataset;
 mod engines;
+mod kinds;
 mod lines;
 mod open_loop;
 mod probes;
 mod report;
+mod stop;
 mod two_threads;
 mod verify;
 mod wake;
@@ -25,9 +27,10 @@ const WAKE_SAMPLES: usize = 1500;
 mod write_bench;
 
 use clap::Parser;
-use cli::{Args, Mode, Regime};
+use cli::{Args, Mode};
 use dataset::{gib, Dataset, Progress};
-use engines::{CellSpec, EngineKind, ProbeOpts, UringOpts};
+use engines::{CellSpec, ProbeOpts, UringOpts};
+use kinds::{EngineKind, OnOff, Regime};
 use report::{Cell, Report, RunInfo, Style};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -366,9 +369,9 @@ fn run(args: &Args) -> Result<bool, String> {
             set_files,
             uring: uring.clone(),
             fio: args.fio.clone(),
-            mmap_populate: args.mmap_populate == cli::OnOff::On,
+            mmap_populate: args.mmap_populate == OnOff::On,
             probes: ProbeOpts {
-                timer: args.timer_probe == cli::OnOff::On,
+                timer: args.timer_probe == OnOff::On,
                 syscall_window: (args.syscall_window > 0.0)
                     .then(|| Duration::from_secs_f64(args.syscall_window)),
             },

@@ -23,9 +23,10 @@
 //! crate's engine keeps up with in this open loop (found first, stepping
 //! down from its closed-loop rate at 512 reads in flight).
 
-use crate::cli::{OpenLoopArgs, Regime, DEFAULT_SEED};
+use crate::cli::OpenLoopArgs;
 use crate::dataset::{Dataset, Progress};
-use crate::engines::{self, CellSpec, EngineKind, UringOpts};
+use crate::engines::{self, CellSpec, UringOpts};
+use crate::kinds::{EngineKind, OpenEngine, Regime, DEFAULT_SEED};
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::os::unix::fs::FileExt;
@@ -39,29 +40,6 @@ use uring_positioned_io::UringContext;
 const WORKERS: usize = 2;
 /// Lookups before the measured window (excluded from the histogram).
 const WARMUP: Duration = Duration::from_millis(500);
-
-/// The engines this mode compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OpenEngine {
-    Uring,
-    TokioFs,
-    TokioPread,
-    Pread,
-    Mmap,
-}
-
-impl OpenEngine {
-    fn name(self) -> &'static str {
-        match self {
-            OpenEngine::Uring => "uring",
-            OpenEngine::TokioFs => "tokio-fs",
-            OpenEngine::TokioPread => "tokio-pread",
-            OpenEngine::Pread => "pread",
-            OpenEngine::Mmap => "mmap",
-        }
-    }
-}
 
 /// One lookup: when it arrives (from the start) and what it reads.
 #[derive(Debug, Clone)]

@@ -62,27 +62,9 @@ use hdrhistogram::Histogram;
 use uring_positioned_io::{AlignedBuf, UringContext};
 
 use crate::cli::WriteArgs;
+use crate::kinds::{LogKind, Part};
 
 const BLOCK: usize = 4096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Part {
-    Randwrite,
-    Seqwrite,
-    Wal,
-}
-
-/// How the WAL part's log file starts (see `--wal-log`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogKind {
-    /// Zero-filled to its full size and synced before the run: commits
-    /// overwrite allocated blocks, so `fdatasync` has no size change to
-    /// journal.
-    Preallocated,
-    /// Empty: every group grows the file, and every `fdatasync` commits the
-    /// new size through the file system's journal.
-    Append,
-}
 
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
