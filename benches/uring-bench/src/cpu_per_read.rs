@@ -43,7 +43,7 @@ fn cell(
     secs: f64,
     uring: UringOpts,
 ) -> Result<Cell, String> {
-    let cached = crate::prepare(Regime::Hot, ds, 1, true)?;
+    let cached = ds.prepare(Regime::Hot, 1, true)?;
     let m = engines::run(&CellSpec {
         engine,
         regime: Regime::Hot,
@@ -177,7 +177,7 @@ pub fn syscall_floor(ds: &Dataset, rounds: usize, reads: u64) -> Result<SyscallF
 pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
     let mib = a.file_mib;
     let ds = Dataset::ensure(&a.data_dir, 1, mib << 20, DEFAULT_SEED, true, Progress::Bar)?;
-    crate::prepare(Regime::Hot, &ds, 1, false)?;
+    ds.prepare(Regime::Hot, 1, false)?;
     println!(
         "hot page cache, {mib} MiB file, random 4 KiB reads, verified, {} s per cell",
         a.secs

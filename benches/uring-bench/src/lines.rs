@@ -131,7 +131,7 @@ fn evict(path: &Path) -> io::Result<()> {
 fn make_hot(path: &Path) -> io::Result<Option<u64>> {
     evict(path)?;
     // Page cache in PMD-sized (2 MiB) folios, system-wide, in kB.
-    let huge = || crate::meminfo_field("FileHugePages:");
+    let huge = || crate::machine::meminfo_field("FileHugePages:");
     let before = huge();
     warm(path)?;
     Ok(before.zip(huge()).map(|(b, a)| a.saturating_sub(b) / 1024))
@@ -577,8 +577,8 @@ impl HugePages {
     const NEED: u64 = 16;
 
     pub(crate) fn reserve() -> Result<HugePages, String> {
-        let free =
-            crate::meminfo_field("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
+        let free = crate::machine::meminfo_field("HugePages_Free:")
+            .ok_or("no HugePages_Free in /proc/meminfo")?;
         if free >= Self::NEED {
             return Ok(HugePages { restore: None });
         }
@@ -592,7 +592,7 @@ impl HugePages {
         let held = HugePages {
             restore: Some(total),
         };
-        match crate::meminfo_field("HugePages_Free:") {
+        match crate::machine::meminfo_field("HugePages_Free:") {
             Some(f) if f >= Self::NEED => Ok(held),
             f => Err(format!(
                 "asked for {want} huge pages, {} free",
@@ -820,13 +820,13 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     };
     let table = render(&rows, &path, size, lines, &notes);
     println!("{table}");
-    let (_, stamp) = crate::utc_now();
+    let (_, stamp) = crate::machine::utc_now();
     let dir = a.output_dir.join(format!("lines-{stamp}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let json = serde_json::json!({
         "file": path, "size": size, "lines": lines, "repeat": a.repeat,
-        "cpu": crate::cpu_model(), "kernel": crate::kernel(), "commit": crate::git_commit(),
-        "loadavg": crate::loadavg(), "fio_buffers": fio_buffers, "hot_cache": hot_state,
+        "cpu": crate::machine::cpu_model(), "kernel": crate::machine::kernel(), "commit": crate::machine::git_commit(),
+        "loadavg": crate::machine::loadavg(), "fio_buffers": fio_buffers, "hot_cache": hot_state,
         "rows": rows,
     });
     std::fs::write(
@@ -862,8 +862,8 @@ fn render(rows: &[Row], path: &Path, size: u64, lines: u64, fio_buffers: &str) -
          × fio: against the faster of fio's two sequential reads in the same regime. {fio_buffers}\n",
         path.display(),
         crate::dataset::gib(size),
-        crate::cpu_model(),
-        crate::kernel()
+        crate::machine::cpu_model(),
+        crate::machine::kernel()
     );
     let f = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
     let mut regime = "";

@@ -442,7 +442,7 @@ fn run_engine(
 
 /// The crate's saturated closed-loop rate (reads/s) in `regime`.
 fn saturated_rate(ds: &Dataset, files: u32, regime: Regime) -> Result<f64, String> {
-    crate::prepare(regime, ds, files, true)?;
+    ds.prepare(regime, files, true)?;
     let m = engines::run(&CellSpec {
         engine: EngineKind::Uring,
         regime,
@@ -478,7 +478,7 @@ fn sustainable_rate(
     let mut rate = closed / batch as f64;
     for _ in 0..10 {
         let lookups = schedule(rate, 1.0, batch, files, ds.blocks_per_file(), seed);
-        crate::prepare(regime, ds, files, true)?;
+        ds.prepare(regime, files, true)?;
         let o = run_engine(
             OpenEngine::Uring,
             ds,
@@ -524,7 +524,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
     let mut rows = Vec::new();
     println!(
         "machine: {}",
-        crate::wake::measure(crate::WAKE_SAMPLES).summary()
+        crate::wake::measure(crate::wake::SAMPLES).summary()
     );
     println!(
         "open loop: Poisson arrivals, lookups of {} random 4 KiB read(s), latency from arrival, {} s per engine (+{:?} warm-up), {} files",
@@ -584,7 +584,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
             // first one after the set-up.
             for k in round_order(engines.len(), round) {
                 let engine = engines[k];
-                crate::prepare(regime, &ds, files, true)?;
+                ds.prepare(regime, files, true)?;
                 let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
                 let s = Summary::of(&o, a.batch);
                 println!("{}", s.row(engine, regime, rate));

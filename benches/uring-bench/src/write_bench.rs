@@ -63,14 +63,9 @@ use uring_positioned_io::{AlignedBuf, UringContext};
 
 use crate::cli::WriteArgs;
 use crate::kinds::{LogKind, Part};
+use crate::machine::loadavg;
 
 const BLOCK: usize = 4096;
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
 
 /// user + system CPU seconds of this process so far.
 fn cpu_secs() -> f64 {
@@ -320,7 +315,7 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         a.secs,
         a.repeat,
         a.workers,
-        load()
+        loadavg()
     );
     println!(
         "{:>6} {:>12} {:>12} {:>12} {:>10} {:>10}  load",
@@ -353,7 +348,7 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
             "{depth:>6} {u:>12.0} {fi:>12.0} {pw:>12.0} {:>10.2} {:>10.2}  {}   (CPU µs/write: uring {:.1}, pwrite {:.1}; {verified} blocks verified)",
             u / fi,
             u / pw,
-            load(),
+            loadavg(),
             median(u_cpu),
             median(pw_cpu),
         );
@@ -490,7 +485,7 @@ fn seqwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         a.seq_mib,
         path.display(),
         a.repeat,
-        load(),
+        loadavg(),
         match &huge {
             Ok(_) => "yes".to_string(),
             Err(why) => format!("no ({why})"),
@@ -1064,7 +1059,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         a.record_bytes,
         a.secs,
         a.repeat,
-        load()
+        loadavg()
     );
     println!(
         "{:>12} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
@@ -1153,7 +1148,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
             row.2,
             row.3,
             row.4,
-            load()
+            loadavg()
         );
         med.insert(name, row);
     }
