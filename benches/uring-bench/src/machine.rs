@@ -1,5 +1,7 @@
 //! The machine a run is measured on, as the reports describe it: CPU model,
-//! kernel, memory, load, the commit under test and the time.
+//! kernel, memory, load, the commit under test and the time; and the one
+//! machine setting a run may change, the huge pages it reserves for fio
+//! ([`HugePages`], put back as they were when dropped).
 
 /// The number after `key` in `/proc/meminfo` (kB for sizes, a count for
 /// `HugePages_*`).
@@ -85,4 +87,53 @@ pub fn utc_now() -> (String, String) {
         format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}:{ss:02}"),
         format!("{y:04}{m:02}{d:02}T{hh:02}{mm:02}{ss:02}Z"),
     )
+}
+
+/// Huge pages for fio's O_DIRECT buffers (`--mem=shmhuge`), reserved for
+/// the run when too few are free and put back as they were on drop; fio's
+/// default buffers of 4 KiB pages make every 1 MiB O_DIRECT read 256
+/// scatter-gather segments, which a disk that pays per segment serves far
+/// slower — the device's ceiling needs contiguous buffers, as the crate's
+/// O_DIRECT scan has (see DESIGN, "Scans").
+pub struct HugePages {
+    /// `nr_hugepages` to restore, when this run raised it.
+    restore: Option<u64>,
+}
+
+impl HugePages {
+    const PATH: &'static str = "/proc/sys/vm/nr_hugepages";
+    /// 16 × 1 MiB in flight, in 2 MiB pages, and room for fio's own use.
+    const NEED: u64 = 16;
+
+    pub fn reserve() -> Result<HugePages, String> {
+        let free = meminfo_field("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
+        if free >= Self::NEED {
+            return Ok(HugePages { restore: None });
+        }
+        let total: u64 = std::fs::read_to_string(Self::PATH)
+            .map_err(|e| format!("{}: {e}", Self::PATH))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{}: {e}", Self::PATH))?;
+        let want = total + (Self::NEED - free);
+        std::fs::write(Self::PATH, want.to_string()).map_err(|e| format!("{}: {e}", Self::PATH))?;
+        let held = HugePages {
+            restore: Some(total),
+        };
+        match meminfo_field("HugePages_Free:") {
+            Some(f) if f >= Self::NEED => Ok(held),
+            f => Err(format!(
+                "asked for {want} huge pages, {} free",
+                f.unwrap_or(0)
+            )),
+        }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        if let Some(n) = self.restore {
+            let _ = std::fs::write(Self::PATH, n.to_string());
+        }
+    }
 }

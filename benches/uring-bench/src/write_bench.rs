@@ -479,7 +479,7 @@ fn seqwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         f.sync_all().map_err(|e| e.to_string())?;
     }
     let fio_missing = Command::new(&a.fio).arg("--version").output().is_err();
-    let huge = crate::lines::HugePages::reserve();
+    let huge = crate::machine::HugePages::reserve();
     println!(
         "== seqwrite: {} MiB written sequentially in 2 MiB O_DIRECT writes, 4 in flight, then fdatasync, at {}, {} repeats (load {}); fio huge pages: {}",
         a.seq_mib,
