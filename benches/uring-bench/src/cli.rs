@@ -1,40 +1,9 @@
 //! Command-line flags.
 
-use crate::engines::EngineKind;
+use crate::kinds::{EngineKind, LogKind, OnOff, OpenEngine, Part, Regime, DEFAULT_SEED};
 use crate::verify::VerifyMode;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-
-/// Seed of the dataset contents unless `--seed` says otherwise.
-pub const DEFAULT_SEED: u64 = 0x5eed;
-
-/// How the page cache is set up before each cell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Regime {
-    /// Working set read once beforehand and resident in the page cache.
-    Hot,
-    /// Every dataset file evicted (posix_fadvise DONTNEED) before the cell.
-    Cold,
-    /// O_DIRECT: the page cache is bypassed (mmap: n/a).
-    Direct,
-}
-
-impl Regime {
-    pub fn name(self) -> &'static str {
-        match self {
-            Regime::Hot => "hot",
-            Regime::Cold => "cold",
-            Regime::Direct => "direct",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
-    On,
-    Off,
-}
 
 /// Parses sizes like `4096`, `64K`, `512MiB`, `1G`, `1.5GiB` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -328,7 +297,7 @@ pub enum Mode {
 pub struct WriteArgs {
     /// Parts to run.
     #[arg(long, value_delimiter = ',', default_values = ["randwrite", "seqwrite", "wal"])]
-    pub parts: Vec<crate::write_bench::Part>,
+    pub parts: Vec<Part>,
 
     /// Writes in flight (randwrite): tasks / threads / fio iodepth.
     #[arg(short, long, value_delimiter = ',', default_values = ["8", "32", "512"], value_parser = parse_depth)]
@@ -365,7 +334,7 @@ pub struct WriteArgs {
     /// `append` (a fresh empty file grown by every group). Each kind gets
     /// its own table, flush floor and ceiling.
     #[arg(long, value_delimiter = ',', default_values = ["preallocated", "append"])]
-    pub wal_log: Vec<crate::write_bench::LogKind>,
+    pub wal_log: Vec<LogKind>,
 
     /// WAL record payload bytes.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
@@ -385,7 +354,7 @@ pub struct WriteArgs {
 pub struct OpenLoopArgs {
     /// Engines to compare.
     #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap", "pread", "tokio-fs"])]
-    pub engines: Vec<crate::open_loop::OpenEngine>,
+    pub engines: Vec<OpenEngine>,
 
     /// Page-cache regimes.
     #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
@@ -625,10 +594,7 @@ mod tests {
         let Some(Mode::Write(w)) = a.mode else {
             panic!("write parses as its mode")
         };
-        assert_eq!(
-            (w.parts, w.secs),
-            (vec![crate::write_bench::Part::Wal], 3.0)
-        );
+        assert_eq!((w.parts, w.secs), (vec![Part::Wal], 3.0));
         for bad in [
             ["--depths", "0"],
             ["--repeat", "0"],

@@ -15,9 +15,10 @@
 //! - `crate nowait/2w`: the default (page-cache hits served inline with
 //!   RWF_NOWAIT), multi_thread with 2 workers, 2 rings.
 
-use crate::cli::{CpuPerReadArgs, OnOff, Regime, DEFAULT_SEED};
+use crate::cli::CpuPerReadArgs;
 use crate::dataset::{Dataset, Progress};
-use crate::engines::{self, CellSpec, EngineKind, UringOpts};
+use crate::engines::{self, CellSpec, UringOpts};
+use crate::kinds::{EngineKind, OnOff, Regime, DEFAULT_SEED};
 use crate::report::Cell;
 use crate::verify::VerifyMode;
 use std::path::PathBuf;
@@ -42,7 +43,7 @@ fn cell(
     secs: f64,
     uring: UringOpts,
 ) -> Result<Cell, String> {
-    let cached = crate::prepare(Regime::Hot, ds, 1, true)?;
+    let cached = ds.prepare(Regime::Hot, 1, true)?;
     let m = engines::run(&CellSpec {
         engine,
         regime: Regime::Hot,
@@ -176,7 +177,7 @@ pub fn syscall_floor(ds: &Dataset, rounds: usize, reads: u64) -> Result<SyscallF
 pub fn run(a: &CpuPerReadArgs) -> Result<bool, String> {
     let mib = a.file_mib;
     let ds = Dataset::ensure(&a.data_dir, 1, mib << 20, DEFAULT_SEED, true, Progress::Bar)?;
-    crate::prepare(Regime::Hot, &ds, 1, false)?;
+    ds.prepare(Regime::Hot, 1, false)?;
     println!(
         "hot page cache, {mib} MiB file, random 4 KiB reads, verified, {} s per cell",
         a.secs

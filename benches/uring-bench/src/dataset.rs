@@ -2,6 +2,7 @@
 //! function of (seed, file, block) (see [`crate::verify`]). A manifest records
 //! the parameters so a matching dataset is reused instead of regenerated.
 
+use crate::kinds::Regime;
 use crate::verify::{fill_block, verify_block, VerifyMode, BLOCK};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -375,6 +376,48 @@ impl Dataset {
                     .unwrap_or_else(|_| Err(io::Error::other("warm thread panicked")))
             })
         })
+    }
+
+    /// Applies the regime before a cell (hot: files `0..hot_files` read into
+    /// the page cache unless already there; cold: every file evicted);
+    /// returns the measured residency (None for direct).
+    pub fn prepare(
+        &self,
+        regime: Regime,
+        hot_files: u32,
+        quiet: bool,
+    ) -> Result<Option<f64>, String> {
+        match regime {
+            Regime::Hot => {
+                let r = self
+                    .residency(hot_files)
+                    .map_err(|e| format!("mincore: {e}"))?;
+                if r < 0.999 {
+                    if !quiet {
+                        println!(
+                            "warming the hot set ({hot_files} files, {:.0}% cached)",
+                            r * 100.0
+                        );
+                    }
+                    self.warm(hot_files)
+                        .map_err(|e| format!("warming the hot set: {e}"))?;
+                    return Ok(Some(
+                        self.residency(hot_files)
+                            .map_err(|e| format!("mincore: {e}"))?,
+                    ));
+                }
+                Ok(Some(r))
+            }
+            Regime::Cold => {
+                self.evict()
+                    .map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
+                Ok(Some(
+                    self.residency(self.files)
+                        .map_err(|e| format!("mincore: {e}"))?,
+                ))
+            }
+            Regime::Direct => Ok(None),
+        }
     }
 }
 

@@ -131,7 +131,7 @@ fn evict(path: &Path) -> io::Result<()> {
 fn make_hot(path: &Path) -> io::Result<Option<u64>> {
     evict(path)?;
     // Page cache in PMD-sized (2 MiB) folios, system-wide, in kB.
-    let huge = || crate::meminfo_field("FileHugePages:");
+    let huge = || crate::machine::meminfo_field("FileHugePages:");
     let before = huge();
     warm(path)?;
     Ok(before.zip(huge()).map(|(b, a)| a.saturating_sub(b) / 1024))
@@ -560,56 +560,6 @@ fn methods() -> Vec<(String, Method)> {
     m
 }
 
-/// Huge pages for fio's O_DIRECT buffers (`--mem=shmhuge`), reserved for
-/// the run when too few are free and put back as they were on drop; fio's
-/// default buffers of 4 KiB pages make every 1 MiB O_DIRECT read 256
-/// scatter-gather segments, which on the measured virtio disk cost 5× the
-/// throughput — the device's ceiling needs contiguous buffers, as the
-/// crate's O_DIRECT scan has (see DESIGN, "Scans").
-pub(crate) struct HugePages {
-    /// `nr_hugepages` to restore, when this run raised it.
-    restore: Option<u64>,
-}
-
-impl HugePages {
-    const PATH: &'static str = "/proc/sys/vm/nr_hugepages";
-    /// 16 × 1 MiB in flight, in 2 MiB pages, and room for fio's own use.
-    const NEED: u64 = 16;
-
-    pub(crate) fn reserve() -> Result<HugePages, String> {
-        let free =
-            crate::meminfo_field("HugePages_Free:").ok_or("no HugePages_Free in /proc/meminfo")?;
-        if free >= Self::NEED {
-            return Ok(HugePages { restore: None });
-        }
-        let total: u64 = std::fs::read_to_string(Self::PATH)
-            .map_err(|e| format!("{}: {e}", Self::PATH))?
-            .trim()
-            .parse()
-            .map_err(|e| format!("{}: {e}", Self::PATH))?;
-        let want = total + (Self::NEED - free);
-        std::fs::write(Self::PATH, want.to_string()).map_err(|e| format!("{}: {e}", Self::PATH))?;
-        let held = HugePages {
-            restore: Some(total),
-        };
-        match crate::meminfo_field("HugePages_Free:") {
-            Some(f) if f >= Self::NEED => Ok(held),
-            f => Err(format!(
-                "asked for {want} huge pages, {} free",
-                f.unwrap_or(0)
-            )),
-        }
-    }
-}
-
-impl Drop for HugePages {
-    fn drop(&mut self) {
-        if let Some(n) = self.restore {
-            let _ = std::fs::write(Self::PATH, n.to_string());
-        }
-    }
-}
-
 /// Rounds of fio's O_DIRECT read that found the reserved huge pages gone
 /// and ran on 4 KiB pages (see `run_one`); the report says how many.
 static HUGE_PAGES_LOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -687,7 +637,7 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
             .iter()
             .any(|(n, _)| n.starts_with("fio seq read (direct"))
     {
-        HugePages::reserve()
+        crate::machine::HugePages::reserve()
     } else {
         Err("not needed".into())
     };
@@ -820,13 +770,13 @@ pub fn run(a: &LinesArgs) -> Result<bool, String> {
     };
     let table = render(&rows, &path, size, lines, &notes);
     println!("{table}");
-    let (_, stamp) = crate::utc_now();
+    let (_, stamp) = crate::machine::utc_now();
     let dir = a.output_dir.join(format!("lines-{stamp}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let json = serde_json::json!({
         "file": path, "size": size, "lines": lines, "repeat": a.repeat,
-        "cpu": crate::cpu_model(), "kernel": crate::kernel(), "commit": crate::git_commit(),
-        "loadavg": crate::loadavg(), "fio_buffers": fio_buffers, "hot_cache": hot_state,
+        "cpu": crate::machine::cpu_model(), "kernel": crate::machine::kernel(), "commit": crate::machine::git_commit(),
+        "loadavg": crate::machine::loadavg(), "fio_buffers": fio_buffers, "hot_cache": hot_state,
         "rows": rows,
     });
     std::fs::write(
@@ -862,8 +812,8 @@ fn render(rows: &[Row], path: &Path, size: u64, lines: u64, fio_buffers: &str) -
          × fio: against the faster of fio's two sequential reads in the same regime. {fio_buffers}\n",
         path.display(),
         crate::dataset::gib(size),
-        crate::cpu_model(),
-        crate::kernel()
+        crate::machine::cpu_model(),
+        crate::machine::kernel()
     );
     let f = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
     let mut regime = "";

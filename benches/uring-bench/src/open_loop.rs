@@ -23,9 +23,10 @@
 //! crate's engine keeps up with in this open loop (found first, stepping
 //! down from its closed-loop rate at 512 reads in flight).
 
-use crate::cli::{OpenLoopArgs, Regime, DEFAULT_SEED};
+use crate::cli::OpenLoopArgs;
 use crate::dataset::{Dataset, Progress};
-use crate::engines::{self, CellSpec, EngineKind, UringOpts};
+use crate::engines::{self, CellSpec, UringOpts};
+use crate::kinds::{EngineKind, OpenEngine, Regime, DEFAULT_SEED};
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::os::unix::fs::FileExt;
@@ -39,29 +40,6 @@ use uring_positioned_io::UringContext;
 const WORKERS: usize = 2;
 /// Lookups before the measured window (excluded from the histogram).
 const WARMUP: Duration = Duration::from_millis(500);
-
-/// The engines this mode compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OpenEngine {
-    Uring,
-    TokioFs,
-    TokioPread,
-    Pread,
-    Mmap,
-}
-
-impl OpenEngine {
-    fn name(self) -> &'static str {
-        match self {
-            OpenEngine::Uring => "uring",
-            OpenEngine::TokioFs => "tokio-fs",
-            OpenEngine::TokioPread => "tokio-pread",
-            OpenEngine::Pread => "pread",
-            OpenEngine::Mmap => "mmap",
-        }
-    }
-}
 
 /// One lookup: when it arrives (from the start) and what it reads.
 #[derive(Debug, Clone)]
@@ -464,7 +442,7 @@ fn run_engine(
 
 /// The crate's saturated closed-loop rate (reads/s) in `regime`.
 fn saturated_rate(ds: &Dataset, files: u32, regime: Regime) -> Result<f64, String> {
-    crate::prepare(regime, ds, files, true)?;
+    ds.prepare(regime, files, true)?;
     let m = engines::run(&CellSpec {
         engine: EngineKind::Uring,
         regime,
@@ -500,7 +478,7 @@ fn sustainable_rate(
     let mut rate = closed / batch as f64;
     for _ in 0..10 {
         let lookups = schedule(rate, 1.0, batch, files, ds.blocks_per_file(), seed);
-        crate::prepare(regime, ds, files, true)?;
+        ds.prepare(regime, files, true)?;
         let o = run_engine(
             OpenEngine::Uring,
             ds,
@@ -546,7 +524,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
     let mut rows = Vec::new();
     println!(
         "machine: {}",
-        crate::wake::measure(crate::WAKE_SAMPLES).summary()
+        crate::wake::measure(crate::wake::SAMPLES).summary()
     );
     println!(
         "open loop: Poisson arrivals, lookups of {} random 4 KiB read(s), latency from arrival, {} s per engine (+{:?} warm-up), {} files",
@@ -606,7 +584,7 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
             // first one after the set-up.
             for k in round_order(engines.len(), round) {
                 let engine = engines[k];
-                crate::prepare(regime, &ds, files, true)?;
+                ds.prepare(regime, files, true)?;
                 let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
                 let s = Summary::of(&o, a.batch);
                 println!("{}", s.row(engine, regime, rate));

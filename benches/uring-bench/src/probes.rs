@@ -18,7 +18,7 @@
 //!   engines had it been open in the measured window.
 //!   Reading a counter after its thread has exited still gives its count.
 
-use crate::engines::{new_histogram, Phase, Stop};
+use crate::stop::{new_histogram, Phase, Stop};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::sync::{Arc, OnceLock};

@@ -1,7 +1,7 @@
 //! Results: per-cell summaries, ratios, the terminal table, JSON and Markdown.
 
-use crate::cli::Regime;
 use crate::engines::Measured;
+use crate::kinds::Regime;
 use crate::probes::TimerLateness;
 use crate::verify::BLOCK;
 use serde::Serialize;

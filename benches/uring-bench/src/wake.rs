@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Wake-ups per series of the machine's wake-latency probe (~0.3 ms each).
+pub const SAMPLES: usize = 1500;
+
 /// Percentiles of one wake-up series, in µs.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct WakePercentiles {

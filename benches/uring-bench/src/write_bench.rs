@@ -62,33 +62,10 @@ use hdrhistogram::Histogram;
 use uring_positioned_io::{AlignedBuf, UringContext};
 
 use crate::cli::WriteArgs;
+use crate::kinds::{LogKind, Part};
+use crate::machine::loadavg;
 
 const BLOCK: usize = 4096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Part {
-    Randwrite,
-    Seqwrite,
-    Wal,
-}
-
-/// How the WAL part's log file starts (see `--wal-log`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogKind {
-    /// Zero-filled to its full size and synced before the run: commits
-    /// overwrite allocated blocks, so `fdatasync` has no size change to
-    /// journal.
-    Preallocated,
-    /// Empty: every group grows the file, and every `fdatasync` commits the
-    /// new size through the file system's journal.
-    Append,
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
 
 /// user + system CPU seconds of this process so far.
 fn cpu_secs() -> f64 {
@@ -338,7 +315,7 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         a.secs,
         a.repeat,
         a.workers,
-        load()
+        loadavg()
     );
     println!(
         "{:>6} {:>12} {:>12} {:>12} {:>10} {:>10}  load",
@@ -371,7 +348,7 @@ fn randwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
             "{depth:>6} {u:>12.0} {fi:>12.0} {pw:>12.0} {:>10.2} {:>10.2}  {}   (CPU µs/write: uring {:.1}, pwrite {:.1}; {verified} blocks verified)",
             u / fi,
             u / pw,
-            load(),
+            loadavg(),
             median(u_cpu),
             median(pw_cpu),
         );
@@ -502,13 +479,13 @@ fn seqwrite(a: &WriteArgs, dir: &Path) -> Result<bool, String> {
         f.sync_all().map_err(|e| e.to_string())?;
     }
     let fio_missing = Command::new(&a.fio).arg("--version").output().is_err();
-    let huge = crate::lines::HugePages::reserve();
+    let huge = crate::machine::HugePages::reserve();
     println!(
         "== seqwrite: {} MiB written sequentially in 2 MiB O_DIRECT writes, 4 in flight, then fdatasync, at {}, {} repeats (load {}); fio huge pages: {}",
         a.seq_mib,
         path.display(),
         a.repeat,
-        load(),
+        loadavg(),
         match &huge {
             Ok(_) => "yes".to_string(),
             Err(why) => format!("no ({why})"),
@@ -1082,7 +1059,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         a.record_bytes,
         a.secs,
         a.repeat,
-        load()
+        loadavg()
     );
     println!(
         "{:>12} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
@@ -1171,7 +1148,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
             row.2,
             row.3,
             row.4,
-            load()
+            loadavg()
         );
         med.insert(name, row);
     }

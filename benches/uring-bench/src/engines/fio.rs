@@ -8,7 +8,8 @@
 //! usr+sys for the job.
 
 use super::{CellSpec, Cpu, Measured};
-use crate::cli::Regime;
+use crate::kinds::Regime;
+use crate::stop::new_histogram;
 use std::process::Command;
 use std::time::Duration;
 
@@ -138,7 +139,7 @@ pub fn parse(stdout: &str, jobs: usize, iodepth: usize) -> Result<Measured, Stri
     cdf.push((max, 1.0));
     cdf.sort_by(|a, b| a.1.total_cmp(&b.1));
     let mut m = Measured {
-        hist: super::new_histogram(),
+        hist: new_histogram(),
         reads,
         elapsed: Duration::from_secs_f64(secs),
         cpu: Cpu { user: usr, sys },

@@ -9,7 +9,7 @@
 //! reads on first-touch minor faults (`--mmap-populate off` measures that).
 
 use super::{run_threads, CellSpec, Measured};
-use crate::cli::Regime;
+use crate::kinds::Regime;
 use crate::verify::BLOCK;
 use std::time::Instant;
 

@@ -21,64 +21,17 @@ pub mod uring;
 pub mod uring_raw;
 
 use crate::buf::AlignedBlock;
-use crate::cli::{OnOff, Regime};
 use crate::dataset::Dataset;
+use crate::kinds::{EngineKind, OnOff, Regime};
 use crate::probes;
+use crate::stop::{new_histogram, Phase, Stop};
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-
-/// The engines, by report name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineKind {
-    /// uring-positioned-io on a multi-thread tokio runtime.
-    Uring,
-    /// OS threads copying out of MADV_RANDOM mappings.
-    Mmap,
-    /// OS threads calling pread(2).
-    Pread,
-    /// tokio tasks doing spawn_blocking + pread (what tokio::fs does).
-    TokioFs,
-    /// tokio-uring 0.5 (own runtime), read_at on owned buffers.
-    TokioUring,
-    /// Single-thread raw io_uring loop (io-uring crate, fixed files).
-    UringRaw,
-    /// fio, ioengine=io_uring, on the same files.
-    Fio,
-    /// Every engine above.
-    All,
-}
-
-impl EngineKind {
-    pub const ALL: [EngineKind; 7] = [
-        EngineKind::Uring,
-        EngineKind::Mmap,
-        EngineKind::Pread,
-        EngineKind::TokioFs,
-        EngineKind::TokioUring,
-        EngineKind::UringRaw,
-        EngineKind::Fio,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Uring => "uring",
-            EngineKind::Mmap => "mmap",
-            EngineKind::Pread => "pread",
-            EngineKind::TokioFs => "tokio-fs",
-            EngineKind::TokioUring => "tokio-uring",
-            EngineKind::UringRaw => "uring-raw",
-            EngineKind::Fio => "fio",
-            EngineKind::All => "all",
-        }
-    }
-}
 
 /// Options of the `uring` engine.
 #[derive(Debug, Clone)]
@@ -194,10 +147,6 @@ impl Target {
     pub fn offset(self) -> u64 {
         self.block * BLOCK as u64
     }
-}
-
-pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
 }
 
 /// Latencies a [`Worker`] keeps before it records them into its histogram.
@@ -324,63 +273,6 @@ impl Worker {
             Phase::Between => {}
         }
         Ok(())
-    }
-}
-
-/// Which window of a cell a read completes in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    /// The measured window: reads count for throughput and latency.
-    Measure = 0,
-    /// After the measured window, outside the syscall window: not counted.
-    Between = 1,
-    /// The syscall window: reads are counted against the syscalls.
-    Syscalls = 2,
-}
-
-/// Stop flag, the current window, and the first failure of a cell.
-#[derive(Default)]
-pub struct Stop {
-    flag: AtomicBool,
-    phase: AtomicU8,
-    error: Mutex<Option<String>>,
-}
-
-impl Stop {
-    #[inline]
-    pub fn stopped(&self) -> bool {
-        self.flag.load(Ordering::Relaxed)
-    }
-
-    #[inline]
-    pub fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::Relaxed) {
-            0 => Phase::Measure,
-            2 => Phase::Syscalls,
-            _ => Phase::Between,
-        }
-    }
-
-    pub fn set_phase(&self, p: Phase) {
-        self.phase.store(p as u8, Ordering::Relaxed);
-    }
-
-    pub fn stop(&self) {
-        self.flag.store(true, Ordering::Relaxed);
-    }
-
-    pub fn fail(&self, msg: String) {
-        let mut e = self.error.lock().unwrap_or_else(PoisonError::into_inner);
-        e.get_or_insert(msg);
-        self.stop();
-    }
-
-    pub fn error(&self) -> Option<String> {
-        self.error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 

@@ -3,8 +3,9 @@
 //! runtime is a current_thread tokio runtime with the time driver, so the
 //! timer probe runs on it too.
 
-use super::{read_loop, CellSpec, Clock, Measured, Stop, Worker};
+use super::{read_loop, CellSpec, Clock, Measured, Worker};
 use crate::probes;
+use crate::stop::Stop;
 use std::rc::Rc;
 use std::sync::Arc;
 

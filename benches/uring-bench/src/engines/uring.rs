@@ -3,7 +3,7 @@
 //! awaiting `ctx.read`.
 
 use super::{read_loop, run_tokio_tasks, tokio_runtime, AtEnd, CellSpec, Measured};
-use crate::cli::OnOff;
+use crate::kinds::OnOff;
 use std::sync::{Arc, Mutex, PoisonError};
 use uring_positioned_io::UringContext;
 

@@ -3,8 +3,9 @@
 //! reap every completion, verify it, refill its slot, and submit the whole
 //! batch with a single io_uring_enter that also waits for the next completion.
 
-use super::{CellSpec, Clock, Measured, Phase, Stop, Target, Worker};
+use super::{CellSpec, Clock, Measured, Target, Worker};
 use crate::buf::AlignedBlock;
+use crate::stop::{Phase, Stop};
 use crate::verify::BLOCK;
 use io_uring::{opcode, types, IoUring};
 use std::os::fd::AsRawFd;

@@ -1,0 +1,126 @@
+//! The benchmark's shared kinds: what the command line chooses among
+//! (regimes, engines, parts) and the names the reports print for them.
+//! Every mode and the command-line parser use these; this module uses none
+//! of the benchmark's own.
+
+/// Seed of the dataset contents unless `--seed` says otherwise.
+pub const DEFAULT_SEED: u64 = 0x5eed;
+
+/// How the page cache is set up before each cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regime {
+    /// Working set read once beforehand and resident in the page cache.
+    Hot,
+    /// Every dataset file evicted (posix_fadvise DONTNEED) before the cell.
+    Cold,
+    /// O_DIRECT: the page cache is bypassed (mmap: n/a).
+    Direct,
+}
+
+impl Regime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::Hot => "hot",
+            Regime::Cold => "cold",
+            Regime::Direct => "direct",
+        }
+    }
+}
+
+/// A switch flag's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// The engines of the random-read comparison, by report name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// uring-positioned-io on a multi-thread tokio runtime.
+    Uring,
+    /// OS threads copying out of MADV_RANDOM mappings.
+    Mmap,
+    /// OS threads calling pread(2).
+    Pread,
+    /// tokio tasks doing spawn_blocking + pread (what tokio::fs does).
+    TokioFs,
+    /// tokio-uring 0.5 (own runtime), read_at on owned buffers.
+    TokioUring,
+    /// Single-thread raw io_uring loop (io-uring crate, fixed files).
+    UringRaw,
+    /// fio, ioengine=io_uring, on the same files.
+    Fio,
+    /// Every engine above.
+    All,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 7] = [
+        EngineKind::Uring,
+        EngineKind::Mmap,
+        EngineKind::Pread,
+        EngineKind::TokioFs,
+        EngineKind::TokioUring,
+        EngineKind::UringRaw,
+        EngineKind::Fio,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Uring => "uring",
+            EngineKind::Mmap => "mmap",
+            EngineKind::Pread => "pread",
+            EngineKind::TokioFs => "tokio-fs",
+            EngineKind::TokioUring => "tokio-uring",
+            EngineKind::UringRaw => "uring-raw",
+            EngineKind::Fio => "fio",
+            EngineKind::All => "all",
+        }
+    }
+}
+
+/// The engines `uring-bench open-loop` compares, by report name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpenEngine {
+    Uring,
+    TokioFs,
+    TokioPread,
+    Pread,
+    Mmap,
+}
+
+impl OpenEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpenEngine::Uring => "uring",
+            OpenEngine::TokioFs => "tokio-fs",
+            OpenEngine::TokioPread => "tokio-pread",
+            OpenEngine::Pread => "pread",
+            OpenEngine::Mmap => "mmap",
+        }
+    }
+}
+
+/// The parts of `uring-bench write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Randwrite,
+    Seqwrite,
+    Wal,
+}
+
+/// How the WAL part's log file starts (see `--wal-log`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogKind {
+    /// Zero-filled to its full size and synced before the run: commits
+    /// overwrite allocated blocks, so `fdatasync` has no size change to
+    /// journal.
+    Preallocated,
+    /// Empty: every group grows the file, and every `fdatasync` commits the
+    /// new size through the file system's journal.
+    Append,
+}
