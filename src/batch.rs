@@ -28,10 +28,10 @@ use futures::Stream;
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::context::{Backend, UringContext};
 use crate::files::FileRoute;
+use crate::id::FileId;
 use crate::inline;
 use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
-use crate::FileId;
 
 /// Default bound of a merged read's length ([`ReadBatch::max_merged_len`]).
 const DEFAULT_MAX_MERGED_LEN: usize = 128 * 1024;

@@ -379,7 +379,7 @@ impl Builder {
         }
         let (backend, info) = match self.backend {
             BackendChoice::Fallback => {
-                crate::decision!(
+                crate::util::decision!(
                     info,
                     "pread fallback on the blocking pool, as asked (BackendChoice::Fallback)"
                 );
@@ -399,7 +399,7 @@ impl Builder {
                             plan.fallback_in_flight,
                             plan.fallback_in_flight,
                         ));
-                        crate::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
+                        crate::util::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
                     (_, why) => {

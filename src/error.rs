@@ -16,7 +16,7 @@ use std::io;
 
 use tokio::task::JoinError;
 
-use crate::FileId;
+use crate::id::FileId;
 
 /// Why a ring takes no more reads.
 #[derive(Debug, Clone)]

@@ -76,7 +76,7 @@ struct Done {
 
 impl Drop for Done {
     fn drop(&mut self) {
-        crate::lock(&self.counts).completed += 1;
+        crate::util::lock(&self.counts).completed += 1;
         self.idle.notify_waiters();
     }
 }
@@ -98,7 +98,7 @@ impl Fallback {
         if self.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
-        crate::lock(&self.counts).submitted += 1;
+        crate::util::lock(&self.counts).submitted += 1;
         Ok(Done {
             counts: self.counts.clone(),
             idle: self.idle.clone(),
@@ -138,7 +138,7 @@ impl Fallback {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
             let _done = (done, permit);
-            let mut guard = crate::lock(&lent);
+            let mut guard = crate::util::lock(&lent);
             let buf = guard
                 .as_mut()
                 .expect("owned buffer lent to the blocking read");
@@ -180,7 +180,7 @@ impl Fallback {
     }
 
     pub(crate) fn counters(&self) -> Counts {
-        *crate::lock(&self.counts)
+        *crate::util::lock(&self.counts)
     }
 
     pub(crate) fn close(&self) {

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tokio::sync::Semaphore;
 
 use crate::error;
+use crate::id::FileId;
 use crate::sys::{self, FileKind};
-use crate::FileId;
 
 /// How reads of a file are issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,7 +213,7 @@ impl Drop for FileEntry {
             return;
         }
         if let Some(free) = self.free.upgrade() {
-            crate::lock(&free).push(Freed {
+            crate::util::lock(&free).push(Freed {
                 index: self.index,
                 gen: self.gen,
             });
@@ -406,7 +406,7 @@ impl FileTable {
         let route = route_for(classify(&magic), policy);
         #[cfg(feature = "tracing")]
         if let FileRoute::BlockingPool(why) = route {
-            crate::decision!(
+            crate::util::decision!(
                 info,
                 fid = index,
                 reason = why,
@@ -440,7 +440,7 @@ impl FileTable {
     /// The backend fell back to the blocking pool before any read: every
     /// file's reads go there, and its share of the pool is `share`.
     pub(crate) fn set_pool_share(&self, share: usize) {
-        let mut policy = crate::lock(&self.policy);
+        let mut policy = crate::util::lock(&self.policy);
         for e in self.shards[0].read().iter().flatten() {
             let old = if e.on_ring() {
                 policy.ring_share
@@ -500,7 +500,7 @@ impl FileTable {
     ) -> io::Result<FileId> {
         let mut shards = self.write_all();
         let len = shards[0].len();
-        let recycled = crate::lock(&self.free).pop();
+        let recycled = crate::util::lock(&self.free).pop();
         let (index, gen) = match recycled {
             Some(Freed { index, gen }) => (index, gen + 1),
             None if len < self.capacity as usize => (u32::try_from(len).unwrap_or(u32::MAX), 0),
@@ -513,7 +513,7 @@ impl FileTable {
         };
         if let Err(e) = fixed.update(index, file.as_raw_fd()) {
             if let Some(freed) = recycled {
-                crate::lock(&self.free).push(freed);
+                crate::util::lock(&self.free).push(freed);
             }
             return Err(e);
         }
@@ -522,7 +522,7 @@ impl FileTable {
             facts,
             (index, gen, self.id),
             &self.free,
-            &crate::lock(&self.policy),
+            &crate::util::lock(&self.policy),
         );
         for slots in &mut shards {
             if index as usize == slots.len() {
@@ -687,14 +687,14 @@ mod tests {
     #[test]
     fn an_index_whose_generation_would_wrap_is_retired() {
         let t = FileTable::new(vec![], 4, 1, policy()).unwrap();
-        crate::lock(&t.free).push(Freed {
+        crate::util::lock(&t.free).push(Freed {
             index: 0,
             gen: u32::MAX - 1,
         });
         let last = add(&t).unwrap();
         assert_eq!((last.index(), last.gen()), (0, u32::MAX));
         t.remove(last, &NoRings).unwrap();
-        assert!(crate::lock(&t.free).is_empty(), "index 0 retired");
+        assert!(crate::util::lock(&t.free).is_empty(), "index 0 retired");
         assert_eq!(add(&t).unwrap().index(), 1);
     }
 

@@ -97,6 +97,7 @@ mod context;
 mod error;
 mod fallback;
 mod files;
+mod id;
 mod inline;
 mod op;
 mod permit;
@@ -104,18 +105,9 @@ mod read;
 mod ring;
 mod scan;
 mod sys;
+mod util;
 mod vectored;
 mod write;
-
-/// Logs a one-time decision through `tracing` (feature `tracing`); nothing
-/// otherwise. The arguments are those of `tracing::event!` after the level.
-macro_rules! decision {
-    ($level:ident, $($arg:tt)+) => {
-        #[cfg(feature = "tracing")]
-        ::tracing::$level!(target: "uring_positioned_io", $($arg)+);
-    };
-}
-pub(crate) use decision;
 
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
@@ -127,17 +119,11 @@ pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 #[allow(clippy::doc_markdown, reason = "a prose document, rendered as written")]
 pub mod design {}
 
-/// Locks `m`, ignoring poisoning: every structure behind the crate's locks
-/// stays consistent at each point where user code or a panic could
-/// interrupt it (no user code runs under a lock), so a panic elsewhere while
-/// holding one leaves nothing half-updated that matters for soundness.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 pub use builder::Builder;
-pub use context::{BackendChoice, BackendInfo, BackendKind, FileId, Stats, UringContext};
+pub use context::{BackendChoice, BackendInfo, BackendKind, Stats, UringContext};
 pub use error::os_error;
 pub use files::FileRoute;
+pub use id::FileId;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
 pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};

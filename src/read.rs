@@ -35,11 +35,11 @@ use crate::context::{Backend, Inner};
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
 use crate::files::{thread_slot, FileEntry};
+use crate::id::FileId;
 use crate::inline::{self, pread_nowait, Nowait};
 use crate::permit::{self, Acquired, Permit};
 use crate::ring::{CopyTo, Dst, Ring, MAX_READ};
 use crate::sys;
-use crate::FileId;
 
 /// Largest piece of a borrowed read handed to the kernel at once: a
 /// borrowed read goes through a bounce buffer the op owns, so a larger read
@@ -816,7 +816,7 @@ impl<B: IoBufMut> Owned<B> {
     /// the read wrote counted as initialised.
     pub(crate) fn take(&mut self, filled: usize) -> B {
         if let Some(lent) = self.lent.take() {
-            self.buf = crate::lock(&lent).take();
+            self.buf = crate::util::lock(&lent).take();
         }
         let mut buf = self
             .buf
@@ -887,7 +887,7 @@ impl<B: IoBufMut> Target for Owned<B> {
     fn finish_blocking(&mut self, res: Self::Blocking, _done: usize) -> io::Result<usize> {
         // Bring the buffer home now: a next piece needs it.
         if let Some(lent) = self.lent.take() {
-            self.buf = crate::lock(&lent).take();
+            self.buf = crate::util::lock(&lent).take();
         }
         res
     }

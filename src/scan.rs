@@ -133,8 +133,9 @@ use std::task::{Context, Poll, Waker};
 use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, Slice};
-use crate::context::{FileId, UringContext};
+use crate::context::UringContext;
 use crate::error::{invalid, shut_down_error};
+use crate::id::FileId;
 use crate::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;

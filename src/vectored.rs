@@ -32,10 +32,10 @@ use crate::buf::{AlignedBuf, IoBufMut};
 use crate::error;
 use crate::fallback::Fallback;
 use crate::files::FileEntry;
+use crate::id::FileId;
 use crate::read::{Ctx, ReadCore, Target, BORROWED_CHUNK};
 use crate::ring::{Dst, MAX_READ};
 use crate::sys::{self, Nowait, IOV_MAX};
-use crate::FileId;
 
 /// An iovec array the kernel may read while an op is in flight. Its heap
 /// block stays in place when the value moves (it is a `Vec` that is never
@@ -218,7 +218,7 @@ impl<B: IoBufMut> OwnedVec<B> {
 
     fn bring_home(&mut self) {
         if let Some(lent) = self.lent.take() {
-            self.bufs = crate::lock(&lent).take();
+            self.bufs = crate::util::lock(&lent).take();
         }
     }
 
@@ -312,7 +312,7 @@ impl<B: IoBufMut> Target for OwnedVec<B> {
         self.lent = Some(lent.clone());
         let spans = self.spans.clone();
         fb.run(permit, move || {
-            let mut guard = crate::lock(&lent);
+            let mut guard = crate::util::lock(&lent);
             let bufs = guard
                 .as_mut()
                 .expect("owned buffers lent to the blocking read");

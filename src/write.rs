@@ -41,9 +41,9 @@ use crate::files::{thread_slot, Facts, FileEntry};
 use crate::permit::{self, Acquired, Permit};
 use crate::read::{Ctx, RingRef, BORROWED_CHUNK};
 
+use crate::id::FileId;
 use crate::ring::{RingOp, MAX_READ};
 use crate::sys;
-use crate::FileId;
 
 /// One kind of op, plugged into [`OpCore`].
 pub(crate) trait Job {
@@ -638,7 +638,7 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
         fb.run(permit, move || {
-            let guard = crate::lock(&lent);
+            let guard = crate::util::lock(&lent);
             let buf = guard
                 .as_ref()
                 .expect("owned buffer lent to the blocking write");
@@ -653,7 +653,7 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
     }
     fn home(&mut self) {
         if let Some(lent) = self.lent.take() {
-            self.buf = crate::lock(&lent).take();
+            self.buf = crate::util::lock(&lent).take();
         }
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {

@@ -24,8 +24,8 @@ use io_uring::{cqueue, opcode};
 
 use super::{Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::{self, shut_down_error, Closed};
-use crate::lock;
 use crate::op::{Abandoned, OnCqe, Op, OpBuf, Polled};
+use crate::util::lock;
 
 /// Where a completed bounce buffer's bytes go: crate code that copies them
 /// into the reader's destination (it runs under the state lock).

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use super::submit::{EnterPlan, ENTER_GETEVENTS};
 use super::{transient, Deferred, Ring, RETRY_AFTER};
 use crate::error::Closed;
-use crate::lock;
 use crate::sys;
+use crate::util::lock;
 
 /// Driver rounds per poll before it yields to other tasks.
 const ROUNDS: usize = 32;

@@ -58,10 +58,10 @@ use crate::buf::BufferPool;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
-use crate::lock;
 use crate::op::OpTable;
 use crate::permit::{Permit, Slots};
 use crate::sys;
+use crate::util::lock;
 
 mod complete;
 mod driver;

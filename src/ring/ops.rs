@@ -22,8 +22,8 @@ use io_uring::{opcode, squeue, types};
 use super::{Keep, Ring, MAX_READ};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::files::FileEntry;
-use crate::lock;
 use crate::op::OpBuf;
+use crate::util::lock;
 
 /// One op other than a read, as the caller describes it.
 #[derive(Debug)]

@@ -31,9 +31,9 @@ use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SU
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::error::Closed;
 use crate::files::FileEntry;
-use crate::lock;
 use crate::op::OpBuf;
 use crate::permit::Permit;
+use crate::util::lock;
 
 /// Buffered ring reads of at least this many bytes go to io-wq
 /// (`IOSQE_ASYNC`): see `submit_read`.
@@ -450,7 +450,7 @@ impl Ring {
             return;
         }
         st.closed = Some(Closed::Broken(e.to_string()));
-        crate::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more reads");
+        crate::util::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more reads");
         self.fail_unsubmitted(&mut st, true, &mut out);
         drop(st);
         out.run();

@@ -1,0 +1,19 @@
+//! Small helpers every layer uses: [`lock`] and the `decision!` log macro.
+
+/// Logs a one-time decision through `tracing` (feature `tracing`); nothing
+/// otherwise. The arguments are those of `tracing::event!` after the level.
+macro_rules! decision {
+    ($level:ident, $($arg:tt)+) => {
+        #[cfg(feature = "tracing")]
+        ::tracing::$level!(target: "uring_positioned_io", $($arg)+);
+    };
+}
+pub(crate) use decision;
+
+/// Locks `m`, ignoring poisoning: every structure behind the crate's locks
+/// stays consistent at each point where user code or a panic could
+/// interrupt it (no user code runs under a lock), so a panic elsewhere while
+/// holding one leaves nothing half-updated that matters for soundness.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
