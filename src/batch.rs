@@ -26,12 +26,13 @@ use std::task::{Context, Poll};
 use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
-use crate::context::{Backend, UringContext};
+use crate::context::UringContext;
 use crate::files::FileRoute;
 use crate::id::FileId;
 use crate::inline;
-use crate::read::{Ctx, Owned, ReadCore, UringReadOwnedFuture};
+use crate::read::{Owned, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
+use crate::shared::{Backend, Ctx};
 
 /// Default bound of a merged read's length ([`ReadBatch::max_merged_len`]).
 const DEFAULT_MAX_MERGED_LEN: usize = 128 * 1024;
@@ -692,5 +693,53 @@ impl<B: IoBufMut> Stream for ReadBatchStream<'_, B> {
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = self.ready.len() + self.core.left;
         (n, Some(n))
+    }
+}
+
+impl UringContext {
+    /// Reads many `(file, offset, buffer)` at once, each as
+    /// [`read_owned`](Self::read_owned) would (into the buffer's spare
+    /// capacity), and returns every result with its buffer, in the order
+    /// given.
+    ///
+    /// The reads are submitted together: those the page cache cannot serve
+    /// reach the kernel in one `io_uring_enter` per ring (usually one for
+    /// the whole batch) rather than one per read or per driver round. On
+    /// the fallback backend, and for files routed to the blocking pool, the
+    /// reads run in parallel on the blocking pool. Before awaiting it,
+    /// [`ReadBatch::merge_gap`] merges reads of nearby ranges into one
+    /// read, and [`ReadBatch::unordered`] makes it a stream of results in
+    /// completion order. Dropping the batch drops its unfinished reads (see
+    /// [`ReadBatch`]).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[5u8; 65536])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let reads = (0..16u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
+    /// for (res, block) in ctx.read_batch(reads).await {
+    ///     assert_eq!((res?, block.len(), block[0]), (4096, 4096, 5));
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_batch<F, B, I>(&self, reads: I) -> ReadBatch<'_, B>
+    where
+        F: Into<FileId>,
+        B: IoBufMut,
+        I: IntoIterator<Item = (F, u64, B)>,
+    {
+        ReadBatch::new(
+            self,
+            reads
+                .into_iter()
+                .map(|(fid, offset, buf)| (fid.into(), offset, buf))
+                .collect(),
+        )
     }
 }

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-use crate::context::{Backend, BackendChoice, BackendInfo, BackendKind, Inner, UringContext};
+use crate::context::UringContext;
 use crate::error::invalid;
 use crate::fallback::Fallback;
 use crate::files::{FileTable, Policy};
 use crate::inline;
 use crate::ring::{Driver, Ring, RingConfig, DEFAULT_SHALLOW_BATCH};
+use crate::shared::{Backend, BackendChoice, BackendInfo, BackendKind, Inner};
 use crate::sys;
 
 /// Configures a [`UringContext`]. Start from [`UringContext::builder`].

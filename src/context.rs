@@ -1,66 +1,24 @@
-//! [`UringContext`] and the small public types around it. Its [`Builder`]
-//! (settings, their checks, and the choice of backend) is in `builder.rs`.
+//! [`UringContext`], the public handle, and its counters ([`Stats`]). Its
+//! [`Builder`] (settings, their checks, and the choice of backend) is in
+//! `builder.rs`; the state behind the handle, which the ops share, is in
+//! `shared.rs`.
 
 use std::fmt;
 use std::fs::File;
 use std::io::{self, IoSliceMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::batch::ReadBatch;
 use crate::buf::IoBufMut;
 use crate::builder::Builder;
-use crate::fallback::Fallback;
-use crate::files::{FileRoute, FileTable, FixedFiles};
+use crate::files::FileRoute;
 use crate::id::FileId;
 use crate::read::{
-    Borrowed, Ctx, ReadCore, UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture,
+    Borrowed, ReadCore, UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture,
 };
 use crate::ring::Ring;
+use crate::shared::{Backend, BackendInfo, Ctx, Inner};
 use crate::vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
-
-/// Which backend a context runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// io_uring rings driven by background tasks.
-    IoUring,
-    /// `pread` on tokio's blocking thread pool.
-    Fallback,
-}
-
-/// The backend the builder should use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BackendChoice {
-    /// io_uring, or the fallback when io_uring cannot be set up here
-    /// (ENOSYS, EPERM/EACCES from seccomp or `kernel.io_uring_disabled`,
-    /// ENOMEM from RLIMIT_MEMLOCK, EINVAL from an older kernel).
-    #[default]
-    Auto,
-    /// io_uring or an error.
-    IoUring,
-    /// Always the fallback.
-    Fallback,
-}
-
-/// Which backend runs, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendInfo {
-    /// The backend in use.
-    pub kind: BackendKind,
-    /// Why the fallback runs (absent for io_uring).
-    pub reason: Option<String>,
-}
-
-impl fmt::Display for BackendInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.kind, &self.reason) {
-            (BackendKind::IoUring, _) => f.write_str("io_uring"),
-            (BackendKind::Fallback, Some(r)) => write!(f, "pread fallback ({r})"),
-            (BackendKind::Fallback, None) => f.write_str("pread fallback"),
-        }
-    }
-}
 
 /// Counters since the context was created (a snapshot; see [`UringContext::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -105,55 +63,6 @@ impl Stats {
         } else {
             self.submitted as f64 / self.enters as f64
         }
-    }
-}
-
-pub(crate) enum Backend {
-    Uring(Box<[Arc<Ring>]>),
-    Fallback,
-}
-
-pub(crate) struct Inner {
-    pub(crate) backend: Backend,
-    /// `pread` on the blocking pool: every read of the fallback backend, and
-    /// the reads of files routed away from the rings (see `FileRoute`).
-    pub(crate) blocking: Fallback,
-    pub(crate) files: FileTable,
-    pub(crate) inline_nowait: bool,
-    /// How long a thread may do inline reads before it yields.
-    pub(crate) inline_stretch: Duration,
-    /// Set by `shutdown`: every new read fails, the inline path included.
-    pub(crate) closed: AtomicBool,
-    /// `Builder::shutdown_timeout`.
-    pub(crate) shutdown_timeout: Duration,
-    pub(crate) info: BackendInfo,
-}
-
-impl Inner {
-    pub(crate) fn fixed(&self) -> &dyn FixedFiles {
-        struct NoRings;
-        impl FixedFiles for NoRings {
-            fn update(&self, _: u32, _: i32) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        match &self.backend {
-            Backend::Uring(rings) => rings,
-            Backend::Fallback => &NoRings,
-        }
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // No read future can outlive the last handle (they borrow it, or
-        // hold one: the `*_static` ones), but abandoned reads may still be
-        // in the kernel: the drivers reap them
-        // and exit; each ring is freed only after that (see `Ring::drop`).
-        if let Backend::Uring(rings) = &self.backend {
-            rings.iter().for_each(|r| r.orphan());
-        }
-        self.blocking.close();
     }
 }
 
@@ -501,52 +410,6 @@ impl UringContext {
         bufs: Vec<B>,
     ) -> UringReadVectoredOwnedFuture<'static, B> {
         UringReadVectoredOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, bufs)
-    }
-
-    /// Reads many `(file, offset, buffer)` at once, each as
-    /// [`read_owned`](Self::read_owned) would (into the buffer's spare
-    /// capacity), and returns every result with its buffer, in the order
-    /// given.
-    ///
-    /// The reads are submitted together: those the page cache cannot serve
-    /// reach the kernel in one `io_uring_enter` per ring (usually one for
-    /// the whole batch) rather than one per read or per driver round. On
-    /// the fallback backend, and for files routed to the blocking pool, the
-    /// reads run in parallel on the blocking pool. Before awaiting it,
-    /// [`ReadBatch::merge_gap`] merges reads of nearby ranges into one
-    /// read, and [`ReadBatch::unordered`] makes it a stream of results in
-    /// completion order. Dropping the batch drops its unfinished reads (see
-    /// [`ReadBatch`]).
-    ///
-    /// ```
-    /// # use std::io::Write;
-    /// use uring_positioned_io::UringContext;
-    /// # fn main() -> std::io::Result<()> {
-    /// # let mut file = tempfile::tempfile()?;
-    /// # file.write_all(&[5u8; 65536])?;
-    /// # tokio::runtime::Runtime::new()?.block_on(async {
-    /// let ctx = UringContext::new(vec![file])?;
-    /// let reads = (0..16u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
-    /// for (res, block) in ctx.read_batch(reads).await {
-    ///     assert_eq!((res?, block.len(), block[0]), (4096, 4096, 5));
-    /// }
-    /// # Ok(())
-    /// # })
-    /// # }
-    /// ```
-    pub fn read_batch<F, B, I>(&self, reads: I) -> ReadBatch<'_, B>
-    where
-        F: Into<FileId>,
-        B: IoBufMut,
-        I: IntoIterator<Item = (F, u64, B)>,
-    {
-        ReadBatch::new(
-            self,
-            reads
-                .into_iter()
-                .map(|(fid, offset, buf)| (fid.into(), offset, buf))
-                .collect(),
-        )
     }
 
     /// Fills `buf`'s whole spare capacity (`bytes_init()..bytes_total()`,

@@ -104,6 +104,7 @@ mod permit;
 mod read;
 mod ring;
 mod scan;
+mod shared;
 mod sys;
 mod util;
 mod vectored;
@@ -120,12 +121,13 @@ pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 pub mod design {}
 
 pub use builder::Builder;
-pub use context::{BackendChoice, BackendInfo, BackendKind, Stats, UringContext};
+pub use context::{Stats, UringContext};
 pub use error::os_error;
 pub use files::FileRoute;
 pub use id::FileId;
 pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
 pub use scan::{Chunk, Scan, ScanOptions};
+pub use shared::{BackendChoice, BackendInfo, BackendKind};
 pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
 pub use write::{
     FileStat, OpenOptions, UringOpenFuture, UringStatxFuture, UringSyncFuture, UringWriteAllFuture,

@@ -20,7 +20,6 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
-use std::ops::Deref;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -31,14 +30,14 @@ use std::task::{ready, Context, Poll};
 use tokio::task::JoinHandle;
 
 use crate::buf::{AlignedBuf, IoBufMut};
-use crate::context::{Backend, Inner};
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
 use crate::files::{thread_slot, FileEntry};
 use crate::id::FileId;
 use crate::inline::{self, pread_nowait, Nowait};
 use crate::permit::{self, Acquired, Permit};
-use crate::ring::{CopyTo, Dst, Ring, MAX_READ};
+use crate::ring::{CopyTo, Dst, MAX_READ};
+use crate::shared::{Ctx, Inner, RingRef};
 use crate::sys;
 
 /// Largest piece of a borrowed read handed to the kernel at once: a
@@ -93,78 +92,6 @@ pub(crate) trait Target {
     /// it is the caller's memory (not a bounce buffer the crate aligned).
     fn addr(&self, _done: usize) -> Option<usize> {
         None
-    }
-}
-
-/// The context a read belongs to: borrowed for the future's lifetime (the
-/// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
-/// is touched per read), or a handle the future holds (the `'static`
-/// futures of the `*_static` methods, which keep the context alive).
-pub(crate) enum Ctx<'a> {
-    Borrowed(&'a Inner),
-    Shared(Arc<Inner>),
-}
-
-impl Deref for Ctx<'_> {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        match self {
-            Ctx::Borrowed(inner) => inner,
-            Ctx::Shared(inner) => inner,
-        }
-    }
-}
-
-impl<'a> Ctx<'a> {
-    /// The ring a read issued from thread slot `slot` goes to, as the read
-    /// holds it; `None` on the fallback backend.
-    pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
-        match self {
-            Ctx::Borrowed(inner) => {
-                let inner: &'a Inner = inner;
-                let Backend::Uring(rings) = &inner.backend else {
-                    return None;
-                };
-                let index = slot % rings.len();
-                Some(RingRef {
-                    index,
-                    ring: Held::Borrowed(&rings[index]),
-                })
-            }
-            Ctx::Shared(inner) => {
-                let Backend::Uring(rings) = &inner.backend else {
-                    return None;
-                };
-                let index = slot % rings.len();
-                Some(RingRef {
-                    index,
-                    ring: Held::Shared(rings[index].clone()),
-                })
-            }
-        }
-    }
-}
-
-/// One of the context's rings, as a read holds it — borrowed like its
-/// context, or shared — with its index in the context only to name it in
-/// `Debug`.
-pub(crate) struct RingRef<'a> {
-    pub(crate) index: usize,
-    ring: Held<'a>,
-}
-
-enum Held<'a> {
-    Borrowed(&'a Ring),
-    Shared(Arc<Ring>),
-}
-
-impl Deref for RingRef<'_> {
-    type Target = Ring;
-    fn deref(&self) -> &Ring {
-        match &self.ring {
-            Held::Borrowed(ring) => ring,
-            Held::Shared(ring) => ring,
-        }
     }
 }
 
@@ -1048,7 +975,7 @@ const _: fn() = || {
     send_unpin::<UringReadFuture<'static>>();
     send_unpin::<UringReadOwnedFuture<'static, Vec<u8>>>();
     send_unpin::<UringReadOwnedFuture<'static, AlignedBuf>>();
-    send_unpin::<UringReadExactOwnedFuture<'static, crate::Slice<AlignedBuf>>>();
+    send_unpin::<UringReadExactOwnedFuture<'static, crate::buf::Slice<AlignedBuf>>>();
     send_unpin::<crate::Scan<'static>>();
     <UringReadFuture<'static> as AmbiguousIfSync<_>>::check();
     <UringReadOwnedFuture<'static, Vec<u8>> as AmbiguousIfSync<_>>::check();

@@ -812,7 +812,7 @@ impl<'a> Scan<'a> {
                         }
                     }
                     Err(e)
-                        if crate::os_error(&e) == Some(libc::EINVAL)
+                        if crate::error::os_error(&e) == Some(libc::EINVAL)
                             && slot.read_from % align != 0 =>
                     {
                         // A continuation from inside a block that the file

@@ -33,8 +33,9 @@ use crate::error;
 use crate::fallback::Fallback;
 use crate::files::FileEntry;
 use crate::id::FileId;
-use crate::read::{Ctx, ReadCore, Target, BORROWED_CHUNK};
+use crate::read::{ReadCore, Target, BORROWED_CHUNK};
 use crate::ring::{Dst, MAX_READ};
+use crate::shared::Ctx;
 use crate::sys::{self, Nowait, IOV_MAX};
 
 /// An iovec array the kernel may read while an op is in flight. Its heap

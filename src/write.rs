@@ -34,15 +34,16 @@ use std::task::{ready, Context, Poll};
 use tokio::task::JoinHandle;
 
 use crate::buf::IoBuf;
-use crate::context::Inner;
+use crate::context::UringContext;
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
 use crate::files::{thread_slot, Facts, FileEntry};
 use crate::permit::{self, Acquired, Permit};
-use crate::read::{Ctx, RingRef, BORROWED_CHUNK};
+use crate::read::BORROWED_CHUNK;
 
 use crate::id::FileId;
 use crate::ring::{RingOp, MAX_READ};
+use crate::shared::{Ctx, Inner, RingRef};
 use crate::sys;
 
 /// One kind of op, plugged into [`OpCore`].
@@ -575,7 +576,7 @@ impl Source for BorrowedSrc<'_> {
         len: usize,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         // Page-aligned, so that O_DIRECT files work as on the ring.
-        let mut copy = crate::AlignedBuf::try_new(len, crate::buf::BOUNCE_ALIGN)?;
+        let mut copy = crate::buf::AlignedBuf::try_new(len, crate::buf::BOUNCE_ALIGN)?;
         copy.copy_from_slice(&self.0[done..done + len]);
         fb.run(permit, move || file.file.write_at(&copy, offset))
     }
@@ -1276,7 +1277,7 @@ const _: fn() = || {
     send_unpin::<UringWriteFuture<'static>>();
     send_unpin::<UringWriteAllFuture<'static>>();
     send_unpin::<UringWriteOwnedFuture<'static, Vec<u8>>>();
-    send_unpin::<UringWriteAllOwnedFuture<'static, crate::AlignedBuf>>();
+    send_unpin::<UringWriteAllOwnedFuture<'static, crate::buf::AlignedBuf>>();
     send_unpin::<UringSyncFuture<'static>>();
     send_unpin::<UringStatxFuture<'static>>();
     send_unpin::<UringOpenFuture<'static>>();
@@ -1300,7 +1301,7 @@ const _: fn() = || {
 ///   rewritten. The same holds for one that failed (`write_all`), and for
 ///   one whose sync failed: after a failed `fsync`/`fdatasync`, the
 ///   kernel may have dropped the dirty pages, so rewrite what it covered.
-impl crate::UringContext {
+impl UringContext {
     /// Writes `buf` to file `fid` at `offset`; returns the bytes written.
     ///
     /// The bytes are copied into a buffer the context owns before the

@@ -1,0 +1,178 @@
+//! What a context's handles and its in-flight ops share: the context's
+//! state (`Inner`) behind the handle, the backend it runs on (`Backend`, and
+//! the public [`BackendKind`], [`BackendChoice`], [`BackendInfo`]), and how
+//! an op holds the context (`Ctx`) and the ring it went to (`RingRef`).
+
+use std::fmt;
+use std::io;
+use std::ops::Deref;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fallback::Fallback;
+use crate::files::{FileTable, FixedFiles};
+use crate::ring::Ring;
+
+/// Which backend a context runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// io_uring rings driven by background tasks.
+    IoUring,
+    /// `pread` on tokio's blocking thread pool.
+    Fallback,
+}
+
+/// The backend the builder should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// io_uring, or the fallback when io_uring cannot be set up here
+    /// (ENOSYS, EPERM/EACCES from seccomp or `kernel.io_uring_disabled`,
+    /// ENOMEM from RLIMIT_MEMLOCK, EINVAL from an older kernel).
+    #[default]
+    Auto,
+    /// io_uring or an error.
+    IoUring,
+    /// Always the fallback.
+    Fallback,
+}
+
+/// Which backend runs, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// The backend in use.
+    pub kind: BackendKind,
+    /// Why the fallback runs (absent for io_uring).
+    pub reason: Option<String>,
+}
+
+impl fmt::Display for BackendInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.kind, &self.reason) {
+            (BackendKind::IoUring, _) => f.write_str("io_uring"),
+            (BackendKind::Fallback, Some(r)) => write!(f, "pread fallback ({r})"),
+            (BackendKind::Fallback, None) => f.write_str("pread fallback"),
+        }
+    }
+}
+
+pub(crate) enum Backend {
+    Uring(Box<[Arc<Ring>]>),
+    Fallback,
+}
+
+pub(crate) struct Inner {
+    pub(crate) backend: Backend,
+    /// `pread` on the blocking pool: every read of the fallback backend, and
+    /// the reads of files routed away from the rings (see `FileRoute`).
+    pub(crate) blocking: Fallback,
+    pub(crate) files: FileTable,
+    pub(crate) inline_nowait: bool,
+    /// How long a thread may do inline reads before it yields.
+    pub(crate) inline_stretch: Duration,
+    /// Set by `shutdown`: every new read fails, the inline path included.
+    pub(crate) closed: AtomicBool,
+    /// `Builder::shutdown_timeout`.
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) info: BackendInfo,
+}
+
+impl Inner {
+    pub(crate) fn fixed(&self) -> &dyn FixedFiles {
+        struct NoRings;
+        impl FixedFiles for NoRings {
+            fn update(&self, _: u32, _: i32) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        match &self.backend {
+            Backend::Uring(rings) => rings,
+            Backend::Fallback => &NoRings,
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // No read future can outlive the last handle (they borrow it, or
+        // hold one: the `*_static` ones), but abandoned reads may still be
+        // in the kernel: the drivers reap them
+        // and exit; each ring is freed only after that (see `Ring::drop`).
+        if let Backend::Uring(rings) = &self.backend {
+            rings.iter().for_each(|r| r.orphan());
+        }
+        self.blocking.close();
+    }
+}
+
+/// The context a read belongs to: borrowed for the future's lifetime (the
+/// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
+/// is touched per read), or a handle the future holds (the `'static`
+/// futures of the `*_static` methods, which keep the context alive).
+pub(crate) enum Ctx<'a> {
+    Borrowed(&'a Inner),
+    Shared(Arc<Inner>),
+}
+
+impl Deref for Ctx<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        match self {
+            Ctx::Borrowed(inner) => inner,
+            Ctx::Shared(inner) => inner,
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// The ring a read issued from thread slot `slot` goes to, as the read
+    /// holds it; `None` on the fallback backend.
+    pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
+        match self {
+            Ctx::Borrowed(inner) => {
+                let inner: &'a Inner = inner;
+                let Backend::Uring(rings) = &inner.backend else {
+                    return None;
+                };
+                let index = slot % rings.len();
+                Some(RingRef {
+                    index,
+                    ring: Held::Borrowed(&rings[index]),
+                })
+            }
+            Ctx::Shared(inner) => {
+                let Backend::Uring(rings) = &inner.backend else {
+                    return None;
+                };
+                let index = slot % rings.len();
+                Some(RingRef {
+                    index,
+                    ring: Held::Shared(rings[index].clone()),
+                })
+            }
+        }
+    }
+}
+
+/// One of the context's rings, as a read holds it — borrowed like its
+/// context, or shared — with its index in the context only to name it in
+/// `Debug`.
+pub(crate) struct RingRef<'a> {
+    pub(crate) index: usize,
+    ring: Held<'a>,
+}
+
+enum Held<'a> {
+    Borrowed(&'a Ring),
+    Shared(Arc<Ring>),
+}
+
+impl Deref for RingRef<'_> {
+    type Target = Ring;
+    fn deref(&self) -> &Ring {
+        match &self.ring {
+            Held::Borrowed(ring) => ring,
+            Held::Shared(ring) => ring,
+        }
+    }
+}
