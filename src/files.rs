@@ -19,7 +19,7 @@ use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use tokio::sync::Semaphore;
@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 use crate::error;
 use crate::id::FileId;
 use crate::sys::{self, FileKind};
+use crate::thread::thread_slot;
 
 /// How reads of a file are issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -553,17 +554,6 @@ impl FileTable {
         drop(entry);
         res
     }
-}
-
-/// A small number identifying the calling thread, fixed on first use:
-/// threads are numbered in the order they first read, so a runtime's worker
-/// threads spread over rings and file-table shards.
-pub(crate) fn thread_slot() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    SLOT.with(|s| *s)
 }
 
 #[cfg(test)]

@@ -7,14 +7,13 @@
 //! lives in `sys.rs` with every other raw syscall and is re-exported here,
 //! so the fast path is used from one place (`read.rs`).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::RuntimeFlavor;
 
-use crate::files::thread_slot;
 pub(crate) use crate::sys::{pread_nowait, Nowait};
+use crate::thread::{self, thread_slot};
 
 /// Inline page-cache misses in a row after which the fast path only probes.
 const MISS_STREAK: u32 = 16;
@@ -75,20 +74,13 @@ impl Policy {
     }
 }
 
-thread_local! {
-    /// The stretch of inline reads running on this thread: whose (the
-    /// task's, `None` outside a task) and since when (see [`turn_over`]).
-    static STRETCH: Cell<Option<(Option<tokio::task::Id>, Instant)>> =
-        const { Cell::new(None) };
-}
-
 /// Ends the running task's stretch (if the thread's is its): the task is
 /// about to wait (a batch returning `Pending` for its reads, or for tokio's
 /// coop budget), which lets other tasks run as a fairness yield does, so its
 /// next inline reads start a new stretch instead of yielding first.
 pub(crate) fn end_stretch() {
     let task = tokio::task::try_id();
-    STRETCH.with(|s| {
+    thread::with_stretch(|s| {
         if s.get().is_some_and(|(t, _)| t == task) {
             s.set(None);
         }
@@ -133,7 +125,7 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 /// (`batch::Core::turn_over`), so that its reads' inline time counts too.
 pub(crate) fn turn_over(stretch: Duration) -> bool {
     let task = tokio::task::try_id();
-    STRETCH.with(|s| {
+    thread::with_stretch(|s| {
         let now = Instant::now();
         match s.get() {
             Some((t, start)) if t == task => {

@@ -106,6 +106,7 @@ mod ring;
 mod scan;
 mod shared;
 mod sys;
+mod thread;
 mod util;
 mod vectored;
 mod write;

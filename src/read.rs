@@ -32,13 +32,14 @@ use tokio::task::JoinHandle;
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
-use crate::files::{thread_slot, FileEntry};
+use crate::files::FileEntry;
 use crate::id::FileId;
 use crate::inline::{self, pread_nowait, Nowait};
 use crate::permit::{self, Acquired, Permit};
 use crate::ring::{CopyTo, Dst, MAX_READ};
 use crate::shared::{Ctx, Inner, RingRef};
 use crate::sys;
+use crate::thread::thread_slot;
 
 /// Largest piece of a borrowed read handed to the kernel at once: a
 /// borrowed read goes through a bounce buffer the op owns, so a larger read

@@ -592,7 +592,7 @@ enum SlotState<'a> {
 /// consumer outside the runtime (`block_on` of a multi-thread runtime, a
 /// thread of its own) has the ring's copying done on another CPU.
 fn copies_ring_reads_itself() -> bool {
-    tokio::task::try_id().is_some() || crate::ring::on_driver_thread()
+    tokio::task::try_id().is_some() || crate::thread::on_driver_thread()
 }
 
 /// Reads the rest of `slot` (from `read_from`) into `buf`.

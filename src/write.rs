@@ -37,7 +37,7 @@ use crate::buf::IoBuf;
 use crate::context::UringContext;
 use crate::error::{self, shut_down_error};
 use crate::fallback::{Fallback, GiveUpWatch};
-use crate::files::{thread_slot, Facts, FileEntry};
+use crate::files::{Facts, FileEntry};
 use crate::permit::{self, Acquired, Permit};
 use crate::read::BORROWED_CHUNK;
 
@@ -45,6 +45,7 @@ use crate::id::FileId;
 use crate::ring::{RingOp, MAX_READ};
 use crate::shared::{Ctx, Inner, RingRef};
 use crate::sys;
+use crate::thread::thread_slot;
 
 /// One kind of op, plugged into [`OpCore`].
 pub(crate) trait Job {

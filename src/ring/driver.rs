@@ -13,7 +13,6 @@
 //! `complete.rs` (the one reaper), whose invariants it relies on and does
 //! not change; it has no `unsafe` of its own.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -26,6 +25,7 @@ use super::submit::{EnterPlan, ENTER_GETEVENTS};
 use super::{transient, Deferred, Ring, RETRY_AFTER};
 use crate::error::Closed;
 use crate::sys;
+use crate::thread;
 use crate::util::lock;
 
 /// Driver rounds per poll before it yields to other tasks.
@@ -70,30 +70,11 @@ impl Driver {
     }
 }
 
-thread_local! {
-    /// This thread has polled a driver: it is a worker of a runtime that
-    /// hosts contexts, and lives as long as that runtime.
-    static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-fn mark_driver_thread() {
-    DRIVER_THREAD.with(|d| d.set(true));
-}
-
-/// Whether this thread may submit for an idle driver (see `submit_read`):
-/// only runtime workers that run drivers. io_uring cancels or cuts short
-/// the requests of a thread that exits, so a short-lived thread (a
-/// `block_on` on a fresh `std::thread`, a blocking-pool thread) leaves
-/// submitting to the driver.
-pub(crate) fn on_driver_thread() -> bool {
-    DRIVER_THREAD.with(Cell::get)
-}
-
 impl Future for Driver {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        mark_driver_thread();
+        thread::mark_driver_thread();
         // Readers that queue SQEs from now on leave the wake to us (see
         // `notify_driver`); cleared only when this poll ends in a sleep.
         this.ring.polling.store(true, Ordering::SeqCst);

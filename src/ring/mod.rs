@@ -70,7 +70,7 @@ mod submit;
 
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
-pub(crate) use driver::{on_driver_thread, Driver};
+pub(crate) use driver::Driver;
 pub(crate) use ops::RingOp;
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};

@@ -18,7 +18,6 @@
 //! `plan_enter` counted under it, and none once the ring is broken — which
 //! is what makes failing unconsumed SQEs locally sound.
 
-use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -26,13 +25,13 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types};
 
 use super::complete::{apply_one, Deferred};
-use super::driver;
 use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
 use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
 use crate::error::Closed;
 use crate::files::FileEntry;
 use crate::op::OpBuf;
 use crate::permit::Permit;
+use crate::thread;
 use crate::util::lock;
 
 /// Buffered ring reads of at least this many bytes go to io-wq
@@ -67,12 +66,6 @@ const SHALLOW_DEPTH: u64 = 64;
 /// DESIGN, "Low depth").
 pub(crate) const DEFAULT_SHALLOW_BATCH: u32 = 8;
 
-thread_local! {
-    /// Addresses of the rings whose submissions this thread defers (see
-    /// [`Deferral`]); compared, never dereferenced.
-    static DEFERRED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
 fn address(ring: &Ring) -> usize {
     std::ptr::from_ref(ring) as usize
 }
@@ -91,7 +84,7 @@ pub(crate) struct Deferral<'a> {
 
 impl<'a> Deferral<'a> {
     pub(crate) fn new(rings: &'a [Arc<Ring>]) -> Self {
-        let mark = DEFERRED.with(|d| {
+        let mark = thread::with_deferred(|d| {
             let mut d = d.borrow_mut();
             let mark = d.len();
             d.extend(rings.iter().map(|r| address(r)));
@@ -103,7 +96,7 @@ impl<'a> Deferral<'a> {
 
 impl Drop for Deferral<'_> {
     fn drop(&mut self) {
-        DEFERRED.with(|d| d.borrow_mut().truncate(self.mark));
+        thread::with_deferred(|d| d.borrow_mut().truncate(self.mark));
         for ring in self.rings {
             if ring.has_unsubmitted() {
                 ring.whole_batch.store(true, Ordering::Release);
@@ -230,13 +223,13 @@ impl Ring {
     /// Whether this thread is queueing a batch's reads on this ring (a live
     /// [`Deferral`] covers it).
     pub(crate) fn batching_here(&self) -> bool {
-        DEFERRED.with(|d| d.borrow().contains(&address(self)))
+        thread::with_deferred(|d| d.borrow().contains(&address(self)))
     }
 
     /// Hands what is queued to the kernel: from this thread when the driver
     /// is idle (see below), else by waking the driver.
     pub(crate) fn submit_queued(&self) {
-        if driver::on_driver_thread() && self.idle.swap(false, Ordering::AcqRel) {
+        if thread::on_driver_thread() && self.idle.swap(false, Ordering::AcqRel) {
             // The driver is asleep with nothing queued: submit now, from
             // this thread, rather than wake it for one SQE (at low depth the
             // hop costs more than the enter). Readers after this one find

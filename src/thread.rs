@@ -1,0 +1,68 @@
+//! Every per-thread flag and slot of the crate, each a `thread_local` with
+//! the thin functions its users call: the thread's number ([`thread_slot`]),
+//! whether it runs drivers ([`on_driver_thread`]), the rings whose
+//! submissions it defers ([`with_deferred`]), and its stretch of inline
+//! reads ([`with_stretch`]).
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// A small number identifying the calling thread, fixed on first use:
+/// threads are numbered in the order they first read, so a runtime's worker
+/// threads spread over rings and file-table shards.
+pub(crate) fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SLOT.with(|s| *s)
+}
+
+thread_local! {
+    /// This thread has polled a driver: it is a worker of a runtime that
+    /// hosts contexts, and lives as long as that runtime.
+    static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as one that runs drivers (a `Driver` polls).
+pub(crate) fn mark_driver_thread() {
+    DRIVER_THREAD.with(|d| d.set(true));
+}
+
+/// Whether this thread may submit for an idle driver (see `submit_read`):
+/// only runtime workers that run drivers. io_uring cancels or cuts short
+/// the requests of a thread that exits, so a short-lived thread (a
+/// `block_on` on a fresh `std::thread`, a blocking-pool thread) leaves
+/// submitting to the driver.
+pub(crate) fn on_driver_thread() -> bool {
+    DRIVER_THREAD.with(Cell::get)
+}
+
+thread_local! {
+    /// Addresses of the rings whose submissions this thread defers (see
+    /// `ring::Deferral`); compared, never dereferenced.
+    static DEFERRED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's list of deferring rings' addresses (see
+/// `ring::Deferral`).
+pub(crate) fn with_deferred<R>(f: impl FnOnce(&RefCell<Vec<usize>>) -> R) -> R {
+    DEFERRED.with(f)
+}
+
+/// Whose stretch of inline reads runs on this thread (the task's, `None`
+/// outside a task) and since when.
+pub(crate) type Stretch = Option<(Option<tokio::task::Id>, Instant)>;
+
+thread_local! {
+    /// The stretch of inline reads running on this thread: whose (the
+    /// task's, `None` outside a task) and since when (see `inline::turn_over`).
+    static STRETCH: Cell<Stretch> = const { Cell::new(None) };
+}
+
+/// Runs `f` on this thread's stretch of inline reads (see
+/// `inline::turn_over`).
+pub(crate) fn with_stretch<R>(f: impl FnOnce(&Cell<Stretch>) -> R) -> R {
+    STRETCH.with(f)
+}
