@@ -9,7 +9,6 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -1463,14 +1462,8 @@ fn r2_04_o_direct_errors_keep_the_errno_and_say_what_is_misaligned() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d");
         std::fs::write(&path, vec![7u8; 64 << 10]).unwrap();
-        let direct = match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) => return eprintln!("skipped: O_DIRECT refused here: {e}"),
+        let Some(direct) = common::open_direct(&path) else {
+            return;
         };
         common::run("r2_04", Flavor::Multi, 60, move || async move {
             let ctx = common::build_ctx(choice, vec![direct], |b| b);

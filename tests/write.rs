@@ -11,7 +11,7 @@ mod common;
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -361,16 +361,8 @@ fn pipe() -> (File, File) {
 fn o_direct_writes(choice: BackendChoice) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d");
-    let direct = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-    {
-        Ok(f) => f,
-        Err(e) => return eprintln!("skipped: O_DIRECT refused here: {e}"),
+    let Some(direct) = common::open_direct(&path) else {
+        return;
     };
     common::run("o_direct_writes", Flavor::Multi, 60, move || async move {
         let ctx = common::build_ctx(choice, vec![direct], |b| b);

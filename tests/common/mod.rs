@@ -561,3 +561,23 @@ pub fn poll_once_noop<F: Future + ?Sized>(
     let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
     fut.poll(&mut cx)
 }
+
+/// `path` opened read-write with `O_DIRECT` (created if missing), or `None`
+/// after printing why the file system refused it (tmpfs on old kernels).
+pub fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("skipped: O_DIRECT refused here: {e}");
+            None
+        }
+    }
+}

@@ -683,7 +683,7 @@ mod tests {
     }
 }
 
-/// One of issue #3's targets, evaluated on this run's cells.
+/// One of the original study's targets, evaluated on this run's cells.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetCheck {
     pub target: String,
@@ -691,7 +691,7 @@ pub struct TargetCheck {
     pub met: bool,
 }
 
-/// Evaluates the targets of issue #3 wherever this run has the cells they
+/// Evaluates the original study's targets wherever this run has the cells they
 /// need (same run, same regime and depth; ratios only).
 pub fn targets(r: &Report) -> Vec<TargetCheck> {
     let cell = |e: &str, regime: Regime, depth: usize| {
@@ -769,7 +769,7 @@ pub fn targets(r: &Report) -> Vec<TargetCheck> {
 
 pub fn targets_table(checks: &[TargetCheck], style: Style) -> String {
     let mut rows = vec![vec![
-        "target (issue #3)".to_string(),
+        "target (the original study)".to_string(),
         "measured".into(),
         "met".into(),
     ]];
