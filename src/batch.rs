@@ -30,7 +30,7 @@ use crate::context::UringContext;
 use crate::files::FileRoute;
 use crate::id::FileId;
 use crate::inline;
-use crate::read::{Owned, ReadCore, UringReadOwnedFuture};
+use crate::ops::read::{Owned, Read, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
 use crate::shared::{Backend, Ctx};
 
@@ -95,11 +95,11 @@ impl<B: IoBufMut> Merged<'_, B> {
         emit: &mut dyn FnMut(usize, io::Result<usize>, B),
     ) -> bool {
         if let MergedState::Reading(core) = &mut self.state {
-            let Poll::Ready(res) = core.poll_read(cx) else {
+            let Poll::Ready(res) = core.poll_op(cx) else {
                 return false;
             };
-            let n = core.done();
-            let data = core.target.take(n);
+            let n = core.op.done();
+            let data = core.op.dest.take(n);
             if let Ok(n) = res {
                 // Exact: fewer bytes than the range only at the end of the
                 // file, so each member gets what its own read would.
@@ -332,8 +332,11 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         let len = usize::try_from(end - start).unwrap_or(usize::MAX);
         match AlignedBuf::try_with_capacity(len, BOUNCE_ALIGN) {
             Ok(buf) => {
-                let core =
-                    ReadCore::new(Ctx::Borrowed(&ctx.inner), fid, start, Owned::new(buf)).exact();
+                let core = ReadCore::new(
+                    Ctx::Borrowed(&ctx.inner),
+                    fid,
+                    Read::new(fid, start, Owned::new(buf)).exact(),
+                );
                 self.units.push(Unit::Merged(Merged {
                     ctx,
                     start,
@@ -350,7 +353,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
-    /// Binds every read to its file without reading (see `ReadCore::bind`),
+    /// Binds every read to its file without reading (see `Core::bind`),
     /// when the first poll yields. A read whose file is not registered is
     /// polled at once instead: it fails there, and its result goes to
     /// `emit`.

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 
+use crate::blocking::BlockingPool;
 use crate::context::UringContext;
 use crate::error::invalid;
-use crate::fallback::Fallback;
-use crate::files::{FileTable, Policy};
+use crate::files::{FileTable, RoutePolicy};
 use crate::inline;
 use crate::ring::{Driver, Ring, RingConfig, DEFAULT_SHALLOW_BATCH};
 use crate::shared::{Backend, BackendChoice, BackendInfo, BackendKind, Inner};
@@ -357,7 +357,7 @@ impl Builder {
             None => one - one / 4,
         };
         let ring_slots = plan.ring_cfgs.iter().map(|c| c.in_flight);
-        let policy = Policy {
+        let policy = RoutePolicy {
             fuse_via_blocking_pool: self.fuse_via_blocking_pool,
             network_via_blocking_pool: self.network_fs_via_blocking_pool,
             // Counted over all rings; by default bounded by the smallest
@@ -426,7 +426,7 @@ impl Builder {
         let backend_kind = info.kind;
         let inner = Arc::new(Inner {
             backend,
-            blocking: Fallback::new(
+            blocking: BlockingPool::new(
                 match backend_kind {
                     BackendKind::Fallback => plan.fallback_in_flight,
                     BackendKind::IoUring => plan.routed_in_flight,

@@ -66,7 +66,7 @@ const NETWORK_MAGICS: [i64; 10] = [
 
 /// How files are routed and shared out (`Builder` settings, resolved).
 #[derive(Debug, Clone)]
-pub(crate) struct Policy {
+pub(crate) struct RoutePolicy {
     /// `Builder::fuse_via_blocking_pool`.
     pub(crate) fuse_via_blocking_pool: bool,
     /// `Builder::network_fs_via_blocking_pool`.
@@ -109,7 +109,7 @@ fn classify(magic: &io::Result<i64>) -> FsClass {
 /// network file the user puts on the rings anyway has its reads issued
 /// with `IOSQE_ASYNC`, so that a request its server never answers blocks
 /// an io-wq worker, never the enter.
-fn route_for(class: FsClass, policy: &Policy) -> FileRoute {
+fn route_for(class: FsClass, policy: &RoutePolicy) -> FileRoute {
     match class {
         FsClass::Fuse if policy.fuse_via_blocking_pool => FileRoute::BlockingPool(
             "FUSE: io_uring returns wrong bytes on short reads and blocks io_uring_enter on a request the server does not answer",
@@ -277,7 +277,7 @@ pub(crate) struct FileTable {
     /// tag of the ids it hands out.
     id: u64,
     capacity: u32,
-    policy: Mutex<Policy>,
+    policy: Mutex<RoutePolicy>,
 }
 
 /// What registering a file needs to know of it, read from the kernel once.
@@ -357,7 +357,7 @@ impl FileTable {
         files: Vec<File>,
         capacity: u32,
         shards: usize,
-        policy: Policy,
+        policy: RoutePolicy,
     ) -> io::Result<FileTable> {
         if files.len() > capacity as usize {
             return Err(io::Error::new(
@@ -395,7 +395,7 @@ impl FileTable {
         facts: Facts,
         (index, gen, table): (u32, u32, u64),
         free: &Arc<Mutex<Vec<Freed>>>,
-        policy: &Policy,
+        policy: &RoutePolicy,
     ) -> Arc<FileEntry> {
         let Facts {
             kind,
@@ -578,8 +578,8 @@ mod tests {
         t.insert(f, facts, &NoRings)
     }
 
-    fn policy() -> Policy {
-        Policy {
+    fn policy() -> RoutePolicy {
+        RoutePolicy {
             fuse_via_blocking_pool: true,
             network_via_blocking_pool: true,
             ring_share: 8,
@@ -605,7 +605,7 @@ mod tests {
             route_for(FsClass::Network, &p),
             FileRoute::BlockingPool(why) if why.contains("network")
         ));
-        let on_rings = Policy {
+        let on_rings = RoutePolicy {
             fuse_via_blocking_pool: false,
             network_via_blocking_pool: false,
             ..p

@@ -1,18 +1,14 @@
-//! The page-cache fast path's policy: whether a read tries
-//! `preadv2(RWF_NOWAIT)` on its own thread before it goes to a ring
-//! ([`Policy`], per ring), and when a thread doing such reads yields
-//! ([`turn_over`], [`stretch`]).
-//!
-//! The syscall itself is [`pread_nowait`], with its outcome [`Nowait`]: it
-//! lives in `sys.rs` with every other raw syscall and is re-exported here,
-//! so the fast path is used from one place (`read.rs`).
+//! The inline path's policy: whether a read tries `preadv2(RWF_NOWAIT)`
+//! (`sys::pread_nowait`) on its own thread before it goes to a ring
+//! ([`History`], per ring), and when a thread doing such reads yields
+//! ([`turn_over`], [`stretch`]). The op engine (`ops/mod.rs`) takes the
+//! inline step; the read op (`ops/read.rs`) makes the syscall.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::RuntimeFlavor;
 
-pub(crate) use crate::sys::{pread_nowait, Nowait};
 use crate::thread::{self, thread_slot};
 
 /// Inline page-cache misses in a row after which the fast path only probes.
@@ -37,7 +33,7 @@ struct Padded<T>(T);
 /// loads) between the workers sharing the ring on every read (see DESIGN,
 /// "Measured costs").
 #[derive(Debug, Default)]
-pub(crate) struct Policy {
+pub(crate) struct History {
     /// Reads served inline, by thread group.
     hits: [Padded<AtomicU64>; HIT_SHARDS],
     /// Page-cache misses of the inline path in a row (see `worth_trying`);
@@ -45,7 +41,7 @@ pub(crate) struct Policy {
     misses: Padded<AtomicU32>,
 }
 
-impl Policy {
+impl History {
     /// Whether a read should try the page cache inline first. After
     /// [`MISS_STREAK`] misses in a row (a cold working set), only every
     /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
@@ -150,7 +146,7 @@ mod tests {
 
     #[test]
     fn hits_from_every_thread_are_counted() {
-        let p = std::sync::Arc::new(Policy::default());
+        let p = std::sync::Arc::new(History::default());
         // More threads than counters: some share one.
         let n = HIT_SHARDS * 2 + 1;
         let threads: Vec<_> = (0..n)
@@ -205,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_hit_ends_a_miss_streak() {
-        let p = Policy::default();
+        let p = History::default();
         for _ in 0..MISS_STREAK {
             assert!(p.worth_trying());
             p.miss();

@@ -91,25 +91,22 @@
 #![warn(clippy::pedantic)]
 
 mod batch;
+mod blocking;
 mod buf;
 mod builder;
 mod context;
 mod error;
-mod fallback;
 mod files;
 mod id;
 mod inline;
-mod op;
+mod ops;
 mod permit;
-mod read;
 mod ring;
 mod scan;
 mod shared;
 mod sys;
 mod thread;
 mod util;
-mod vectored;
-mod write;
 
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
@@ -126,11 +123,15 @@ pub use context::{Stats, UringContext};
 pub use error::os_error;
 pub use files::FileRoute;
 pub use id::FileId;
-pub use read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK};
+pub use ops::open::{OpenOptions, UringOpenFuture};
+pub use ops::read::{
+    UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK,
+};
+pub use ops::readv::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
+pub use ops::statx::{FileStat, UringStatxFuture};
+pub use ops::sync::UringSyncFuture;
+pub use ops::write::{
+    UringWriteAllFuture, UringWriteAllOwnedFuture, UringWriteFuture, UringWriteOwnedFuture,
+};
 pub use scan::{Chunk, Scan, ScanOptions};
 pub use shared::{BackendChoice, BackendInfo, BackendKind};
-pub use vectored::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
-pub use write::{
-    FileStat, OpenOptions, UringOpenFuture, UringStatxFuture, UringSyncFuture, UringWriteAllFuture,
-    UringWriteAllOwnedFuture, UringWriteFuture, UringWriteOwnedFuture,
-};

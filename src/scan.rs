@@ -136,7 +136,7 @@ use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::UringContext;
 use crate::error::{invalid, shut_down_error};
 use crate::id::FileId;
-use crate::read::UringReadOwnedFuture;
+use crate::ops::read::UringReadOwnedFuture;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
 /// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,

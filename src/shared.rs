@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::fallback::Fallback;
+use crate::blocking::BlockingPool;
 use crate::files::{FileTable, FixedFiles};
 use crate::ring::Ring;
 
@@ -65,7 +65,7 @@ pub(crate) struct Inner {
     pub(crate) backend: Backend,
     /// `pread` on the blocking pool: every read of the fallback backend, and
     /// the reads of files routed away from the rings (see `FileRoute`).
-    pub(crate) blocking: Fallback,
+    pub(crate) blocking: BlockingPool,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
     /// How long a thread may do inline reads before it yields.

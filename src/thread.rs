@@ -30,7 +30,7 @@ pub(crate) fn mark_driver_thread() {
     DRIVER_THREAD.with(|d| d.set(true));
 }
 
-/// Whether this thread may submit for an idle driver (see `submit_read`):
+/// Whether this thread may submit for an idle driver (see `Ring::submit`):
 /// only runtime workers that run drivers. io_uring cancels or cuts short
 /// the requests of a thread that exits, so a short-lived thread (a
 /// `block_on` on a fresh `std::thread`, a blocking-pool thread) leaves

@@ -22,9 +22,9 @@ use std::task::{Context, Poll, Waker};
 
 use io_uring::{cqueue, opcode};
 
+use super::table::{Abandoned, OnCqe, OpBuf, Polled, Record};
 use super::{Keep, Ring, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::{self, shut_down_error, Closed};
-use crate::op::{Abandoned, OnCqe, Op, OpBuf, Polled};
 use crate::util::lock;
 
 /// Where a completed bounce buffer's bytes go: crate code that copies them
@@ -45,12 +45,12 @@ const RELAY_MAX: usize = 16;
 #[derive(Debug)]
 pub(crate) struct Completion {
     pub(crate) res: io::Result<usize>,
-    /// See [`Op::tainted`].
+    /// See [`Record::tainted`].
     pub(crate) tainted: bool,
 }
 
 /// A removed op and what its future parked with it.
-pub(super) type Released = (Op<Keep>, Option<Box<dyn Any + Send>>);
+pub(super) type Released = (Record<Keep>, Option<Box<dyn Any + Send>>);
 
 /// Wakers to wake and resources to release once the lock is gone.
 #[derive(Default)]
@@ -214,7 +214,7 @@ impl Ring {
         &self,
         mut st: MutexGuard<'_, State>,
         res: i32,
-        op: Op<Keep>,
+        op: Record<Keep>,
         mut copy_to: Option<CopyTo<'_>>,
     ) -> Completion {
         let result = match res {
@@ -225,7 +225,7 @@ impl Ring {
             res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
             res => Ok(usize::try_from(res).unwrap_or(0)),
         };
-        let Op {
+        let Record {
             buf, keep, tainted, ..
         } = op;
         // The marking at driver drop can come too late: io_uring fails an

@@ -274,7 +274,7 @@ impl Ring {
             }
             if !stuck && !retry_later && !broken && closed.is_none() && !self.coop_taskrun {
                 // Nothing queued, nothing to retry: the next reader to queue
-                // an SQE may submit it itself (see `submit_read`). Not with
+                // an SQE may submit it itself (see `Ring::submit`). Not with
                 // COOP_TASKRUN: its completions need the driver's tick (an
                 // enter every 200 µs while reads are out), which only a
                 // driver that knows of the read arms.

@@ -58,20 +58,21 @@ use crate::buf::BufferPool;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
-use crate::op::OpTable;
 use crate::permit::{Permit, Slots};
 use crate::sys;
 use crate::util::lock;
+use table::OpTable;
 
 mod complete;
 mod driver;
-mod ops;
+mod sqe;
 mod submit;
+mod table;
 
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
-pub(crate) use ops::RingOp;
+pub(crate) use sqe::{Dst, RingOp, Src};
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
@@ -82,8 +83,9 @@ const INTERNAL: u64 = u64::MAX;
 /// ring closed or broke first; turned into the ring's own error on poll.
 const NOT_SUBMITTED: i32 = i32::MIN;
 
-/// The kernel never transfers more than this in one read (`MAX_RW_COUNT`).
-pub(crate) const MAX_READ: usize = 0x7fff_f000;
+/// The kernel never transfers more than this in one read or write
+/// (`MAX_RW_COUNT`).
+pub(crate) const MAX_RW: usize = 0x7fff_f000;
 
 /// How long the driver waits before retrying an enter that failed for a
 /// passing reason (EAGAIN, ENOMEM, EBUSY), or before looking again for room
@@ -117,21 +119,6 @@ impl fmt::Debug for Keep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Keep")
     }
-}
-
-/// Where a read's bytes go.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Dst {
-    /// Into a bounce buffer owned by the op; copied out on completion.
-    Bounce(usize),
-    /// Straight into caller memory that outlives the op (an owned buffer,
-    /// parked in the op if the future is dropped).
-    Caller(*mut u8, usize),
-    /// Straight into several owned buffers (`IORING_OP_READV`): `count`
-    /// iovecs at the pointer, which stay in place, like the buffers they
-    /// describe, until the op's CQE (parked with the buffers if the future
-    /// is dropped).
-    CallerVec(*const libc::iovec, usize),
 }
 
 #[allow(
@@ -194,7 +181,7 @@ pub(crate) struct Ring {
     /// all of them over at once, shallow ring or not (a batch is one enter).
     pub(super) whole_batch: AtomicBool,
     /// The driver is asleep with nothing queued: the next reader to queue
-    /// an SQE claims this and submits it itself (see `submit_read`).
+    /// an SQE claims this and submits it itself (see `Ring::submit`).
     pub(super) idle: AtomicBool,
     driver_waker: AtomicWaker,
     /// A duplicate of the ring's descriptor in the reactor: readable while
@@ -209,7 +196,7 @@ pub(crate) struct Ring {
     driver_polls: AtomicU64,
     /// The page-cache fast path's record of this ring's reads (its policy
     /// is in `inline.rs`).
-    pub(crate) inline: inline::Policy,
+    pub(crate) inline: inline::History,
     coop_taskrun: bool,
     shutdown_timeout: Duration,
     /// Most SQEs per enter while the ring is shallow (`Builder::shallow_batch`).
@@ -367,7 +354,7 @@ impl Ring {
             done: AtomicBool::new(false),
             enters: AtomicU64::new(0),
             driver_polls: AtomicU64::new(0),
-            inline: inline::Policy::default(),
+            inline: inline::History::default(),
             coop_taskrun: cfg.coop_taskrun,
             shutdown_timeout: cfg.shutdown_timeout,
             shallow_batch: cfg.shallow_batch,

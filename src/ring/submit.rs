@@ -1,4 +1,4 @@
-//! The SQ producer side of a ring: queueing a read ([`Ring::submit_read`]),
+//! The SQ producer side of a ring: queueing an op ([`Ring::submit`]),
 //! pushing its SQE or parking it in the backlog, moving the backlog into the
 //! SQ, counting the SQEs the kernel has consumed, waking the driver, and the
 //! one counted `io_uring_enter` path ([`Ring::plan_enter`] under the lock,
@@ -22,21 +22,15 @@ use std::io;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use io_uring::{opcode, squeue, types};
+use io_uring::squeue;
 
 use super::complete::{apply_one, Deferred};
-use super::{errno, transient, Dst, Keep, Ring, State, INTERNAL, MAX_READ, NOT_SUBMITTED};
-use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
+use super::{errno, transient, Keep, Ring, RingOp, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::Closed;
 use crate::files::FileEntry;
-use crate::op::OpBuf;
 use crate::permit::Permit;
 use crate::thread;
 use crate::util::lock;
-
-/// Buffered ring reads of at least this many bytes go to io-wq
-/// (`IOSQE_ASYNC`): see `submit_read`.
-const ASYNC_READ_FROM: usize = 8 << 20;
 
 // io_uring_enter flags (include/uapi/linux/io_uring.h).
 pub(super) const ENTER_GETEVENTS: u32 = 1;
@@ -107,108 +101,33 @@ impl Drop for Deferral<'_> {
 }
 
 impl Ring {
-    /// Queues one read and returns its key. The SQE goes into the
-    /// submission queue (or the backlog when that is full); the driver
-    /// submits it with everything else queued at its next round.
-    pub(crate) fn submit_read(
+    /// Queues one op on `file` (`None`: an op on no file) and returns its
+    /// key. The SQE goes into the submission queue (or the backlog when
+    /// that is full); the driver submits it with everything else queued at
+    /// its next round. From here on, the op's future collects it with
+    /// [`poll_complete`](Ring::poll_complete) or walks away with
+    /// [`abandon`](Ring::abandon).
+    pub(crate) fn submit(
         &self,
-        file: Arc<FileEntry>,
+        file: Option<Arc<FileEntry>>,
         permit: Permit,
-        offset: u64,
-        dst: Dst,
+        op: RingOp<'_>,
     ) -> io::Result<usize> {
-        // Allocate a large bounce buffer before taking the lock (the read
-        // path bounds its size, see `read::BORROWED_CHUNK`).
-        let mut heap = match dst {
-            Dst::Bounce(len) if len > self.pool.buf_size() => {
-                Some(AlignedBuf::try_new(len, BOUNCE_ALIGN)?)
-            }
-            _ => None,
-        };
-        let mut st = lock(&self.state);
+        let large = self.large_bounce(&op)?;
+        let st = lock(&self.state);
         if let Some(closed) = &st.closed {
             return Err(closed.error());
         }
-        let fixed = types::Fixed(file.index);
-        // A large buffered read is copied out of the page cache inside the
-        // `io_uring_enter` that submits it, holding a runtime worker for the
-        // whole copy. From `ASYNC_READ_FROM` bytes such reads go to io-wq
-        // instead, where the thread hop is small next to the copy (a scan's
-        // default chunks, 1–2 MiB, stay below it; see DESIGN, "The read
-        // path"). `O_DIRECT` reads do not copy in the enter.
-        let big = match dst {
-            Dst::Caller(_, len) | Dst::Bounce(len) => len >= ASYNC_READ_FROM,
-            Dst::CallerVec(..) => false,
-        };
-        let force_async = file.force_async || (big && !file.direct);
-        let (buf, entry) = match dst {
-            Dst::Caller(ptr, len) => (
-                OpBuf::Caller,
-                opcode::Read::new(fixed, ptr, read_len(len))
-                    .offset(offset)
-                    .build(),
-            ),
-            Dst::CallerVec(iov, count) => (
-                OpBuf::Caller,
-                // The caller bounds `count` at `sys::IOV_MAX`.
-                opcode::Readv::new(fixed, iov, u32::try_from(count).unwrap_or(u32::MAX))
-                    .offset(offset)
-                    .build(),
-            ),
-            Dst::Bounce(len) => match (heap.take(), st.free_bufs.pop()) {
-                (None, Some(i)) => {
-                    let ptr = self.pool.ptr(i as usize);
-                    let entry = match u16::try_from(i) {
-                        Ok(index) if self.pool_registered => {
-                            opcode::ReadFixed::new(fixed, ptr, read_len(len), index)
-                                .offset(offset)
-                                .build()
-                        }
-                        _ => opcode::Read::new(fixed, ptr, read_len(len))
-                            .offset(offset)
-                            .build(),
-                    };
-                    (OpBuf::Pool(i), entry)
-                }
-                (heap, free) => {
-                    if let Some(i) = free {
-                        st.free_bufs.push(i);
-                    }
-                    // Pool exhausted (more live ops than buffers) or a large read.
-                    let mut b = if let Some(b) = heap {
-                        b
-                    } else {
-                        drop(st);
-                        let b = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
-                        st = lock(&self.state);
-                        if let Some(closed) = &st.closed {
-                            return Err(closed.error());
-                        }
-                        b
-                    };
-                    let ptr = b.as_mut_ptr();
-                    let entry = opcode::Read::new(fixed, ptr, read_len(len))
-                        .offset(offset)
-                        .build();
-                    // Moving `b` into the op moves the header, not the heap
-                    // block the SQE points to.
-                    (OpBuf::Heap(b), entry)
-                }
-            },
-        };
+        let (mut st, buf, entry) = self.sqe(st, file.as_deref(), &op, large)?;
         let key = st.ops.insert(
             buf,
             Keep {
-                _file: Some(file),
+                _file: file,
                 _permit: permit,
             },
         );
         let user_data = st.ops.user_data(key).expect("op just inserted");
-        let mut entry = entry.user_data(user_data);
-        if force_async {
-            entry = entry.flags(squeue::Flags::ASYNC);
-        }
-        self.push_locked(&mut st, entry);
+        self.push_locked(&mut st, entry.user_data(user_data));
         st.live += 1;
         drop(st);
         if self.batching_here() {
@@ -465,9 +384,4 @@ impl Ring {
             apply_one(st, key, NOT_SUBMITTED, false, out);
         }
     }
-}
-
-/// The length field of a read SQE (callers cap reads at [`MAX_READ`]).
-fn read_len(len: usize) -> u32 {
-    u32::try_from(len.min(MAX_READ)).unwrap_or(u32::MAX)
 }

@@ -75,7 +75,7 @@ impl fmt::Debug for Lifecycle {
 /// `R` is what must outlive the kernel's use (file entry, permit); generic so
 /// the lifecycle can be tested without a kernel.
 #[derive(Debug)]
-pub(crate) struct Op<R> {
+pub(crate) struct Record<R> {
     pub(crate) lifecycle: Lifecycle,
     /// Told apart from earlier ops in the same slot: the SQE's `user_data`
     /// is the key and this tag (see [`OpTable::user_data`]), so a cancel
@@ -96,7 +96,7 @@ pub(crate) enum OnCqe<R> {
     Wake(Option<Waker>),
     /// The future was dropped: the slot is removed, release its resources
     /// (and whatever the future parked with it).
-    Release(Op<R>, Option<Box<dyn Any + Send>>),
+    Release(Record<R>, Option<Box<dyn Any + Send>>),
     /// No such slot (a CQE for an internal SQE such as a cancel).
     Unknown,
 }
@@ -105,7 +105,7 @@ pub(crate) enum OnCqe<R> {
 #[derive(Debug)]
 pub(crate) enum Polled<R> {
     /// Completed: the slot is removed and handed over with the result.
-    Ready(i32, Op<R>),
+    Ready(i32, Record<R>),
     /// Still waiting, and the stored waker already wakes this task.
     Pending,
     /// Still waiting, with no waker or another task's: store a new one with
@@ -116,7 +116,7 @@ pub(crate) enum Polled<R> {
 /// The table of operations of one ring.
 #[derive(Debug)]
 pub(crate) struct OpTable<R> {
-    slab: Slab<Op<R>>,
+    slab: Slab<Record<R>>,
     next_tag: u32,
 }
 
@@ -145,7 +145,7 @@ impl<R> OpTable<R> {
     pub(crate) fn insert(&mut self, buf: OpBuf, keep: R) -> usize {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1) & TAG_MASK;
-        self.slab.insert(Op {
+        self.slab.insert(Record {
             lifecycle: Lifecycle::Waiting(None),
             tag,
             buf,
@@ -214,7 +214,7 @@ impl<R> OpTable<R> {
         &mut self,
         key: usize,
         waker: Waker,
-    ) -> Result<Option<Waker>, (i32, Op<R>, Waker)> {
+    ) -> Result<Option<Waker>, (i32, Record<R>, Waker)> {
         let op = self.slab.get_mut(key).expect("polled an unknown op");
         match &mut op.lifecycle {
             Lifecycle::Waiting(slot) => Ok(slot.replace(waker)),
@@ -251,7 +251,7 @@ impl<R> OpTable<R> {
         }
     }
 
-    /// Marks every op the kernel still owns as tainted (see [`Op::tainted`]).
+    /// Marks every op the kernel still owns as tainted (see [`Record::tainted`]).
     pub(crate) fn taint_in_kernel(&mut self) {
         self.slab
             .iter_mut()
@@ -284,7 +284,7 @@ impl<R> OpTable<R> {
         self.slab
             .drain()
             .map(|op| {
-                let Op {
+                let Record {
                     lifecycle,
                     buf,
                     keep,
@@ -314,7 +314,7 @@ impl<R> OpTable<R> {
 #[allow(dead_code)] // the fields are held only to be dropped after unlocking
 pub(crate) enum Abandoned<R> {
     /// It had completed: release it, and the parked value with it.
-    Released(Op<R>, Option<Box<dyn Any + Send>>),
+    Released(Record<R>, Option<Box<dyn Any + Send>>),
     /// The kernel still owns it: the parked value stays; drop the old waker.
     Parked(Option<Waker>),
     /// No such op (it was never inserted).

@@ -28,7 +28,7 @@ use crate::files::FileEntry;
 use crate::permit::{Permit, Slots};
 
 #[derive(Debug)]
-pub(crate) struct Fallback {
+pub(crate) struct BlockingPool {
     /// Reads on the blocking pool at once (`Builder::max_in_flight`).
     pub(crate) permits: Slots,
     /// The runtime the context was built on: its blocking pool runs the reads
@@ -54,9 +54,9 @@ pub(crate) struct GiveUpWatch(Option<Pin<Box<OwnedNotified>>>);
 impl GiveUpWatch {
     /// Whether `shutdown()` gave up on blocking work (registers `cx` to be
     /// woken when it does).
-    pub(crate) fn gave_up(&mut self, fb: &Fallback, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn gave_up(&mut self, pool: &BlockingPool, cx: &mut Context<'_>) -> bool {
         match &mut self.0 {
-            Some(n) => n.as_mut().poll(cx).is_ready() || fb.gave_up.load(Ordering::Acquire),
+            Some(n) => n.as_mut().poll(cx).is_ready() || pool.gave_up.load(Ordering::Acquire),
             None => false,
         }
     }
@@ -81,9 +81,9 @@ impl Drop for Done {
     }
 }
 
-impl Fallback {
-    pub(crate) fn new(max_in_flight: usize, runtime: Handle) -> Fallback {
-        Fallback {
+impl BlockingPool {
+    pub(crate) fn new(max_in_flight: usize, runtime: Handle) -> BlockingPool {
+        BlockingPool {
             runtime,
             permits: Slots::new(max_in_flight),
             closed: AtomicBool::new(false),

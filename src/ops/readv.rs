@@ -1,7 +1,7 @@
 //! Vectored reads at an offset: [`UringReadVectoredFuture`] (borrowed
 //! `IoSliceMut`s) and [`UringReadVectoredOwnedFuture`] (a `Vec` of owned
-//! buffers). Both are the read state machine of `read.rs` (`ReadCore`) with
-//! a destination made of several buffers, so checks, clamping, routing,
+//! buffers). Both are the read op of `read.rs` with a destination made of
+//! several buffers, so checks, clamping, routing,
 //! the page-cache fast path, permits, cancellation and shutdown are those
 //! of `read` / `read_owned`.
 //!
@@ -28,13 +28,14 @@ use std::task::{ready, Context, Poll};
 use crate::permit::Permit;
 use tokio::task::JoinHandle;
 
+use super::read::{Dest, Read, ReadCore, BORROWED_CHUNK};
+use super::Core;
+use crate::blocking::BlockingPool;
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::error;
-use crate::fallback::Fallback;
 use crate::files::FileEntry;
 use crate::id::FileId;
-use crate::read::{ReadCore, Target, BORROWED_CHUNK};
-use crate::ring::{Dst, MAX_READ};
+use crate::ring::{Dst, MAX_RW};
 use crate::shared::Ctx;
 use crate::sys::{self, Nowait, IOV_MAX};
 
@@ -117,7 +118,7 @@ impl<'a, 'b> BorrowedVec<'a, 'b> {
     }
 }
 
-impl Target for BorrowedVec<'_, '_> {
+impl Dest for BorrowedVec<'_, '_> {
     const BLOCKING_DETACHABLE: bool = true;
 
     type Blocking = io::Result<(AlignedBuf, usize)>;
@@ -158,14 +159,14 @@ impl Target for BorrowedVec<'_, '_> {
     }
     fn spawn_blocking(
         &mut self,
-        fb: &Fallback,
+        pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         _done: usize,
         len: usize,
         permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
-        fb.read(file, offset, len, permit)
+        pool.read(file, offset, len, permit)
     }
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize> {
         let (data, n) = out?;
@@ -258,7 +259,7 @@ fn spare<'s, B: IoBufMut>(
     })
 }
 
-impl<B: IoBufMut> Target for OwnedVec<B> {
+impl<B: IoBufMut> Dest for OwnedVec<B> {
     const BLOCKING_DETACHABLE: bool = false;
 
     type Blocking = io::Result<usize>;
@@ -275,7 +276,7 @@ impl<B: IoBufMut> Target for OwnedVec<B> {
         }
     }
     fn max_piece(&self) -> usize {
-        MAX_READ
+        MAX_RW
     }
     fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait {
         let mut iov = Vec::with_capacity(self.spans.len());
@@ -302,7 +303,7 @@ impl<B: IoBufMut> Target for OwnedVec<B> {
     }
     fn spawn_blocking(
         &mut self,
-        fb: &Fallback,
+        pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         done: usize,
@@ -312,7 +313,7 @@ impl<B: IoBufMut> Target for OwnedVec<B> {
         let lent = Arc::new(Mutex::new(self.bufs.take()));
         self.lent = Some(lent.clone());
         let spans = self.spans.clone();
-        fb.run(permit, move || {
+        pool.run(permit, move || {
             let mut guard = crate::util::lock(&lent);
             let bufs = guard
                 .as_mut()
@@ -357,7 +358,7 @@ impl<'a, 'b> UringReadVectoredFuture<'a, 'b> {
         bufs: &'a mut [IoSliceMut<'b>],
     ) -> Self {
         UringReadVectoredFuture {
-            core: ReadCore::new(ctx, fid, offset, BorrowedVec::new(bufs)),
+            core: Core::new(ctx, fid, Read::new(fid, offset, BorrowedVec::new(bufs))),
         }
     }
 }
@@ -365,7 +366,7 @@ impl<'a, 'b> UringReadVectoredFuture<'a, 'b> {
 impl Future for UringReadVectoredFuture<'_, '_> {
     type Output = io::Result<usize>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        self.get_mut().core.poll_read(cx)
+        self.get_mut().core.poll_op(cx)
     }
 }
 
@@ -389,7 +390,7 @@ pub struct UringReadVectoredOwnedFuture<'a, B: IoBufMut> {
 impl<'a, B: IoBufMut> UringReadVectoredOwnedFuture<'a, B> {
     pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, bufs: Vec<B>) -> Self {
         UringReadVectoredOwnedFuture {
-            core: ReadCore::new(ctx, fid, offset, OwnedVec::new(bufs)),
+            core: Core::new(ctx, fid, Read::new(fid, offset, OwnedVec::new(bufs))),
         }
     }
 }
@@ -398,9 +399,9 @@ impl<B: IoBufMut> Future for UringReadVectoredOwnedFuture<'_, B> {
     type Output = (io::Result<usize>, Vec<B>);
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let res = ready!(this.core.poll_read(cx));
-        let done = this.core.done();
-        Poll::Ready((res, this.core.target.take(done)))
+        let res = ready!(this.core.poll_op(cx));
+        let done = this.core.op.done();
+        Poll::Ready((res, this.core.op.dest.take(done)))
     }
 }
 

@@ -1,0 +1,350 @@
+//! [`UringContext`], the public handle, and its counters ([`Stats`]). Its
+//! [`Builder`] (settings, their checks, and the choice of backend) is in
+//! `builder.rs`; the state behind the handle, which the ops share, is in
+//! `shared.rs`.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::builder::Builder;
+use crate::files::FileRoute;
+use crate::id::FileId;
+use crate::ring::Ring;
+use crate::shared::{Backend, BackendInfo, Inner};
+
+mod read;
+mod write;
+
+/// Counters since the context was created (a snapshot; see [`UringContext::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Ops handed to the kernel (ring SQEs, or blocking-pool calls): reads,
+    /// and the writes, syncs, `statx`es and opens of the write path.
+    pub submitted: u64,
+    /// Of those, how many the kernel has completed.
+    pub completed: u64,
+    /// `io_uring_enter` calls made (by the drivers, and by readers that
+    /// submitted while their ring's driver was idle). With SQPOLL only the
+    /// calls that were needed (to wake the kernel thread) are made and
+    /// counted.
+    pub enters: u64,
+    /// Reads served at once from the page cache (`RWF_NOWAIT`), no ring involved.
+    pub inline_completed: u64,
+    /// Ops the kernel holds right now (`submitted - completed`; with
+    /// SQPOLL a completion can be seen before its submission is, so this
+    /// never goes below 0).
+    pub in_flight: u64,
+    /// Times a ring's background driver task ran (io_uring backend): a
+    /// measure of wake-ups, to set against `submitted`.
+    pub driver_polls: u64,
+    /// Cancel requests sent to the kernel for ops (reads, writes, …)
+    /// whose future was dropped while the kernel held them (io_uring backend). A read the
+    /// kernel can still stop comes back at once with `ECANCELED`, which
+    /// frees its in-flight slot; one the device already has completes as
+    /// usual.
+    pub cancels: u64,
+}
+
+impl Stats {
+    /// Average reads submitted per `io_uring_enter` (0 when none).
+    #[must_use]
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "a ratio: counts beyond 2^52 lose digits no one reads"
+    )]
+    pub fn reads_per_enter(&self) -> f64 {
+        if self.enters == 0 {
+            0.0
+        } else {
+            self.submitted as f64 / self.enters as f64
+        }
+    }
+}
+
+/// A handle to io_uring rings (or the fallback) serving positioned reads of
+/// a set of files. Cheap to clone; every clone serves the same files.
+///
+/// See the [crate documentation](crate) for an example.
+#[derive(Clone)]
+pub struct UringContext {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for UringContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringContext")
+            .field("backend", &self.inner.info)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl UringContext {
+    /// A context with default settings over `files`. Each file's index in
+    /// the `Vec` names it (`ctx.read(0u32, ..)`); [`file_ids`](Self::file_ids)
+    /// gives checked ids for them (see [`FileId`]). Must be called inside a
+    /// tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::build`].
+    pub fn new(files: Vec<File>) -> io::Result<UringContext> {
+        Builder::default().build(files)
+    }
+
+    /// A builder for non-default settings.
+    #[must_use]
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Adds a file at run time and returns its id, a checked one (see
+    /// [`FileId`]): it works only with this context and only until the file
+    /// is unregistered. An index freed by
+    /// [`unregister_file`](Self::unregister_file) is reused only once no read
+    /// of the old file is left, and then under a new generation, so the old
+    /// id stays an error.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `file` is not a regular file or block device; an
+    /// error if the file table is full ([`Builder::max_files`]), the
+    /// context is shut down, or the kernel refuses the registration.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![])?;
+    /// let fid = ctx.register_file(tempfile::tempfile()?)?;
+    /// let mut buf = [0u8; 16];
+    /// assert_eq!(ctx.read(fid, 0, &mut buf).await?, 0); // an empty file
+    /// ctx.unregister_file(fid)?;
+    /// assert!(ctx.read(fid, 0, &mut buf).await.is_err()); // InvalidInput
+    /// // Its index may be reused; the old id still names only the old file.
+    /// let again = ctx.register_file(tempfile::tempfile()?)?;
+    /// assert!(ctx.read(fid, 0, &mut buf).await.is_err());
+    /// assert_eq!(ctx.read(again, 0, &mut buf).await?, 0);
+    /// // Only files that support positioned reads are accepted.
+    /// let dir = std::fs::File::open(std::env::temp_dir())?;
+    /// assert!(ctx.register_file(dir).is_err());
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn register_file(&self, file: File) -> io::Result<FileId> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(crate::error::shut_down_error());
+        }
+        let facts = crate::files::Facts::of(&file, &"the file passed to register_file")?;
+        self.inner.files.insert(file, facts, self.inner.fixed())
+    }
+
+    /// Removes a file. Reads already in flight on it complete (or fail with
+    /// `EBADF` if they had not reached the kernel); later reads of `fid` fail
+    /// with `InvalidInput`. The file is closed when the last read is done.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `fid` is not registered, or is a checked id of
+    /// another context or of a file already unregistered (nothing is
+    /// removed then); the kernel's error if it refuses to clear the file
+    /// from a ring's table.
+    pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
+        self.inner.files.remove(fid.into(), self.inner.fixed())
+    }
+
+    /// The checked id (see [`FileId`]) of the file registered at `index` now:
+    /// for the files given to [`new`](Self::new) or
+    /// [`Builder::build`], `index` is their position in the `Vec`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if no file is registered at `index`.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?, tempfile::tempfile()?])?;
+    /// let second = ctx.file_id(1)?;
+    /// assert_eq!((second.index(), second.is_tagged()), (1, true));
+    /// assert!(ctx.file_id(2).is_err());
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn file_id(&self, index: u32) -> io::Result<FileId> {
+        self.inner.files.get(FileId::from(index)).map(|e| e.id())
+    }
+
+    /// The checked ids (see [`FileId`]) of every file registered now, in
+    /// index order: right after [`new`](Self::new), one per file of the
+    /// `Vec`, in its order.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?, tempfile::tempfile()?])?;
+    /// let fids = ctx.file_ids();
+    /// assert_eq!(fids.iter().map(|f| f.index()).collect::<Vec<_>>(), [0, 1]);
+    /// let mut buf = [0u8; 8];
+    /// for fid in fids {
+    ///     assert_eq!(ctx.read(fid, 0, &mut buf).await?, 0); // empty files
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn file_ids(&self) -> Vec<FileId> {
+        self.inner.files.ids()
+    }
+
+    /// Which backend runs, and why.
+    #[must_use]
+    pub fn backend(&self) -> &BackendInfo {
+        &self.inner.info
+    }
+
+    /// A snapshot of the counters.
+    #[must_use]
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// # use uring_positioned_io::{BackendKind, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[0u8; 4096])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let mut buf = [0u8; 512];
+    /// ctx.read(0, 0, &mut buf).await?;
+    /// let s = ctx.stats();
+    /// // Served from the page cache inline, or through the ring (or pread).
+    /// assert!(s.inline_completed + s.completed >= 1);
+    /// if ctx.backend().kind == BackendKind::Fallback {
+    ///     eprintln!("no io_uring here: {}", ctx.backend());
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let rings: &[Arc<Ring>] = match &self.inner.backend {
+            Backend::Uring(rings) => rings,
+            Backend::Fallback => &[],
+        };
+        let c = self.inner.blocking.counters();
+        let blocking = Stats {
+            submitted: c.submitted,
+            completed: c.completed,
+            in_flight: c.submitted.saturating_sub(c.completed),
+            ..Stats::default()
+        };
+        rings
+            .iter()
+            .map(|r| r.counters())
+            .fold(blocking, |s, c| Stats {
+                submitted: s.submitted + c.submitted,
+                completed: s.completed + c.completed,
+                enters: s.enters + c.enters,
+                inline_completed: s.inline_completed + c.inline,
+                in_flight: s.in_flight + c.submitted.saturating_sub(c.completed),
+                driver_polls: s.driver_polls + c.driver_polls,
+                cancels: s.cancels + c.cancels,
+            })
+    }
+
+    /// How reads of file `fid` are issued: through the rings (straight to
+    /// io-wq for a FUSE or network file opted onto them), or through
+    /// `pread` on the blocking pool and why (every file of a context on the
+    /// fallback backend; files on a file system where io_uring is not
+    /// trustworthy, such as FUSE — see the design document).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `fid` is not registered.
+    ///
+    /// ```
+    /// use uring_positioned_io::{BackendKind, FileRoute, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// match ctx.file_route(0)? {
+    ///     FileRoute::Ring => assert_eq!(ctx.backend().kind, BackendKind::IoUring),
+    ///     FileRoute::RingAsync(why) => println!("file #0 is read through io-wq: {why}"),
+    ///     FileRoute::BlockingPool(why) => println!("file #0 is read with pread: {why}"),
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn file_route(&self, fid: impl Into<FileId>) -> io::Result<FileRoute> {
+        let file = self.inner.files.get(fid.into())?;
+        Ok(match self.inner.backend {
+            Backend::Fallback => {
+                FileRoute::BlockingPool("the context runs on the fallback backend")
+            }
+            Backend::Uring(_) => file.route,
+        })
+    }
+
+    /// Whether file `fid` was opened with `O_DIRECT`; for an id this
+    /// context refuses, the `InvalidInput` every call taking it gives.
+    pub(crate) fn file_is_direct(&self, fid: FileId) -> io::Result<bool> {
+        self.inner.files.get(fid).map(|f| f.direct)
+    }
+
+    /// Whether the bounce buffers are registered with the kernel (io_uring
+    /// backend; false when RLIMIT_MEMLOCK did not allow it).
+    #[must_use]
+    pub fn buffers_registered(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Uring(rings) => rings.iter().all(|r| r.buffers_registered()),
+            Backend::Fallback => false,
+        }
+    }
+
+    /// Stops accepting reads, cancels what is in flight and waits until the
+    /// kernel has returned every read, or until
+    /// [`Builder::shutdown_timeout`] has passed. Pending reads resolve with
+    /// their data or an error (`ECANCELED`, or "shut down" for reads not
+    /// yet submitted); past the timeout, borrowed reads still in the kernel
+    /// fail with `TimedOut` (their bounce buffers stay with the context
+    /// until the kernel lets go), while owned reads keep waiting for the
+    /// kernel, since their buffer cannot be handed back before it is done.
+    /// Every handle sees the shutdown.
+    ///
+    /// ```
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// let other = ctx.clone();
+    /// ctx.shutdown().await;
+    /// let mut buf = [0u8; 8];
+    /// assert!(other.read(0, 0, &mut buf).await.is_err()); // every handle sees it
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        if let Backend::Uring(rings) = &self.inner.backend {
+            rings.iter().for_each(|r| r.close());
+        }
+        let blocking = &self.inner.blocking;
+        blocking.close();
+        if let Backend::Uring(rings) = &self.inner.backend {
+            for r in rings {
+                r.wait_drained().await;
+            }
+        }
+        blocking.wait_idle(self.inner.shutdown_timeout).await;
+    }
+}
