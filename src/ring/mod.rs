@@ -54,7 +54,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
-use crate::buf::BufferPool;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
@@ -66,12 +65,14 @@ use crate::util::lock;
 mod complete;
 mod driver;
 mod ops;
+mod pool;
 mod submit;
 
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
 pub(crate) use ops::RingOp;
+use pool::BufferPool;
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
