@@ -54,7 +54,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
-use crate::buf::BufferPool;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
@@ -65,6 +64,7 @@ use table::OpTable;
 
 mod complete;
 mod driver;
+mod pool;
 mod sqe;
 mod submit;
 mod table;
@@ -73,6 +73,7 @@ pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
 pub(crate) use sqe::{Dst, RingOp, Src};
+use pool::BufferPool;
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 

@@ -119,54 +119,37 @@
 //! pool, and need not: the stream that would reuse them is gone. Chunks
 //! already yielded stay valid after the stream is dropped.
 
+//!
+//! # Files
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the stream ([`Scan`]) and its [`Chunk`]s |
+//! | `options.rs` | [`ScanOptions`]: the settings, their defaults and bounds, and the start of a scan |
+//! | `pool.rs` | the buffers of one scan, shared by the stream and its chunks |
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::ops::{Bound, Deref, RangeBounds};
+use std::ops::{Deref, RangeBounds};
 use std::pin::Pin;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::Stream;
 
 use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::UringContext;
-use crate::error::{invalid, shut_down_error};
 use crate::id::FileId;
 use crate::ops::read::UringReadOwnedFuture;
 
-const DEFAULT_CHUNK: usize = 1 << 20;
-/// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,
-/// so that each chunk buffer can be physically contiguous (the buffers are
-/// slots of one `AlignedBuf::new_huge` mapping, see `Region`).
-const DEFAULT_DIRECT_CHUNK: usize = 2 << 20;
-/// Default buffers of a buffered scan: 8 × 1 MiB. On a cached file the
-/// deeper read-ahead keeps the copying worker busy (DESIGN, "Scans").
-const DEFAULT_IN_FLIGHT: usize = 8;
-/// Default buffers of an `O_DIRECT` scan: 4 × 2 MiB, the same 8 MiB.
-const DEFAULT_DIRECT_IN_FLIGHT: usize = 4;
-/// Largest `chunk_size`: a chunk is one read, and one read moves at most
-/// ~2 GiB (`MAX_RW_COUNT`); a chunk of more than 1 GiB buys nothing.
-const MAX_CHUNK: usize = 1 << 30;
-/// Largest `in_flight`: far past where more read-ahead helps (DESIGN,
-/// "Scans").
-const MAX_IN_FLIGHT: usize = 1024;
-/// Slots reserved up front; a deeper scan grows its queue as it goes.
-const INITIAL_SLOTS: usize = 16;
-const DEFAULT_ALIGN: usize = 4096;
-/// Largest allocation of a scan's buffers (a `Region`), unless one chunk is
-/// larger: the default 8 MiB of buffers is one region, four huge pages;
-/// settings far beyond that (1024 chunks of 1 GiB) map their buffers a
-/// chunk at a time, as they are needed.
-const REGION_BYTES: usize = 8 << 20;
-/// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
-/// scan's reads skip the page-cache fast path and go to a ring (see the
-/// module's "Cached and uncached files", and DESIGN, "Scans", for where
-/// the crossover was found).
-const RING_AHEAD: usize = 512 << 10;
+mod options;
+mod pool;
+
+pub use options::ScanOptions;
+use pool::{Pool, SlotBuf};
+
 /// With read-ahead on the ring, one chunk in this many is still read on the
 /// consumer's thread when the file is cached, so that the consumer takes a
 /// share of the copying (see the module's "Cached and uncached files").
@@ -174,405 +157,6 @@ const CONSUMER_SHARE: u64 = 4;
 /// Largest read that checks whether the file goes on when every buffer is
 /// held (see [`Held`]): one block of the alignment, at most a page.
 const PROBE: usize = 4096;
-
-/// Settings of a scan; [`scan`](ScanOptions::scan) starts one.
-///
-/// A scan is a free-standing builder rather than a method of
-/// [`UringContext`]: it is built on the context's owned reads
-/// (`read_owned` of aligned buffers), holding no more of the context than
-/// any caller of `read_owned` does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScanOptions {
-    chunk_size: usize,
-    /// `chunk_size` was set by the caller (else it depends on `O_DIRECT`).
-    chunk_set: bool,
-    in_flight: usize,
-    /// `in_flight` was set by the caller (else it depends on `O_DIRECT`).
-    in_flight_set: bool,
-    align: usize,
-    /// With every buffer held by a chunk, `next()` waits for one to be
-    /// dropped instead of failing.
-    wait_for_dropped: bool,
-}
-
-impl Default for ScanOptions {
-    fn default() -> Self {
-        ScanOptions {
-            chunk_size: DEFAULT_CHUNK,
-            chunk_set: false,
-            in_flight: DEFAULT_IN_FLIGHT,
-            in_flight_set: false,
-            align: DEFAULT_ALIGN,
-            wait_for_dropped: false,
-        }
-    }
-}
-
-impl ScanOptions {
-    /// Defaults: 1 MiB chunks, 8 reads in flight, 4096-byte alignment; on a
-    /// file opened with `O_DIRECT`, 2 MiB chunks and 4 reads in flight (8 MiB
-    /// of buffers either way).
-    #[must_use]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Bytes per chunk and per read; a non-zero multiple of the alignment,
-    /// at most 1 GiB. Default: 1 MiB, or 2 MiB on a file opened with `O_DIRECT` (see the
-    /// module's "Cached and uncached files").
-    #[must_use]
-    pub fn chunk_size(mut self, bytes: usize) -> Self {
-        self.chunk_size = bytes;
-        self.chunk_set = true;
-        self
-    }
-
-    /// Buffers of the scan (default 8, or 4 on a file opened with
-    /// `O_DIRECT`): the reads in flight ahead of the consumer plus the
-    /// chunks it holds (with all of them held, see
-    /// [`wait_for_dropped_chunks`](Self::wait_for_dropped_chunks)). From 1
-    /// to 1024. A scan holds up to `chunk_size ×
-    /// in_flight` of memory, 8 MiB with the defaults: many scans at once (a
-    /// k-way merge over many files, say) want fewer or smaller chunks.
-    #[must_use]
-    pub fn in_flight(mut self, reads: usize) -> Self {
-        self.in_flight = reads;
-        self.in_flight_set = true;
-        self
-    }
-
-    /// Alignment of every read's offset, length and buffer (default 4096, as
-    /// `O_DIRECT` needs on most devices); a power of two. 1 reads exactly
-    /// the range on buffered files.
-    #[must_use]
-    pub fn align(mut self, bytes: usize) -> Self {
-        self.align = bytes;
-        self
-    }
-
-    /// What `next()` does when every buffer is held by a chunk not dropped
-    /// yet, so that no read can start (default `false`).
-    ///
-    /// `false`: `next()` returns an error of kind
-    /// [`ResourceBusy`](io::ErrorKind::ResourceBusy) saying so, rather than
-    /// waiting for a drop that a consumer holding its chunks (`collect()`,
-    /// say) would never make. Chunks dropped before the call count,
-    /// whichever thread dropped them; a read in flight is waited for as
-    /// usual. Before failing, the scan checks with a small read that the
-    /// file goes on, so a range that ends at end of file right after the
-    /// chunks held ends the stream instead. The error does not end the
-    /// stream: the next `next()` goes on if a chunk has been dropped since,
-    /// and otherwise returns `None` (so loops that take every item, such as
-    /// `collect()`, stop).
-    ///
-    /// `true`: `next()` waits until a chunk is dropped, on any thread (the
-    /// drop wakes the stream). This is for pipelines: a consumer that hands
-    /// chunks to other tasks or threads, which drop them later, uses the
-    /// scan's buffers as backpressure (with `false`, such a consumer gets
-    /// the error whenever it is ahead of them). A consumer that holds every
-    /// chunk itself then waits forever.
-    ///
-    /// So: `false` when the code calling `next()` drops the chunks itself
-    /// (a loop that keeps at most `in_flight − 1` of them never sees the
-    /// error); `true` when other tasks drop them.
-    #[must_use]
-    pub fn wait_for_dropped_chunks(mut self, wait: bool) -> Self {
-        self.wait_for_dropped = wait;
-        self
-    }
-
-    /// Whether this scan's reads skip the page-cache fast path (see the
-    /// module's "Cached and uncached files").
-    fn ring_only(&self) -> bool {
-        self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
-    }
-
-    /// The settings' own checks.
-    fn check(&self) -> io::Result<()> {
-        if !self.align.is_power_of_two() {
-            return invalid(format!(
-                "ScanOptions::align({}): must be a power of two",
-                self.align
-            ));
-        }
-        if self.chunk_size == 0 || self.chunk_size % self.align != 0 {
-            return invalid(format!(
-                "ScanOptions::chunk_size({}): must be a non-zero multiple of the alignment {}",
-                self.chunk_size, self.align
-            ));
-        }
-        if self.chunk_size > MAX_CHUNK {
-            return invalid(format!(
-                "ScanOptions::chunk_size({}): at most {MAX_CHUNK} (1 GiB; a chunk is one read)",
-                self.chunk_size
-            ));
-        }
-        if self.in_flight == 0 || self.in_flight > MAX_IN_FLIGHT {
-            return invalid(format!(
-                "ScanOptions::in_flight({}): must be from 1 to {MAX_IN_FLIGHT}",
-                self.in_flight
-            ));
-        }
-        Ok(())
-    }
-
-    /// Starts a scan of `range` of file `fid` (`..` for the whole file; an
-    /// end beyond the file stops at end of file). Nothing is read until the
-    /// stream is polled; what can be checked without reading is checked
-    /// here.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` for settings out of range (naming them), a range
-    /// whose start is beyond its end or beyond `i64::MAX`, or an `fid` that
-    /// every call taking it refuses (not registered, or a checked id of
-    /// another context or of an unregistered file: see [`FileId`]), with
-    /// the same error as theirs; the shut-down error if the context is
-    /// shut down.
-    pub fn scan<'a>(
-        &self,
-        ctx: &'a UringContext,
-        fid: impl Into<FileId>,
-        range: impl RangeBounds<u64>,
-    ) -> io::Result<Scan<'a>> {
-        let fid = fid.into();
-        if ctx.inner.closed.load(Ordering::Acquire) {
-            return Err(shut_down_error());
-        }
-        let direct = ctx.file_is_direct(fid)?;
-        let mut opts = *self;
-        if direct {
-            if !opts.chunk_set {
-                opts.chunk_size = DEFAULT_DIRECT_CHUNK.max(opts.align);
-            }
-            if !opts.in_flight_set {
-                opts.in_flight = DEFAULT_DIRECT_IN_FLIGHT;
-            }
-        }
-        opts.check()?;
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => u64::MAX,
-        };
-        if start > end {
-            return invalid(format!(
-                "scan of {fid}, range {start}..{end}: start beyond end"
-            ));
-        }
-        if start > i64::MAX.unsigned_abs() {
-            // Named here, with the caller's numbers, as a read at such an
-            // offset is refused (even an empty one).
-            return invalid(format!(
-                "scan of {fid}, range {start}..{end}: starts beyond i64::MAX, where no file has data"
-            ));
-        }
-        let align = self.align as u64;
-        let next = start - start % align;
-        // Buffers the range can use at most: a short range need not map
-        // `in_flight` of them.
-        let chunks = (end - next).div_ceil(opts.chunk_size as u64);
-        let slots = usize::try_from(chunks).map_or(opts.in_flight, |c| c.min(opts.in_flight));
-        Ok(Scan {
-            ctx,
-            fid,
-            opts,
-            start,
-            end,
-            next,
-            buffers: slots,
-            slots: VecDeque::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
-            pool: Arc::new(Pool {
-                state: Mutex::new(PoolState {
-                    free: Vec::with_capacity(opts.in_flight.min(INITIAL_SLOTS)),
-                    regions: Vec::new(),
-                    waker: None,
-                }),
-                allocated: AtomicUsize::new(0),
-            }),
-            stopped: start == end,
-            cache: Cache::Unknown,
-            yielded: false,
-            held: Held::No,
-        })
-    }
-}
-
-/// The buffers of one scan, shared by the stream and its chunks.
-struct Pool {
-    state: Mutex<PoolState>,
-    /// Buffers handed out so far (never more than the scan's buffers).
-    allocated: AtomicUsize,
-}
-
-struct PoolState {
-    free: Vec<SlotBuf>,
-    /// The memory of the buffers handed out so far: regions of up to
-    /// `REGION_BYTES` each, made as they are needed.
-    regions: Vec<Arc<Region>>,
-    /// The stream, waiting for a chunk to be dropped.
-    waker: Option<Waker>,
-}
-
-/// Memory of a scan's buffers: one allocation of `slots × chunk` bytes
-/// (at most `REGION_BYTES`, or one chunk), whose slots are buffers. From
-/// 2 MiB it is its own mapping, aligned to 2 MiB and backed by transparent
-/// huge pages where the system allows ([`AlignedBuf::try_new_huge`]): it
-/// comes zero-filled from the kernel and is faulted in a huge page at a
-/// time, where buffers from the allocator would be zeroed by `memset` and
-/// faulted in 4 KiB at a time (DESIGN, "Scans"). A huge page is also
-/// physically contiguous, which an `O_DIRECT` read into it needs to reach
-/// the device in a few segments.
-struct Region {
-    /// Owns the memory (freed when the last slot and the pool are gone);
-    /// never read or written through: only through `base`.
-    _mem: AlignedBuf,
-    /// Start of slot 0; slot `i` is `chunk` bytes at `base + i × chunk`.
-    base: NonNull<u8>,
-    chunk: usize,
-}
-
-// SAFETY: a Region is a handle on memory it owns and never touches itself;
-// each slot is read and written only through the one `SlotBuf` made for
-// it, which the pool, a read in flight or a chunk owns at a time.
-unsafe impl Send for Region {}
-// SAFETY: as above: `&Region` gives access to nothing but `base` and `chunk`.
-unsafe impl Sync for Region {}
-
-impl Region {
-    /// Zeroed memory for `slots` buffers of `chunk` bytes aligned to `align`.
-    fn new(slots: usize, chunk: usize, align: usize) -> io::Result<Region> {
-        let len = slots.checked_mul(chunk).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                format!("scan: {slots} buffers of {chunk} bytes overflow the address space"),
-            )
-        })?;
-        let mut mem = AlignedBuf::try_new_huge(len, align).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("scan: cannot allocate {slots} chunk buffers of {chunk} bytes: {e}"),
-            )
-        })?;
-        // The allocation does not move when `mem` does.
-        let base = NonNull::new(mem.stable_mut_ptr()).expect("an allocation is not null");
-        Ok(Region {
-            _mem: mem,
-            base,
-            chunk,
-        })
-    }
-}
-
-/// Slot `index` of a [`Region`]: one chunk buffer. Exactly one exists per
-/// slot (the pool makes each once and never clones it), so whoever holds it
-/// has the slot's bytes to itself; it keeps the region alive.
-struct SlotBuf {
-    region: Arc<Region>,
-    index: usize,
-}
-
-impl SlotBuf {
-    fn ptr(&self) -> *mut u8 {
-        // SAFETY: index < slots, so the offset stays inside the allocation.
-        unsafe {
-            self.region
-                .base
-                .as_ptr()
-                .add(self.index * self.region.chunk)
-        }
-    }
-}
-
-impl Deref for SlotBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the slot's `chunk` bytes are inside the region, which this
-        // buffer keeps alive, initialised (zero-filled, then written only by
-        // reads), and nobody else reaches them while this buffer exists.
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.region.chunk) }
-    }
-}
-
-// SAFETY: the slot's `chunk` bytes stay where they are (the region's
-// allocation never moves) and allocated while this buffer, which holds an
-// `Arc` of the region, lives; no other `SlotBuf` covers them; all of them
-// are initialised (zero-filled at allocation), so `bytes_init` is
-// `bytes_total` and never changes.
-unsafe impl IoBufMut for SlotBuf {
-    fn stable_ptr(&self) -> *const u8 {
-        self.ptr()
-    }
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr()
-    }
-    fn bytes_init(&self) -> usize {
-        self.region.chunk
-    }
-    fn bytes_total(&self) -> usize {
-        self.region.chunk
-    }
-    unsafe fn set_init(&mut self, _pos: usize) {}
-}
-
-impl Pool {
-    fn lock(&self) -> MutexGuard<'_, PoolState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A free buffer, a slot not handed out yet (of `slots` buffers of
-    /// `chunk` bytes in all, in regions of up to `REGION_BYTES` made as
-    /// they are needed), or `None` after registering `waker` to be woken by
-    /// the next returned buffer. `Err` if a region cannot be allocated.
-    fn take(
-        &self,
-        slots: usize,
-        chunk: usize,
-        align: usize,
-        waker: &Waker,
-    ) -> io::Result<Option<SlotBuf>> {
-        let mut st = self.lock();
-        if let Some(b) = st.free.pop() {
-            return Ok(Some(b));
-        }
-        let next = self.allocated.load(Ordering::Relaxed);
-        if next < slots {
-            // Whole chunks per region (at least one), so that huge settings
-            // on a short file map what they use, as lazily as before.
-            let per_region = (REGION_BYTES / chunk).max(1);
-            let (which, index) = (next / per_region, next % per_region);
-            if which == st.regions.len() {
-                let n = per_region.min(slots - which * per_region);
-                st.regions.push(Arc::new(Region::new(n, chunk, align)?));
-            }
-            let region = st.regions[which].clone();
-            self.allocated.store(next + 1, Ordering::Relaxed);
-            return Ok(Some(SlotBuf { region, index }));
-        }
-        if !st.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            st.waker = Some(waker.clone());
-        }
-        Ok(None)
-    }
-
-    fn put(&self, buf: SlotBuf) {
-        let waker = {
-            let mut st = self.lock();
-            st.free.push(buf);
-            st.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
 
 enum SlotState<'a> {
     /// Reading into a window of the buffer: the continuation of a short
@@ -709,7 +293,7 @@ impl<'a> Scan<'a> {
     /// [`in_flight`](ScanOptions::in_flight), however long the range.
     #[must_use]
     pub fn buffers_allocated(&self) -> usize {
-        self.pool.allocated.load(Ordering::Relaxed)
+        self.pool.allocated()
     }
 
     /// Starts reads while buffers are available and the range goes on.
