@@ -39,7 +39,7 @@ const REAP_BATCH: usize = 256;
 /// A relay runs its round on one worker: 16 covers the rounds of low depths,
 /// where relaying saves syscalls, without serialising the hundred-odd
 /// completions of a deep ring's round (see DESIGN, "The driver").
-const RELAY_MAX: usize = 16;
+pub(super) const RELAY_MAX: usize = 16;
 
 /// What a completed ring read tells its future.
 #[derive(Debug)]

@@ -68,6 +68,8 @@ mod pool;
 mod sqe;
 mod submit;
 mod table;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
