@@ -74,8 +74,8 @@ mod tests;
 pub(crate) use complete::CopyTo;
 use complete::Deferred;
 pub(crate) use driver::Driver;
-pub(crate) use sqe::{Dst, RingOp, Src};
 use pool::BufferPool;
+pub(crate) use sqe::{Dst, RingOp, Src};
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
