@@ -151,7 +151,7 @@ struct Merge {
 
 /// What [`ReadBatch`] and [`ReadBatchStream`] share: the requests, then the
 /// reads made of them.
-struct Core<'a, B: IoBufMut> {
+struct BatchCore<'a, B: IoBufMut> {
     ctx: &'a UringContext,
     requests: Vec<Request<B>>,
     merge: Option<Merge>,
@@ -168,15 +168,15 @@ struct Core<'a, B: IoBufMut> {
     planned: bool,
     /// The first poll has polled every unit (binding each read to its file).
     polled: bool,
-    /// The first poll yielded for fairness (see `Core::turn_over`): once
+    /// The first poll yielded for fairness (see `BatchCore::turn_over`): once
     /// per batch at most.
     yielded: bool,
     left: usize,
 }
 
-impl<'a, B: IoBufMut> Core<'a, B> {
+impl<'a, B: IoBufMut> BatchCore<'a, B> {
     fn new(ctx: &'a UringContext, requests: Vec<Request<B>>) -> Self {
-        Core {
+        BatchCore {
             ctx,
             left: requests.len(),
             requests,
@@ -353,7 +353,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
-    /// Binds every read to its file without reading (see `Core::bind`),
+    /// Binds every read to its file without reading (see `BatchCore::bind`),
     /// when the first poll yields. A read whose file is not registered is
     /// polled at once instead: it fails there, and its result goes to
     /// `emit`.
@@ -488,7 +488,7 @@ fn poll_unit<B: IoBufMut>(
     finished
 }
 
-impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
+impl<B: IoBufMut> fmt::Debug for BatchCore<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadBatch")
             .field("merge", &self.merge)
@@ -518,7 +518,7 @@ impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
 /// next.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadBatch<'a, B: IoBufMut> {
-    core: Core<'a, B>,
+    core: BatchCore<'a, B>,
     done: Vec<Option<(io::Result<usize>, B)>>,
 }
 
@@ -536,7 +536,7 @@ impl<'a, B: IoBufMut> ReadBatch<'a, B> {
             .collect();
         ReadBatch {
             done: requests.iter().map(|_| None).collect(),
-            core: Core::new(ctx, requests),
+            core: BatchCore::new(ctx, requests),
         }
     }
 
@@ -664,7 +664,7 @@ impl<B: IoBufMut> Future for ReadBatch<'_, B> {
 /// with their buffers.
 #[must_use = "streams do nothing unless polled"]
 pub struct ReadBatchStream<'a, B: IoBufMut> {
-    core: Core<'a, B>,
+    core: BatchCore<'a, B>,
     ready: VecDeque<(usize, io::Result<usize>, B)>,
 }
 

@@ -241,21 +241,30 @@ pub(crate) trait FixedFiles {
     fn update(&self, index: u32, fd: i32) -> io::Result<()>;
 }
 
-type Slots = Vec<Option<Arc<FileEntry>>>;
+/// The fallback backend's fixed-file tables: there are none.
+pub(crate) struct NoRings;
+
+impl FixedFiles for NoRings {
+    fn update(&self, _: u32, _: i32) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+type FileSlots = Vec<Option<Arc<FileEntry>>>;
 
 /// One replica of the table, on its own cache lines: the threads that use
 /// different shards never write to a shared line when they look a file up.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(RwLock<Slots>);
+struct Shard(RwLock<FileSlots>);
 
 impl Shard {
-    fn read(&self) -> RwLockReadGuard<'_, Slots> {
+    fn read(&self) -> RwLockReadGuard<'_, FileSlots> {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    fn write(&self) -> RwLockWriteGuard<'_, Slots> {
+    fn write(&self) -> RwLockWriteGuard<'_, FileSlots> {
         self.0
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -330,7 +339,7 @@ impl Facts {
 
 /// The entry `fid` names in `slots` (of table `table`), or why none.
 #[inline]
-fn find(slots: &Slots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
+fn find(slots: &FileSlots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
     match slots.get(fid.index() as usize).and_then(Option::as_ref) {
         Some(e) if e.answers_to(fid) => Ok(e),
         found => Err(error::bad_fid(fid, table, found.map(|e| e.gen))),
@@ -339,7 +348,7 @@ fn find(slots: &Slots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
 
 /// A read lock on one shard; `lookup` borrows entries from it.
 pub(crate) struct FilesGuard<'a> {
-    slots: RwLockReadGuard<'a, Slots>,
+    slots: RwLockReadGuard<'a, FileSlots>,
     table: u64,
 }
 
@@ -377,7 +386,7 @@ impl FileTable {
                 let facts = Facts::of(&file, &FileId::from(i))?;
                 Ok(Some(Self::entry(file, facts, (i, 0, id), &free, &policy)))
             })
-            .collect::<io::Result<Slots>>()?;
+            .collect::<io::Result<FileSlots>>()?;
         Ok(FileTable {
             shards: (0..shards.max(1))
                 .map(|_| Shard(RwLock::new(slots.clone())))
@@ -486,7 +495,7 @@ impl FileTable {
         self.shard(thread_slot()).lookup(fid).cloned()
     }
 
-    fn write_all(&self) -> Vec<RwLockWriteGuard<'_, Slots>> {
+    fn write_all(&self) -> Vec<RwLockWriteGuard<'_, FileSlots>> {
         self.shards.iter().map(Shard::write).collect()
     }
 
@@ -559,13 +568,6 @@ impl FileTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct NoRings;
-    impl FixedFiles for NoRings {
-        fn update(&self, _: u32, _: i32) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn tmp() -> File {
         tempfile::tempfile().unwrap()

@@ -46,10 +46,10 @@ impl fmt::Debug for Permit {
 
 /// The slots were closed (shutdown, broken ring, runtime gone).
 #[derive(Debug)]
-pub(crate) struct Closed;
+pub(crate) struct SlotsClosed;
 
 /// A permit still to come.
-pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, Closed>> + Send>>;
+pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, SlotsClosed>> + Send>>;
 
 /// What [`Slots::acquire`] found.
 pub(crate) enum Acquired {
@@ -107,15 +107,15 @@ impl Slots {
                     // check and the wait still wakes it.
                     let notified = pin!(closed.notified());
                     if sem.is_closed() {
-                        return Err(Closed);
+                        return Err(SlotsClosed);
                     }
                     match select(pin!(share.acquire_owned()), notified).await {
                         Either::Left((Ok(p), _)) => Some(p),
-                        Either::Left((Err(_), _)) | Either::Right(_) => return Err(Closed),
+                        Either::Left((Err(_), _)) | Either::Right(_) => return Err(SlotsClosed),
                     }
                 }
             };
-            let slot = sem.acquire_owned().await.map_err(|_| Closed)?;
+            let slot = sem.acquire_owned().await.map_err(|_| SlotsClosed)?;
             Ok(Permit {
                 _slot: slot,
                 _share: share,
@@ -129,7 +129,7 @@ mod tests {
     use super::*;
     use std::task::{Context, Poll};
 
-    fn poll(w: &mut Wait) -> Poll<Result<Permit, Closed>> {
+    fn poll(w: &mut Wait) -> Poll<Result<Permit, SlotsClosed>> {
         w.as_mut()
             .poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
     }
@@ -173,12 +173,12 @@ mod tests {
         };
         assert!(poll(&mut w).is_pending());
         slots.close();
-        assert!(matches!(poll(&mut w), Poll::Ready(Err(Closed))));
+        assert!(matches!(poll(&mut w), Poll::Ready(Err(SlotsClosed))));
         assert!(matches!(slots.acquire(None), Acquired::Closed));
         // A waiter created after the close learns it at once.
         let Acquired::Wait(mut late) = slots.acquire(Some(&share)) else {
             panic!("the share is spent");
         };
-        assert!(matches!(poll(&mut late), Poll::Ready(Err(Closed))));
+        assert!(matches!(poll(&mut late), Poll::Ready(Err(SlotsClosed))));
     }
 }

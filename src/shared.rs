@@ -4,14 +4,13 @@
 //! an op holds the context (`Ctx`) and the ring it went to (`RingRef`).
 
 use std::fmt;
-use std::io;
 use std::ops::Deref;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::blocking::BlockingPool;
-use crate::files::{FileTable, FixedFiles};
+use crate::files::{FileTable, FixedFiles, NoRings};
 use crate::ring::Ring;
 
 /// Which backend a context runs on.
@@ -79,12 +78,6 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn fixed(&self) -> &dyn FixedFiles {
-        struct NoRings;
-        impl FixedFiles for NoRings {
-            fn update(&self, _: u32, _: i32) -> io::Result<()> {
-                Ok(())
-            }
-        }
         match &self.backend {
             Backend::Uring(rings) => rings,
             Backend::Fallback => &NoRings,
@@ -137,7 +130,7 @@ impl<'a> Ctx<'a> {
                 let index = slot % rings.len();
                 Some(RingRef {
                     index,
-                    ring: Held::Borrowed(&rings[index]),
+                    ring: HeldRing::Borrowed(&rings[index]),
                 })
             }
             Ctx::Shared(inner) => {
@@ -147,7 +140,7 @@ impl<'a> Ctx<'a> {
                 let index = slot % rings.len();
                 Some(RingRef {
                     index,
-                    ring: Held::Shared(rings[index].clone()),
+                    ring: HeldRing::Shared(rings[index].clone()),
                 })
             }
         }
@@ -159,10 +152,10 @@ impl<'a> Ctx<'a> {
 /// `Debug`.
 pub(crate) struct RingRef<'a> {
     pub(crate) index: usize,
-    ring: Held<'a>,
+    ring: HeldRing<'a>,
 }
 
-enum Held<'a> {
+enum HeldRing<'a> {
     Borrowed(&'a Ring),
     Shared(Arc<Ring>),
 }
@@ -171,8 +164,8 @@ impl Deref for RingRef<'_> {
     type Target = Ring;
     fn deref(&self) -> &Ring {
         match &self.ring {
-            Held::Borrowed(ring) => ring,
-            Held::Shared(ring) => ring,
+            HeldRing::Borrowed(ring) => ring,
+            HeldRing::Shared(ring) => ring,
         }
     }
 }

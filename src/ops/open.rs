@@ -100,7 +100,7 @@ impl OpenOptions {
         self
     }
     /// `O_DIRECT`: bypass the page cache. Offsets, lengths and buffer
-    /// addresses must then be aligned (see [`FileStat::dio_offset_align`]).
+    /// addresses must then be aligned (see [`FileStat::dio_offset_align`](crate::FileStat::dio_offset_align)).
     pub fn direct(&mut self, on: bool) -> &mut Self {
         self.direct = on;
         self

@@ -2,7 +2,7 @@
 //! reaper — the driver, the blocking drive and the teardown all call it),
 //! applying one completion to the op table ([`apply_one`]), a future
 //! collecting its op ([`Ring::poll_complete`], [`Ring::finish`]) or walking
-//! away from it ([`Ring::abandon`]), and [`Deferred`], the wakers and
+//! away from it ([`Ring::abandon`]), and [`AfterUnlock`], the wakers and
 //! resources released only once the locks are gone.
 //!
 //! SAFETY (`reap_lock`, then the state lock per batch): the completion queue
@@ -54,12 +54,12 @@ pub(super) type Released = (Record<Keep>, Option<Box<dyn Any + Send>>);
 
 /// Wakers to wake and resources to release once the lock is gone.
 #[derive(Default)]
-pub(super) struct Deferred {
+pub(super) struct AfterUnlock {
     pub(super) wakers: Vec<Waker>,
     pub(super) released: Vec<Released>,
 }
 
-impl Deferred {
+impl AfterUnlock {
     /// Must be called without any of the ring's locks held.
     pub(super) fn run(self) {
         self.wakers.into_iter().for_each(Waker::wake);
@@ -116,7 +116,7 @@ impl Ring {
         let mut total = 0;
         let mut space = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
         loop {
-            let mut out = Deferred::default();
+            let mut out = AfterUnlock::default();
             {
                 let _only_reaper = lock(&self.reap_lock);
                 // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
@@ -274,7 +274,7 @@ impl Ring {
     /// cancel fails harmlessly and the read completes as usual. Either way
     /// the buffer stays with the ring until the read's own CQE.
     pub(crate) fn abandon(&self, key: usize, keep_alive: Option<Box<dyn Any + Send>>) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         let user_data = st.ops.user_data(key);
         let abandoned = st.ops.abandon(key, keep_alive);
@@ -307,7 +307,7 @@ impl Ring {
     /// Cancels the read with `user_data` (state lock held): out of the
     /// backlog if it is still there, else by queueing an async cancel.
     /// Returns whether an SQE was queued.
-    fn cancel_locked(&self, st: &mut State, user_data: u64, out: &mut Deferred) -> bool {
+    fn cancel_locked(&self, st: &mut State, user_data: u64, out: &mut AfterUnlock) -> bool {
         if let Some(pos) = st
             .backlog
             .iter()
@@ -339,7 +339,7 @@ pub(super) fn apply_one(
     user_data: u64,
     res: i32,
     kernel: bool,
-    out: &mut Deferred,
+    out: &mut AfterUnlock,
 ) {
     if user_data == INTERNAL {
         return;

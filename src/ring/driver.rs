@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::submit::{EnterPlan, ENTER_GETEVENTS};
-use super::{transient, Deferred, Ring, RETRY_AFTER};
+use super::{transient, AfterUnlock, Ring, RETRY_AFTER};
 use crate::error::Closed;
 use crate::sys;
 use crate::thread;
@@ -307,7 +307,7 @@ impl Ring {
     /// tainted so their futures check what they got. Reads never submitted
     /// fail; waiting futures are woken to drive the ring themselves.
     fn driver_dropped(&self, finished: bool) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         {
             let mut st = lock(&self.state);
             st.driver_gone = true;
@@ -333,7 +333,7 @@ impl Ring {
         }
         if self.reap() == 0 {
             if self.coop_taskrun {
-                // Deferred completion work runs only in an enter.
+                // Completion work kept for after the unlock runs only in an enter.
                 let _ = self.enter(
                     EnterPlan {
                         to_submit: 0,

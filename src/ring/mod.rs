@@ -69,11 +69,11 @@ mod sqe;
 mod submit;
 mod table;
 
+use complete::AfterUnlock;
 pub(crate) use complete::CopyTo;
-use complete::Deferred;
 pub(crate) use driver::Driver;
-pub(crate) use sqe::{Dst, RingOp, Src};
 use pool::BufferPool;
+pub(crate) use sqe::{Dst, RingOp, Src};
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
 
@@ -395,7 +395,7 @@ impl Ring {
     /// kernel to cancel what it has, and lets the driver finish once every
     /// op is back (or `shutdown_timeout` passes, see `give_up`).
     pub(crate) fn close(&self) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         if st.closed.is_none() {
             st.closed = Some(Closed::Shutdown);
@@ -456,7 +456,7 @@ impl Drop for Ring {
         // gone), but the kernel may still own buffers: fail what it never
         // got, cancel what it has, and wait — bounded — until every op is
         // back. Only then is the pool freed; past the deadline it is leaked.
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let (broken, deadline) = {
             let mut st = lock(&self.state);
             // A driver that gave up has already waited its timeout.

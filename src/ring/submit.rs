@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use io_uring::squeue;
 
-use super::complete::{apply_one, Deferred};
+use super::complete::{apply_one, AfterUnlock};
 use super::{errno, transient, Keep, Ring, RingOp, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::Closed;
 use crate::files::FileEntry;
@@ -356,7 +356,7 @@ impl Ring {
     /// the kernel can never see them). Reads already in the kernel complete
     /// as usual (their CQEs need no enter).
     pub(super) fn break_ring(&self, e: &io::Error) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         if matches!(st.closed, Some(Closed::Broken(_))) {
             return;
@@ -374,7 +374,7 @@ impl Ring {
     /// submitted. Only sound for SQ entries if nothing ever enters with
     /// `to_submit > 0` on this ring again (a broken ring) and no SQPOLL
     /// thread can pick them up.
-    pub(super) fn fail_unsubmitted(&self, st: &mut State, sq_too: bool, out: &mut Deferred) {
+    pub(super) fn fail_unsubmitted(&self, st: &mut State, sq_too: bool, out: &mut AfterUnlock) {
         let mut keys: Vec<u64> = st.backlog.drain(..).map(|e| e.get_user_data()).collect();
         if sq_too && !self.sqpoll {
             self.account_consumed(st);
