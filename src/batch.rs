@@ -4,7 +4,7 @@
 //! optionally merged into one read ([`ReadBatch::merge_gap`]).
 //!
 //! A batch is its reads' own futures (the `read_owned` state machine, so the
-//! page-cache fast path, chunking, routing and cancellation are the same),
+//! inline path, chunking, routing and cancellation are the same),
 //! polled together under a [`Deferral`]: while they are polled, a read that
 //! needs the kernel only queues its SQE; when all have been polled, each
 //! ring with queued SQEs submits them at once — one `io_uring_enter` (or one
@@ -205,7 +205,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
     /// task's stretch, so a task looping on cached batches yields as a task
     /// looping on cached single reads does, not only when tokio's coop
     /// budget runs out (128 reads). Only where reads may be served inline:
-    /// on the fallback backend, or with the fast path off, every read
+    /// on the fallback backend, or with the inline path off, every read
     /// waits for the blocking pool or a ring, and the task yields there.
     ///
     /// After the yield, the poll that follows starts a new stretch (the

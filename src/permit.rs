@@ -1,19 +1,15 @@
 //! In-flight slots, and each file's share of them.
 //!
-//! Every read that goes to the kernel (a ring) or to the blocking pool holds
-//! a [`Permit`] until its op is over — until its CQE, or until its blocking
-//! task returns, even when its future was dropped long before. A permit is
-//! one slot of the ring's (or the pool's) in-flight limit and, when the file
-//! has one, one unit of the file's *share* of that limit
-//! (`Builder::max_in_flight_per_file`): reads stuck on one file (storage
-//! that never answers) can take at most the file's share of a ring, so the
-//! rest of its slots stay for other files.
+//! Every op that goes to a ring or to the blocking pool holds a [`Permit`]
+//! until it is over (its CQE, or its blocking task's return), even when its
+//! future was dropped long before. A permit is one slot of the ring's (or
+//! the pool's) in-flight limit and, when the file has one, one unit of the
+//! file's *share* of it (`Builder::max_in_flight_per_file`), so ops stuck on
+//! one file leave the other slots to other files.
 //!
-//! The share is taken first and the slot second, always in that order, so a
-//! read waiting for its file's share holds no slot. A read waiting for a
-//! share must still learn that the ring or pool closed (the share's holders
-//! may be ops the kernel never returns): closing a [`Slots`] wakes such
-//! waiters through a `Notify`.
+//! The share is taken before the slot, so an op waiting for its file's share
+//! holds no slot. Closing a [`Slots`] wakes such waiters through a `Notify`
+//! (the share's holders may be ops the kernel never returns).
 
 use std::fmt;
 use std::future::Future;

@@ -62,14 +62,14 @@ pub(crate) enum Backend {
 
 pub(crate) struct Inner {
     pub(crate) backend: Backend,
-    /// `pread` on the blocking pool: every read of the fallback backend, and
-    /// the reads of files routed away from the rings (see `FileRoute`).
+    /// Every op of the fallback backend, and the ops of files routed away
+    /// from the rings (see `FileRoute`).
     pub(crate) blocking: BlockingPool,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
-    /// How long a thread may do inline reads before it yields.
+    /// How long a thread may read on the inline path before it yields.
     pub(crate) inline_stretch: Duration,
-    /// Set by `shutdown`: every new read fails, the inline path included.
+    /// Set by `shutdown`: every new op fails, the inline path included.
     pub(crate) closed: AtomicBool,
     /// `Builder::shutdown_timeout`.
     pub(crate) shutdown_timeout: Duration,
@@ -87,9 +87,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // No read future can outlive the last handle (they borrow it, or
-        // hold one: the `*_static` ones), but abandoned reads may still be
-        // in the kernel: the drivers reap them
+        // Abandoned ops may still be in the kernel: the drivers reap them
         // and exit; each ring is freed only after that (see `Ring::drop`).
         if let Backend::Uring(rings) = &self.backend {
             rings.iter().for_each(|r| r.orphan());
@@ -98,9 +96,8 @@ impl Drop for Inner {
     }
 }
 
-/// The context a read belongs to: borrowed for the future's lifetime (the
-/// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
-/// is touched per read), or a handle the future holds (the `'static`
+/// The context an op belongs to: borrowed for the future's lifetime (no
+/// reference count touched per op), or a handle the future holds (the `'static`
 /// futures of the `*_static` methods, which keep the context alive).
 pub(crate) enum Ctx<'a> {
     Borrowed(&'a Inner),
@@ -118,7 +115,7 @@ impl Deref for Ctx<'_> {
 }
 
 impl<'a> Ctx<'a> {
-    /// The ring a read issued from thread slot `slot` goes to, as the read
+    /// The ring an op issued from thread slot `slot` goes to, as the op
     /// holds it; `None` on the fallback backend.
     pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
         match self {
@@ -147,7 +144,7 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// One of the context's rings, as a read holds it — borrowed like its
+/// One of the context's rings, as an op holds it — borrowed like its
 /// context, or shared — with its index in the context only to name it in
 /// `Debug`.
 pub(crate) struct RingRef<'a> {

@@ -2,7 +2,7 @@
 //! `IoSliceMut`s) and [`UringReadVectoredOwnedFuture`] (a `Vec` of owned
 //! buffers). Both are the read op of `read.rs` with a destination made of
 //! several buffers, so checks, clamping, routing,
-//! the page-cache fast path, permits, cancellation and shutdown are those
+//! the inline path, permits, cancellation and shutdown are those
 //! of `read` / `read_owned`.
 //!
 //! | path | borrowed (`read_vectored`) | owned (`read_vectored_owned`) |

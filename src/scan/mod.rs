@@ -207,7 +207,7 @@ struct Slot<'a> {
     /// Start (in the buffer) of the read in flight: 0, or where a short
     /// read stopped.
     read_from: usize,
-    /// The chunk's read may take the page-cache fast path although the
+    /// The chunk's read may take the inline path although the
     /// scan's read-ahead goes to the ring: the consumer's share.
     consumer: bool,
     state: SlotState<'a>,

@@ -33,7 +33,7 @@ const MAX_IN_FLIGHT: usize = 1024;
 const INITIAL_SLOTS: usize = 16;
 const DEFAULT_ALIGN: usize = 4096;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
-/// scan's reads skip the page-cache fast path and go to a ring (see the
+/// scan's reads skip the inline path and go to a ring (see the
 /// `scan` module's "Cached and uncached files", and DESIGN, "Scans", for where
 /// the crossover was found).
 const RING_AHEAD: usize = 512 << 10;
@@ -144,7 +144,7 @@ impl ScanOptions {
         self
     }
 
-    /// Whether this scan's reads skip the page-cache fast path (see the
+    /// Whether this scan's reads skip the inline path (see the
     /// `scan` module's "Cached and uncached files").
     pub(super) fn ring_only(&self) -> bool {
         self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
