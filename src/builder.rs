@@ -193,16 +193,16 @@ impl Builder {
         self
     }
 
-    /// Try `preadv2(RWF_NOWAIT)` inline first: a read the page cache can
-    /// serve completes in the calling task, on its own thread, with no ring
-    /// round trip; anything else goes to the ring. Default: on.
+    /// The inline path: try `preadv2(RWF_NOWAIT)` first, so a read the page
+    /// cache can serve completes in the calling task, on its own thread,
+    /// with no ring round trip; anything else goes to the ring. Default: on.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn inline_nowait(mut self, on: bool) -> Self {
         self.inline_nowait = on;
         self
     }
 
-    /// How long a task may serve page-cache hits inline, from its first
+    /// How long a task may serve page-cache hits on the inline path, from its first
     /// one, before it yields to the rest of the runtime (default:
     /// 10 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
     /// 1 s).
@@ -229,16 +229,15 @@ impl Builder {
         self
     }
 
-    /// The most reads one `io_uring_enter` hands to a *shallow* ring, one
-    /// with at most 64 reads in the kernel (1..=32768; default 8). A deeper
+    /// The most SQEs one `io_uring_enter` hands to a *shallow* ring, one
+    /// with at most 64 ops in the kernel (1..=32768; default 8). A deeper
     /// ring gets everything queued in one enter, and so does an explicit
     /// [`read_batch`](crate::UringContext::read_batch).
     ///
     /// The block layer holds one submission's requests until all of them
     /// are issued, so at low depth smaller enters reach the device sooner,
-    /// for a syscall every `n` reads. The best value depends on the device
-    /// and its state (on one virtio disk, 8 won in one session and 1 or 2 in
-    /// another; DESIGN, "Low depth", has both). Measure yours
+    /// for a syscall every `n` ops. The best value depends on the device
+    /// and its state (DESIGN, "Low depth"). Measure yours
     /// (`uring-bench --uring-shallow-batch`).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn shallow_batch(mut self, reads: u32) -> Self {
@@ -660,10 +659,9 @@ fn setup_rings(plan: &Plan, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
         .collect()
 }
 
-/// Registering the ring's eventfd with tokio's reactor panics inside tokio
-/// when the runtime was built without IO, and tokio offers no way to ask
-/// beforehand. Under `panic = "unwind"` the panic is caught here, before
-/// anything else is set up, and becomes an error.
+/// Registering a descriptor with tokio's reactor panics inside tokio when
+/// the runtime has no IO, and tokio cannot be asked beforehand: under
+/// `panic = "unwind"` the panic is caught here, before any setup.
 #[cfg(panic = "unwind")]
 fn io_driver_present() -> io::Result<()> {
     use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -294,10 +294,8 @@ impl<D: Dest> Op for Read<D> {
         }
         match piece.res {
             Ok(n) if piece.on_ring && n > 0 && n < self.piece && !self.at_eof(n, piece.file) => {
-                // Cut short before the end of the file (a local file only
-                // does that when its reader's thread dies mid-read): read
-                // the rest, and if that is impossible, fail rather than
-                // return a short count from the middle of the file.
+                // Cut short mid-file (its submitter's thread died): read the
+                // rest, or fail rather than return a short count.
                 self.done += n;
                 self.resumed = true;
                 None
@@ -385,9 +383,8 @@ impl Dest for Borrowed<'_> {
 
 /// An owned destination: the kernel writes straight into its spare
 /// capacity, `bytes_init()..bytes_total()` as they were when the read was
-/// made. On the fallback backend the buffer travels to the blocking pool
-/// through `lent`, so it comes back even if the blocking task is cancelled
-/// before it runs.
+/// made. On the blocking pool the buffer travels to its task through
+/// `lent`, so it comes back even if that task is cancelled before it runs.
 pub(crate) struct Owned<B> {
     buf: Option<B>,
     lent: Option<Arc<Mutex<Option<B>>>>,

@@ -59,7 +59,7 @@ fn address(ring: &Ring) -> usize {
     std::ptr::from_ref(ring) as usize
 }
 
-/// While alive, reads queued on this thread to one of `rings` wait; on drop
+/// While alive, ops queued on this thread to one of `rings` wait; on drop
 /// each of those rings submits them at once (a batch holds one while it
 /// polls its reads). Other rings submit as usual, so nothing is left queued
 /// with nobody to submit it.
