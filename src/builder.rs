@@ -23,7 +23,7 @@ use crate::sys;
 ///
 /// Every setting is checked when [`build`](Builder::build) runs: a value out
 /// of range is an `InvalidInput` error that names the setting and its limit,
-/// never a panic, a silent change or a silent switch to the fallback.
+/// never a panic, a silent change or a silent switch to the fallback backend.
 ///
 /// ```
 /// use std::time::Duration;
@@ -396,7 +396,7 @@ impl Builder {
                             plan.fallback_in_flight,
                             plan.fallback_in_flight,
                         ));
-                        crate::util::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
+                        crate::util::decision!(warn, reason = %why, "io_uring unavailable: the fallback backend runs every op on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
                     (_, why) => {

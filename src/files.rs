@@ -224,7 +224,7 @@ impl fmt::Debug for FileEntry {
 }
 
 /// What registering a file with the rings means; implemented by the io_uring
-/// backend (fixed files), a no-op for the fallback.
+/// backend (fixed files), a no-op for the fallback backend.
 pub(crate) trait FixedFiles {
     /// Puts `fd` (or -1 to clear) at `index` in every ring's table.
     fn update(&self, index: u32, fd: i32) -> io::Result<()>;

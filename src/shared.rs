@@ -18,21 +18,21 @@ use crate::ring::Ring;
 pub enum BackendKind {
     /// io_uring rings driven by background tasks.
     IoUring,
-    /// `pread` on tokio's blocking thread pool.
+    /// Every op on tokio's blocking pool (`pread`, `pwrite`, ...).
     Fallback,
 }
 
 /// The backend the builder should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// io_uring, or the fallback when io_uring cannot be set up here
+    /// io_uring, or the fallback backend when io_uring cannot be set up here
     /// (ENOSYS, EPERM/EACCES from seccomp or `kernel.io_uring_disabled`,
     /// ENOMEM from RLIMIT_MEMLOCK, EINVAL from an older kernel).
     #[default]
     Auto,
     /// io_uring or an error.
     IoUring,
-    /// Always the fallback.
+    /// Always the fallback backend.
     Fallback,
 }
 
@@ -41,7 +41,7 @@ pub enum BackendChoice {
 pub struct BackendInfo {
     /// The backend in use.
     pub kind: BackendKind,
-    /// Why the fallback runs (absent for io_uring).
+    /// Why the fallback backend runs (absent for io_uring).
     pub reason: Option<String>,
 }
 

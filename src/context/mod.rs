@@ -105,8 +105,8 @@ impl UringContext {
     /// Adds a file at run time and returns its id, a checked one (see
     /// [`FileId`]): it works only with this context and only until the file
     /// is unregistered. An index freed by
-    /// [`unregister_file`](Self::unregister_file) is reused only once no read
-    /// of the old file is left, and then under a new generation, so the old
+    /// [`unregister_file`](Self::unregister_file) is reused only once no op
+    /// on the old file is left, and then under a new generation, so the old
     /// id stays an error.
     ///
     /// # Errors
@@ -226,7 +226,7 @@ impl UringContext {
     /// let mut buf = [0u8; 512];
     /// ctx.read(0, 0, &mut buf).await?;
     /// let s = ctx.stats();
-    /// // Served from the page cache inline, or through the ring (or pread).
+    /// // Served on the inline path, or through the ring (or the blocking pool).
     /// assert!(s.inline_completed + s.completed >= 1);
     /// if ctx.backend().kind == BackendKind::Fallback {
     ///     eprintln!("no io_uring here: {}", ctx.backend());
