@@ -3,18 +3,12 @@
 //! ([`ReadBatchStream`], from [`ReadBatch::unordered`]), with nearby ranges
 //! optionally merged into one read ([`ReadBatch::merge_gap`]).
 //!
-//! A batch is its reads' own futures (the `read_owned` state machine, so the
-//! page-cache fast path, chunking, routing and cancellation are the same),
-//! polled together under a [`Deferral`]: while they are polled, a read that
-//! needs the kernel only queues its SQE; when all have been polled, each
-//! ring with queued SQEs submits them at once — one `io_uring_enter` (or one
-//! driver wake-up) per ring for the whole batch instead of one per read.
+//! A batch is its reads' own `read_owned` futures, polled together under a
+//! [`Deferral`], so each ring submits the whole batch in one enter.
 //!
-//! A merged read is one exact owned read (continued until its range is full
-//! or the file ends) into an aligned buffer of its own; on completion each
-//! member's bytes are copied into its buffer's spare capacity. If the merged
-//! read fails, its members are read one by one as if never merged, so every
-//! member's result is the one an unmerged read would have had.
+//! A merged read is one exact owned read into an aligned buffer of its own,
+//! copied into each member's spare capacity; if it fails, its members are
+//! read one by one, so each gets the result an unmerged read would have.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -101,8 +95,7 @@ impl<B: IoBufMut> Merged<'_, B> {
             let n = core.op.done();
             let data = core.op.dest.take(n);
             if let Ok(n) = res {
-                // Exact: fewer bytes than the range only at the end of the
-                // file, so each member gets what its own read would.
+                // Exact: short only at the end of the file.
                 let n = n.min(data.len());
                 for (mut req, room) in self.members.drain(..) {
                     let rel = usize::try_from(req.offset - self.start).unwrap_or(usize::MAX);
@@ -151,32 +144,29 @@ struct Merge {
 
 /// What [`ReadBatch`] and [`ReadBatchStream`] share: the requests, then the
 /// reads made of them.
-struct Core<'a, B: IoBufMut> {
+struct BatchCore<'a, B: IoBufMut> {
     ctx: &'a UringContext,
     requests: Vec<Request<B>>,
     merge: Option<Merge>,
     max_len: usize,
     units: Vec<Unit<'a, B>>,
-    /// Indices of the units still to poll (`Done` ones are dropped from it
-    /// once they are half of it).
+    /// Indices of the units still to poll (`Done` ones pruned at half).
     live: Vec<usize>,
     /// `Done` units still in `live`.
     dead: usize,
-    /// Where in `live` the next poll starts: where the last one ran out of
-    /// tokio's budget.
+    /// Where in `live` the next poll starts (where the last ran out of budget).
     next: usize,
     planned: bool,
     /// The first poll has polled every unit (binding each read to its file).
     polled: bool,
-    /// The first poll yielded for fairness (see `Core::turn_over`): once
-    /// per batch at most.
+    /// The first poll yielded for fairness (`turn_over`): at most once.
     yielded: bool,
     left: usize,
 }
 
-impl<'a, B: IoBufMut> Core<'a, B> {
+impl<'a, B: IoBufMut> BatchCore<'a, B> {
     fn new(ctx: &'a UringContext, requests: Vec<Request<B>>) -> Self {
-        Core {
+        BatchCore {
             ctx,
             left: requests.len(),
             requests,
@@ -193,26 +183,10 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     }
 
     /// Whether the batch yields before its first poll polls any read: the
-    /// running task has used up its stretch of inline (page-cache) reads
-    /// (`inline::turn_over`, the check a single read makes before its
-    /// inline read).
-    ///
-    /// The reads of a batch skip that check one by one, since a yield
-    /// between them would split the batch's submission over two polls (and
-    /// two enters). The batch makes it once instead, before any of its
-    /// reads, and starts the task's stretch there if another task had the
-    /// thread's: the time its reads then spend inline counts toward the
-    /// task's stretch, so a task looping on cached batches yields as a task
-    /// looping on cached single reads does, not only when tokio's coop
-    /// budget runs out (128 reads). Only where reads may be served inline:
-    /// on the fallback backend, or with the fast path off, every read
-    /// waits for the blocking pool or a ring, and the task yields there.
-    ///
-    /// After the yield, the poll that follows starts a new stretch (the
-    /// yield ended the last), so that the reads of this batch count toward
-    /// it; it never yields twice. A poll that leaves reads unfinished (the
-    /// task then waits for them) ends the stretch (`inline::end_stretch`),
-    /// so a batch after a cold one does not yield first.
+    /// task has used up its stretch on the inline path. The batch makes
+    /// `inline::turn_over`'s check once, for all its reads (a yield between
+    /// them would split its submission), and never yields twice (DESIGN,
+    /// "Batches").
     fn turn_over(&mut self) -> bool {
         let inner = &self.ctx.inner;
         if self.left == 0 || !inner.inline_nowait || matches!(inner.backend, Backend::Fallback) {
@@ -227,19 +201,9 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     }
 
     /// Whether request `r` (with `room` bytes of spare capacity) may be
-    /// merged: it reads something, no more than the bound, ends within
-    /// `i64::MAX`, its file is on a local file system, and on an `O_DIRECT`
-    /// file it is aligned (offset, length and buffer) to `BOUNCE_ALIGN`, so
-    /// a merged read is aligned too, and an unaligned read still gets its
-    /// own (failing) read.
-    ///
-    /// A merged read takes a short count for the end of the file, which
-    /// holds only where storage answers short at the end of the file alone:
-    /// a FUSE or network file system's server may answer any request short,
-    /// and the read alone then returns that short count, which the merged
-    /// read would have continued past. The file table's route says which
-    /// file systems those are: every file not on a local file system has a
-    /// route other than `FileRoute::Ring`, whatever the backend.
+    /// merged: it reads 1..=`max_len` bytes ending within `i64::MAX`, on a
+    /// local file system (`FileRoute::Ring`: only there is a short count the
+    /// end of the file), aligned to `BOUNCE_ALIGN` on an `O_DIRECT` file.
     fn mergeable(&self, r: &Request<B>, room: usize, max_len: usize) -> bool {
         if room == 0 || room > max_len {
             return false;
@@ -353,10 +317,8 @@ impl<'a, B: IoBufMut> Core<'a, B> {
         }
     }
 
-    /// Binds every read to its file without reading (see `Core::bind`),
-    /// when the first poll yields. A read whose file is not registered is
-    /// polled at once instead: it fails there, and its result goes to
-    /// `emit`.
+    /// Binds every read to its file without reading, when the first poll
+    /// yields; a read whose file is not registered is polled (to fail) now.
     fn bind_all(
         &mut self,
         cx: &mut Context<'_>,
@@ -383,13 +345,8 @@ impl<'a, B: IoBufMut> Core<'a, B> {
     }
 
     /// Polls the unfinished reads; hands each finished one to `emit`.
-    /// Returns whether every read is done.
-    ///
-    /// The first poll polls every read (so each is bound to its file at
-    /// once). Later polls start where the last one ran out of tokio's coop
-    /// budget and stop when it runs out again: every read's poll spends
-    /// budget, so polling all of them each time would make a batch of n
-    /// cached reads cost O(n²) polls (see DESIGN, "Batches").
+    /// Returns whether every read is done. Polls after the first resume
+    /// where the coop budget ran out, so n cached reads cost O(n) polls.
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -404,16 +361,13 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             return true;
         }
         if yields {
-            // Let other tasks (and the timer) run first. Every read is bound
-            // to its file now, as at a first poll (so what it reads does not
-            // depend on when the runtime lets it run), and polled at the
-            // next poll, all submitted together.
+            // Let other tasks run first; bind each read to its file now, as
+            // a first poll would, and poll them all at the next poll.
             self.bind_all(cx, emit);
             cx.waker().wake_by_ref();
             return self.left == 0;
         }
-        // Reads queued while this is alive are submitted together when it
-        // drops (also if a read's poll panics).
+        // Submits the queued reads together on drop (even on a panic).
         let _together = match &self.ctx.inner.backend {
             Backend::Uring(rings) => Some(Deferral::new(rings)),
             Backend::Fallback => None,
@@ -455,9 +409,7 @@ impl<'a, B: IoBufMut> Core<'a, B> {
             self.next = 0;
         }
         if self.left > 0 {
-            // The task waits for the reads (or for budget) now: that ends
-            // its stretch, so the next batch after a cold one does not make
-            // a fairness yield first.
+            // The task waits now: that ends its stretch.
             inline::end_stretch();
         }
         self.left == 0
@@ -488,7 +440,7 @@ fn poll_unit<B: IoBufMut>(
     finished
 }
 
-impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
+impl<B: IoBufMut> fmt::Debug for BatchCore<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadBatch")
             .field("merge", &self.merge)
@@ -518,7 +470,7 @@ impl<B: IoBufMut> fmt::Debug for Core<'_, B> {
 /// next.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadBatch<'a, B: IoBufMut> {
-    core: Core<'a, B>,
+    core: BatchCore<'a, B>,
     done: Vec<Option<(io::Result<usize>, B)>>,
 }
 
@@ -536,7 +488,7 @@ impl<'a, B: IoBufMut> ReadBatch<'a, B> {
             .collect();
         ReadBatch {
             done: requests.iter().map(|_| None).collect(),
-            core: Core::new(ctx, requests),
+            core: BatchCore::new(ctx, requests),
         }
     }
 
@@ -664,7 +616,7 @@ impl<B: IoBufMut> Future for ReadBatch<'_, B> {
 /// with their buffers.
 #[must_use = "streams do nothing unless polled"]
 pub struct ReadBatchStream<'a, B: IoBufMut> {
-    core: Core<'a, B>,
+    core: BatchCore<'a, B>,
     ready: VecDeque<(usize, io::Result<usize>, B)>,
 }
 

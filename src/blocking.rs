@@ -1,10 +1,10 @@
-//! The portable backend: `pread` on tokio's blocking pool. Used when io_uring
-//! cannot be set up (ENOSYS, EPERM from seccomp or `kernel.io_uring_disabled`,
-//! ENOMEM from RLIMIT_MEMLOCK) or when the builder asks for it.
+//! The blocking pool: ops as blocking syscalls (`pread`, `pwrite`, `fsync`,
+//! ...) on tokio's blocking threads. It runs every op of the fallback
+//! backend, and the ops of files routed away from the rings.
 //!
-//! Soundness is by ownership: each blocking task owns its buffer (a fresh
-//! `Vec` for borrowed reads, the caller's buffer for owned reads), so a
-//! dropped future merely detaches a task that finishes on its own.
+//! Soundness is by ownership: each blocking task owns its buffer (its own
+//! for borrowed ops, the caller's for owned ones), so a dropped future
+//! merely detaches a task that finishes on its own.
 
 use std::future::Future;
 use std::io;
@@ -29,18 +29,18 @@ use crate::permit::{Permit, Slots};
 
 #[derive(Debug)]
 pub(crate) struct BlockingPool {
-    /// Reads on the blocking pool at once (`Builder::max_in_flight`).
+    /// Ops on the blocking pool at once (`Builder::max_in_flight`).
     pub(crate) permits: Slots,
-    /// The runtime the context was built on: its blocking pool runs the reads
-    /// wherever the future is polled from.
+    /// The runtime the context was built on: its blocking threads run the
+    /// ops wherever the future is polled from.
     runtime: Handle,
     closed: AtomicBool,
     /// (submitted, completed) under one lock, so a snapshot is consistent;
-    /// the fallback's per-read cost (a thread hop) dwarfs the lock.
+    /// each op's thread hop dwarfs the lock.
     counts: Arc<Mutex<Counts>>,
     idle: Arc<Notify>,
-    /// `shutdown()` stopped waiting for the reads still running
-    /// (`wait_idle` timed out): borrowed reads waiting for them fail.
+    /// `shutdown()` stopped waiting for the ops still running
+    /// (`wait_idle` timed out): borrowed ops waiting for them fail.
     gave_up: AtomicBool,
     /// Notified (to every waiter) when `gave_up` is set.
     gave_up_notify: Arc<Notify>,
@@ -68,7 +68,7 @@ pub(crate) struct Counts {
     pub(crate) completed: u64,
 }
 
-/// Counts a blocking read as completed however its task ends.
+/// Counts a blocking op as completed however its task ends.
 struct Done {
     counts: Arc<Mutex<Counts>>,
     idle: Arc<Notify>,
@@ -125,8 +125,7 @@ impl BlockingPool {
     }
 
     /// A read into bytes `range` of the caller's owned buffer (its spare
-    /// capacity, which may be uninitialised), lent to the
-    /// blocking task through `lent` and put back there when the read is over.
+    /// capacity, possibly uninitialised), lent to the task through `lent`.
     pub(crate) fn read_owned<B: IoBufMut>(
         &self,
         file: Arc<FileEntry>,
@@ -156,10 +155,9 @@ impl BlockingPool {
         }))
     }
 
-    /// Runs `job` on the blocking pool, counted and shut down like a read,
-    /// holding `permit` until it is over: a positioned read into memory it
-    /// owns (or holds under a lock), a write, a sync, an open. `job` owns
-    /// whatever it touches, so a dropped future merely detaches it.
+    /// Runs `job` (a read, write, sync, open...) on the blocking pool,
+    /// counted, holding `permit` until it is over. `job` owns whatever it
+    /// touches, so a dropped future merely detaches it.
     pub(crate) fn run<T: Send + 'static>(
         &self,
         permit: Permit,
@@ -188,10 +186,9 @@ impl BlockingPool {
         self.permits.close();
     }
 
-    /// Waits until every started read has finished, or `timeout` has
-    /// passed (a `pread` on storage that never answers never finishes; its
-    /// thread and buffer stay with it). The timeout runs on a blocking-pool
-    /// thread, so no time driver is needed.
+    /// Waits until every started op has finished, or `timeout` has passed
+    /// (an op on storage that never answers keeps its thread and buffer).
+    /// The timeout runs on a blocking thread: no time driver is needed.
     pub(crate) async fn wait_idle(&self, timeout: Duration) {
         let idle = async {
             loop {
@@ -208,10 +205,8 @@ impl BlockingPool {
         if self.counters().submitted == self.counters().completed {
             return;
         }
-        // The timer thread waits on a channel, so that it ends as soon as
-        // the reads do (the sender is dropped below) rather than holding
-        // its blocking-pool thread, and the runtime's drop, for the whole
-        // timeout.
+        // A channel, so the timer thread ends with the ops (the sender is
+        // dropped below), not after the whole timeout.
         let (stop_timer, timer_stopped) = std::sync::mpsc::channel::<()>();
         let timer = self.runtime.spawn_blocking(move || {
             let _ = timer_stopped.recv_timeout(timeout);
@@ -223,8 +218,8 @@ impl BlockingPool {
         );
         drop(stop_timer);
         if timed_out {
-            // Reads into a buffer of their own task (borrowed reads) fail
-            // now; the task keeps its buffer until `pread` returns.
+            // Borrowed ops fail now; each task keeps its buffer until its
+            // syscall returns.
             self.gave_up.store(true, Ordering::Release);
             self.gave_up_notify.notify_waiters();
         }

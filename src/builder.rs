@@ -23,7 +23,7 @@ use crate::sys;
 ///
 /// Every setting is checked when [`build`](Builder::build) runs: a value out
 /// of range is an `InvalidInput` error that names the setting and its limit,
-/// never a panic, a silent change or a silent switch to the fallback.
+/// never a panic, a silent change or a silent switch to the fallback backend.
 ///
 /// ```
 /// use std::time::Duration;
@@ -96,16 +96,15 @@ impl Default for Builder {
     }
 }
 
-/// Default reads in flight per runtime worker, or per ring when `rings` is
-/// set (the total of the one-ring-per-worker default it replaced).
+/// Default ops in flight per runtime worker, or per ring when `rings` is set.
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
 /// Longest `inline_stretch`: beyond it a poll could hold a worker for
 /// seconds, which no setting should allow.
 const MAX_INLINE_STRETCH: Duration = Duration::from_secs(1);
 /// The kernel's largest completion queue (`IORING_MAX_CQ_ENTRIES`); each
-/// ring's CQ holds all its in-flight reads, so this bounds them per ring.
+/// ring's CQ holds all its in-flight ops, so this bounds them per ring.
 pub(crate) const MAX_IN_FLIGHT_PER_RING: usize = 65_536;
-/// The fallback's bound: each of its reads may occupy a thread.
+/// The fallback backend's bound: each of its ops may occupy a thread.
 const MAX_FALLBACK_IN_FLIGHT: usize = 65_536;
 const MAX_RINGS: usize = 256;
 const MAX_RING_ENTRIES: u32 = 32_768;
@@ -119,11 +118,10 @@ const MAX_POOL_BYTES: usize = 4 << 30;
 /// The kernel's largest fixed-file table (`IORING_MAX_FIXED_FILES`).
 const MAX_FIXED_FILES: u32 = 1 << 20;
 const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Each fallback read occupies a blocking-pool thread: more than a few dozen
-/// runnable threads only add context switches (and starve the runtime's own
-/// threads) without adding device parallelism worth having.
+/// Each op on the fallback backend occupies a blocking-pool thread: more
+/// than a few dozen only add context switches, not device parallelism.
 const DEFAULT_FALLBACK_IN_FLIGHT: usize = 64;
-/// tokio's default `max_blocking_threads`: more routed reads than this would
+/// tokio's default `max_blocking_threads`: more routed ops than this would
 /// only queue inside tokio.
 const MAX_ROUTED_IN_FLIGHT: usize = 512;
 
@@ -151,13 +149,13 @@ impl Builder {
         self
     }
 
-    /// Reads in the kernel at once, over all rings (default 512 per runtime
+    /// Ops in the kernel at once, over all rings (default 512 per runtime
     /// worker, or 512 per ring when [`rings`](Self::rings) is set).
-    /// Further reads wait asynchronously for a slot. The limit is split over
+    /// Further ops wait asynchronously for a slot. The limit is split over
     /// the rings exactly (the first `max_in_flight % rings` rings get one
     /// more), so it must be at least the number of rings set with
     /// [`rings`](Self::rings), and at most 65536 per ring (the kernel's
-    /// largest completion queue); on the fallback, at most 65536.
+    /// largest completion queue); on the fallback backend, at most 65536.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_in_flight(mut self, reads: usize) -> Self {
         self.max_in_flight = Some(reads);
@@ -173,7 +171,7 @@ impl Builder {
     }
 
     /// `IORING_SETUP_COOP_TASKRUN`: the kernel does not interrupt the thread
-    /// to run completion work; the driver re-enters every 200 µs while reads
+    /// to run completion work; the driver re-enters every 200 µs while ops
     /// are out instead (on a timerfd: no time driver needed). Only accepted
     /// on a `current_thread` runtime, where that keeps every completion
     /// reachable, and not with SQPOLL.
@@ -195,16 +193,16 @@ impl Builder {
         self
     }
 
-    /// Try `preadv2(RWF_NOWAIT)` inline first: a read the page cache can
-    /// serve completes in the calling task, on its own thread, with no ring
-    /// round trip; anything else goes to the ring. Default: on.
+    /// The inline path: try `preadv2(RWF_NOWAIT)` first, so a read the page
+    /// cache can serve completes in the calling task, on its own thread,
+    /// with no ring round trip; anything else goes to the ring. Default: on.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn inline_nowait(mut self, on: bool) -> Self {
         self.inline_nowait = on;
         self
     }
 
-    /// How long a task may serve page-cache hits inline, from its first
+    /// How long a task may serve page-cache hits on the inline path, from its first
     /// one, before it yields to the rest of the runtime (default:
     /// 10 µs on a multi-thread runtime, 8 µs on `current_thread`; at most
     /// 1 s).
@@ -231,16 +229,15 @@ impl Builder {
         self
     }
 
-    /// The most reads one `io_uring_enter` hands to a *shallow* ring, one
-    /// with at most 64 reads in the kernel (1..=32768; default 8). A deeper
+    /// The most SQEs one `io_uring_enter` hands to a *shallow* ring, one
+    /// with at most 64 ops in the kernel (1..=32768; default 8). A deeper
     /// ring gets everything queued in one enter, and so does an explicit
     /// [`read_batch`](crate::UringContext::read_batch).
     ///
     /// The block layer holds one submission's requests until all of them
     /// are issued, so at low depth smaller enters reach the device sooner,
-    /// for a syscall every `n` reads. The best value depends on the device
-    /// and its state (on one virtio disk, 8 won in one session and 1 or 2 in
-    /// another; DESIGN, "Low depth", has both). Measure yours
+    /// for a syscall every `n` ops. The best value depends on the device
+    /// and its state (DESIGN, "Low depth"). Measure yours
     /// (`uring-bench --uring-shallow-batch`).
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn shallow_batch(mut self, reads: u32) -> Self {
@@ -266,8 +263,8 @@ impl Builder {
     }
 
     /// How long [`UringContext::shutdown`] (and the teardown of a ring whose
-    /// runtime went away) waits for the kernel to return reads it was asked
-    /// to cancel (default 10 s). Past it, shutdown returns, borrowed reads
+    /// runtime went away) waits for the kernel to return ops it was asked
+    /// to cancel (default 10 s). Past it, shutdown returns, borrowed ops
     /// still waiting fail with `TimedOut`, and the buffers the kernel may
     /// still write into are kept (leaked at teardown) rather than freed.
     /// `Duration::MAX` waits as long as it takes (on storage that never
@@ -306,15 +303,15 @@ impl Builder {
         self
     }
 
-    /// The most reads of one file in flight at once, over all rings
+    /// The most ops on one file in flight at once, over all rings
     /// (default: three quarters of one ring's part of
     /// [`max_in_flight`](Self::max_in_flight) — 768 on 2 workers with the
     /// defaults (one ring of 1024), 384 for a ring of 512 — so that a
     /// quarter of every ring stays for other files;
     /// for a file read on the blocking pool, three quarters of the pool's
-    /// limit). Reads stuck on one file — storage that never answers, or a
-    /// file being hammered — then cannot take every slot and stall reads of
-    /// healthy files. A read over its file's share waits for it without
+    /// limit). Ops stuck on one file — storage that never answers, or a
+    /// file being hammered — then cannot take every slot and stall ops on
+    /// healthy files. An op over its file's share waits for it without
     /// holding a slot. A value set here applies over all rings (and to the
     /// pool); at or above `max_in_flight` it turns the share off. Must be
     /// at least 1.
@@ -328,7 +325,7 @@ impl Builder {
     /// enabled (io_uring backend); spawns one driver task per ring on it.
     /// The context can be used from any runtime or thread, but its drivers
     /// run on this one (its *home* runtime): a `current_thread` home runtime
-    /// must be running for reads to complete, and when the home runtime
+    /// must be running for ops to complete, and when the home runtime
     /// shuts down, so does the context.
     ///
     /// # Errors
@@ -360,9 +357,8 @@ impl Builder {
         let policy = RoutePolicy {
             fuse_via_blocking_pool: self.fuse_via_blocking_pool,
             network_via_blocking_pool: self.network_fs_via_blocking_pool,
-            // Counted over all rings; by default bounded by the smallest
-            // ring, so reads of one file never fill any ring, wherever they
-            // are issued.
+            // By default bounded by the smallest ring, so ops on one file
+            // never fill any ring.
             ring_share: share(ring_slots.clone().min().unwrap_or(1), ring_slots.sum()),
             pool_share: {
                 let pool = match self.backend {
@@ -400,7 +396,7 @@ impl Builder {
                             plan.fallback_in_flight,
                             plan.fallback_in_flight,
                         ));
-                        crate::util::decision!(warn, reason = %why, "io_uring unavailable: reads use the pread fallback on the blocking pool");
+                        crate::util::decision!(warn, reason = %why, "io_uring unavailable: the fallback backend runs every op on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
                     (_, why) => {
@@ -490,11 +486,11 @@ impl Builder {
         let rings = match (self.rings, self.max_in_flight) {
             (Some(r), Some(m)) if m < r => {
                 return invalid(format!(
-                    "max_in_flight ({m}) is less than rings ({r}): every ring needs at least one read in flight"
+                    "max_in_flight ({m}) is less than rings ({r}): every ring needs at least one op in flight"
                 ))
             }
             (Some(r), _) => r,
-            // Documented clamp: no more rings than reads in flight.
+            // Documented clamp: no more rings than ops in flight.
             (None, Some(m)) => default_rings.min(m),
             (None, None) => default_rings,
         };
@@ -512,14 +508,12 @@ impl Builder {
         let fallback_in_flight = self.max_in_flight.unwrap_or(DEFAULT_FALLBACK_IN_FLIGHT);
         if fallback_in_flight > MAX_FALLBACK_IN_FLIGHT && self.backend == BackendChoice::Fallback {
             return invalid(format!(
-                "max_in_flight ({fallback_in_flight}) exceeds the fallback's limit of {MAX_FALLBACK_IN_FLIGHT}"
+                "max_in_flight ({fallback_in_flight}) exceeds the fallback backend's limit of {MAX_FALLBACK_IN_FLIGHT}"
             ));
         }
         let base = max_in_flight / rings;
-        // One bounce buffer per read a ring may have in flight (the first
-        // `max_in_flight % rings` rings take one more read than `base`):
-        // exactly `max_in_flight` on one ring, so that the documented
-        // `max_in_flight(65536)` fits the pool's limit.
+        // One bounce buffer per op a ring may have in flight: exactly
+        // `max_in_flight` on one ring, so `max_in_flight(65536)` fits the pool.
         let default_pool = max_in_flight.div_ceil(rings);
         let (pool_count, pool_size) = self.pool.unwrap_or((default_pool, DEFAULT_POOL_BUF));
         if pool_count > MAX_POOL_COUNT {
@@ -612,9 +606,9 @@ struct Plan {
     shards: usize,
     capacity: u32,
     fallback_in_flight: usize,
-    /// Blocking-pool reads at once for files routed off the rings: such
-    /// reads mostly wait on slow storage, so they get the context's whole
-    /// in-flight limit, up to tokio's default of 512 blocking threads.
+    /// Blocking-pool ops at once for files routed off the rings: they mostly
+    /// wait on slow storage, so they get the context's whole in-flight
+    /// limit, up to tokio's default of 512 blocking threads.
     routed_in_flight: usize,
     ring_cfgs: Vec<RingConfig>,
 }
@@ -665,10 +659,9 @@ fn setup_rings(plan: &Plan, files: &FileTable) -> io::Result<Box<[Arc<Ring>]>> {
         .collect()
 }
 
-/// Registering the ring's eventfd with tokio's reactor panics inside tokio
-/// when the runtime was built without IO, and tokio offers no way to ask
-/// beforehand. Under `panic = "unwind"` the panic is caught here, before
-/// anything else is set up, and becomes an error.
+/// Registering a descriptor with tokio's reactor panics inside tokio when
+/// the runtime has no IO, and tokio cannot be asked beforehand: under
+/// `panic = "unwind"` the panic is caught here, before any setup.
 #[cfg(panic = "unwind")]
 fn io_driver_present() -> io::Result<()> {
     use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,14 +1,8 @@
-//! The errors the crate words itself: what a read (or a call on the
-//! context) returns when the context is shut down, a ring is closed or
-//! broken, `shutdown()` gave up waiting, the submitting thread exited, a file
-//! id is unknown, of another context or stale (its file unregistered), or a
-//! setting is out of range. The design document's failure model lists when
-//! each is returned; the call sites decide when, this module only what each
-//! one says.
-//!
-//! Errors raised in one place only, about that place's own input (a file
-//! of the wrong kind, a full file table, an allocation the allocator
-//! refused, the io_uring setup), stay with their check.
+//! The errors the crate words itself (shut down, ring closed or broken,
+//! `shutdown()` gave up, submitter exited, unknown or stale file id, setting
+//! out of range): the call sites decide when (DESIGN, "Failure model"),
+//! this module what each says. Errors about one place's own input stay
+//! with their check.
 
 use std::error::Error;
 use std::fmt;
@@ -18,7 +12,7 @@ use tokio::task::JoinError;
 
 use crate::id::FileId;
 
-/// Why a ring takes no more reads.
+/// Why a ring takes no more ops.
 #[derive(Debug, Clone)]
 pub(crate) enum Closed {
     /// `shutdown()` or the last handle dropped.
@@ -35,7 +29,7 @@ impl Closed {
             Closed::Shutdown => shut_down_error(),
             Closed::RuntimeGone => runtime_gone_error(),
             Closed::Broken(why) => io::Error::other(format!(
-                "the io_uring ring is broken (io_uring_enter failed: {why}); this read never reached the kernel"
+                "the io_uring ring is broken (io_uring_enter failed: {why}); this operation never reached the kernel"
             )),
         }
     }
@@ -212,8 +206,7 @@ pub(crate) fn direct_einval(
 }
 
 /// An owned read into a buffer with no spare capacity (`bytes_init() ==
-/// bytes_total() > 0`): most likely a buffer made full (`vec![0; n]`) for
-/// the old contract, which would read nothing and look like end of file.
+/// bytes_total() > 0`), which would read nothing and look like end of file.
 pub(crate) fn no_spare_capacity(fid: FileId, total: usize) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
@@ -253,9 +246,9 @@ pub(crate) fn write_beyond_max(fid: FileId, offset: u64, len: usize) -> io::Erro
     )
 }
 
-/// A blocking-pool read whose task panicked.
+/// A blocking-pool op whose task panicked.
 pub(crate) fn blocking_task_failed(join: &JoinError) -> io::Error {
-    io::Error::other(format!("blocking read task failed: {join}"))
+    io::Error::other(format!("blocking-pool task failed: {join}"))
 }
 
 /// A setting out of range (`msg` names it and its limit).

@@ -1,12 +1,12 @@
 //! The file table: `FileId` → open file, shared by every ring.
 //!
 //! Each file is also registered with every ring's fixed-file table at the
-//! same index as its `FileId`. An index is reused only after every operation
-//! that captured the old file has completed: each op holds an
-//! `Arc<FileEntry>`, and the entry returns its index to the free list when the
-//! last reference drops. So an SQE that names index `i` can only ever refer
-//! to the file registered under `i` when the read was issued (or fail with
-//! `EBADF` if that file was unregistered meanwhile), never to a newcomer.
+//! same index as its `FileId`. An index is reused only after every op that
+//! captured the old file has completed: each op holds an `Arc<FileEntry>`,
+//! and the entry returns its index to the free list when the last reference
+//! drops. So an SQE that names index `i` can only ever refer to the file
+//! registered under `i` when the op was issued (or fail with `EBADF` if that
+//! file was unregistered meanwhile), never to a newcomer.
 //!
 //! Ids handed out by a context are *checked* (`FileId::tagged`): they carry
 //! the table's process-unique number and the generation of the registration
@@ -29,19 +29,19 @@ use crate::id::FileId;
 use crate::sys::{self, FileKind};
 use crate::thread::thread_slot;
 
-/// How reads of a file are issued.
+/// How the ops on a file are issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileRoute {
-    /// Through the io_uring rings (with the page-cache fast path).
+    /// Through the io_uring rings (with the inline path).
     Ring,
-    /// Through the rings, each read handed straight to one of the kernel's
+    /// Through the rings, each op handed straight to one of the kernel's
     /// io-wq workers (`IOSQE_ASYNC`), so that no `io_uring_enter` waits for
     /// this file's storage: a FUSE or network file put on the rings with
     /// `Builder::fuse_via_blocking_pool(false)` or
     /// `Builder::network_fs_via_blocking_pool(false)` (the reason says which).
     RingAsync(&'static str),
-    /// Through `pread` on tokio's blocking pool, because io_uring is not
-    /// trustworthy on this file's file system (the reason says why); also
+    /// On tokio's blocking pool (`pread`, `pwrite`, ...), because io_uring is
+    /// not trustworthy on this file's file system (the reason says why); also
     /// every file of a context on the fallback backend.
     BlockingPool(&'static str),
 }
@@ -74,7 +74,7 @@ pub(crate) struct RoutePolicy {
     /// The in-flight slots a file on the rings may hold at once, over all
     /// rings (`Builder::max_in_flight_per_file`).
     pub(crate) ring_share: usize,
-    /// The same for a file read on the blocking pool.
+    /// The same for a file on the blocking pool.
     pub(crate) pool_share: usize,
 }
 
@@ -90,25 +90,15 @@ fn classify(magic: &io::Result<i64>) -> FsClass {
     match *magic {
         Ok(FUSE_MAGIC) => FsClass::Fuse,
         Ok(m) if NETWORK_MAGICS.contains(&m) => FsClass::Network,
-        // fstatfs works on every file the crate accepts; if it ever fails,
-        // the file is treated as local (the rings), as before routing.
+        // fstatfs works on every file the crate accepts; else: the rings.
         _ => FsClass::Local,
     }
 }
 
-/// Where reads of a file on `class` go, and whether its ring reads must go
-/// straight to io-wq (`IOSQE_ASYNC`). On FUSE (see the storage-fault
-/// tests), with `FOPEN_DIRECT_IO` a short reply makes io_uring's internal
-/// retry re-read the rest at the original offset, so a read completes as
-/// `Ok(len)` with wrong bytes after the short part; and a request the
-/// server never answers blocks `io_uring_enter` itself, on a runtime
-/// worker. `pread` on the blocking pool returns the short count with the
-/// right bytes and blocks only its own thread. Network file systems are not
-/// covered by the tests, but their servers stall like a FUSE server can, so
-/// they take the same route unless the user says otherwise. A FUSE or
-/// network file the user puts on the rings anyway has its reads issued
-/// with `IOSQE_ASYNC`, so that a request its server never answers blocks
-/// an io-wq worker, never the enter.
+/// Where the ops on a file on `class` go: FUSE and network files to the
+/// blocking pool (io_uring returns wrong bytes on FUSE short replies, and a
+/// stalled server blocks `io_uring_enter`), or, put on the rings, through
+/// io-wq (`IOSQE_ASYNC`). See DESIGN, "Storage model".
 fn route_for(class: FsClass, policy: &RoutePolicy) -> FileRoute {
     match class {
         FsClass::Fuse if policy.fuse_via_blocking_pool => FileRoute::BlockingPool(
@@ -133,7 +123,7 @@ pub(crate) struct FileEntry {
     gen: u32,
     /// The table's process-unique number.
     table: u64,
-    /// Opened with `O_DIRECT`: no page-cache fast path.
+    /// Opened with `O_DIRECT`: no inline path.
     pub(crate) direct: bool,
     /// `O_DIRECT` alignments `(memory, offset)` the kernel reported at
     /// registration, to word an `EINVAL`.
@@ -150,12 +140,11 @@ pub(crate) struct FileEntry {
     pub(crate) route: FileRoute,
     /// `preadv2(RWF_NOWAIT)` works on this file (cleared on EOPNOTSUPP).
     pub(crate) nowait_ok: AtomicBool,
-    /// Ring reads go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
+    /// Ring ops go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
     /// file the user put on the rings (see `route_for`).
     pub(crate) force_async: bool,
-    /// The in-flight slots this file's reads may hold at once (see
-    /// `permit`): one semaphore per file, whatever the number of rings, so
-    /// that a context of 100 000 files does not hold 100 000 × rings.
+    /// The in-flight slots this file's ops may hold at once (see `permit`):
+    /// one semaphore per file, whatever the number of rings.
     share: Arc<Semaphore>,
     free: Weak<Mutex<Vec<Freed>>>,
 }
@@ -195,12 +184,12 @@ impl FileEntry {
         !self.direct && self.nowait_ok.load(Ordering::Relaxed)
     }
 
-    /// Whether reads of this file may use the rings (and the inline path).
+    /// Whether ops on this file may use the rings (reads: the inline path too).
     pub(crate) fn on_ring(&self) -> bool {
         matches!(self.route, FileRoute::Ring | FileRoute::RingAsync(_))
     }
 
-    /// The slots this file's reads may hold at once.
+    /// The slots this file's ops may hold at once.
     pub(crate) fn share(&self) -> &Arc<Semaphore> {
         &self.share
     }
@@ -235,27 +224,36 @@ impl fmt::Debug for FileEntry {
 }
 
 /// What registering a file with the rings means; implemented by the io_uring
-/// backend (fixed files), a no-op for the fallback.
+/// backend (fixed files), a no-op for the fallback backend.
 pub(crate) trait FixedFiles {
     /// Puts `fd` (or -1 to clear) at `index` in every ring's table.
     fn update(&self, index: u32, fd: i32) -> io::Result<()>;
 }
 
-type Slots = Vec<Option<Arc<FileEntry>>>;
+/// The fallback backend's fixed-file tables: there are none.
+pub(crate) struct NoRings;
+
+impl FixedFiles for NoRings {
+    fn update(&self, _: u32, _: i32) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+type FileSlots = Vec<Option<Arc<FileEntry>>>;
 
 /// One replica of the table, on its own cache lines: the threads that use
 /// different shards never write to a shared line when they look a file up.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(RwLock<Slots>);
+struct Shard(RwLock<FileSlots>);
 
 impl Shard {
-    fn read(&self) -> RwLockReadGuard<'_, Slots> {
+    fn read(&self) -> RwLockReadGuard<'_, FileSlots> {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    fn write(&self) -> RwLockWriteGuard<'_, Slots> {
+    fn write(&self) -> RwLockWriteGuard<'_, FileSlots> {
         self.0
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -263,12 +261,10 @@ impl Shard {
 }
 
 /// The table, replicated once per runtime worker (and at least once per
-/// ring). A reader locks (for reading) only the shard of its thread, and
-/// on the page-cache fast path borrows the entry without touching its
-/// reference count: with one shared table and `Arc` clones, two workers
-/// reading the same file would bounce the lock word and the count between
-/// their caches on every read (see DESIGN, "Measured costs").
-/// Writers (register/unregister, rare) lock every shard, in order.
+/// ring): a lookup read-locks only its thread's shard, and the inline path
+/// borrows the entry without touching its count, so workers on one file
+/// share no cache line (DESIGN, "Measured costs"). Register and unregister
+/// lock every shard, in order.
 #[derive(Debug)]
 pub(crate) struct FileTable {
     shards: Box<[Shard]>,
@@ -297,10 +293,8 @@ pub(crate) struct Facts {
 impl Facts {
     /// The facts of `file`, or why it cannot be registered (`name` names it).
     ///
-    /// Positioned reads need a seekable file with stable content at each
-    /// offset: a regular file or a block device. A pipe, FIFO or socket would
-    /// have the ring ignore the offset and consume stream data (and an empty
-    /// one would hang the read); a directory fails every read.
+    /// Positioned I/O needs a seekable file: a regular file or a block
+    /// device (a pipe or socket would have the ring ignore the offset).
     pub(crate) fn of(file: &File, name: &dyn fmt::Display) -> io::Result<Facts> {
         let kind = match sys::file_kind(file)? {
             FileKind::Other(what) => {
@@ -330,7 +324,7 @@ impl Facts {
 
 /// The entry `fid` names in `slots` (of table `table`), or why none.
 #[inline]
-fn find(slots: &Slots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
+fn find(slots: &FileSlots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
     match slots.get(fid.index() as usize).and_then(Option::as_ref) {
         Some(e) if e.answers_to(fid) => Ok(e),
         found => Err(error::bad_fid(fid, table, found.map(|e| e.gen))),
@@ -339,7 +333,7 @@ fn find(slots: &Slots, table: u64, fid: FileId) -> io::Result<&Arc<FileEntry>> {
 
 /// A read lock on one shard; `lookup` borrows entries from it.
 pub(crate) struct FilesGuard<'a> {
-    slots: RwLockReadGuard<'a, Slots>,
+    slots: RwLockReadGuard<'a, FileSlots>,
     table: u64,
 }
 
@@ -377,7 +371,7 @@ impl FileTable {
                 let facts = Facts::of(&file, &FileId::from(i))?;
                 Ok(Some(Self::entry(file, facts, (i, 0, id), &free, &policy)))
             })
-            .collect::<io::Result<Slots>>()?;
+            .collect::<io::Result<FileSlots>>()?;
         Ok(FileTable {
             shards: (0..shards.max(1))
                 .map(|_| Shard(RwLock::new(slots.clone())))
@@ -438,8 +432,8 @@ impl FileTable {
         })
     }
 
-    /// The backend fell back to the blocking pool before any read: every
-    /// file's reads go there, and its share of the pool is `share`.
+    /// The backend fell back to the blocking pool before any op: every
+    /// file's ops go there, and its share of the pool is `share`.
     pub(crate) fn set_pool_share(&self, share: usize) {
         let mut policy = crate::util::lock(&self.policy);
         for e in self.shards[0].read().iter().flatten() {
@@ -486,13 +480,12 @@ impl FileTable {
         self.shard(thread_slot()).lookup(fid).cloned()
     }
 
-    fn write_all(&self) -> Vec<RwLockWriteGuard<'_, Slots>> {
+    fn write_all(&self) -> Vec<RwLockWriteGuard<'_, FileSlots>> {
         self.shards.iter().map(Shard::write).collect()
     }
 
-    /// Registers `file`, whose `facts` were read (and checked) before an
-    /// index is taken, so a rejected file costs nothing, under a free index,
-    /// publishing it only once the rings know it.
+    /// Registers `file` (its `facts` checked before an index is taken) under
+    /// a free index, publishing it only once the rings know it.
     pub(crate) fn insert(
         &self,
         file: File,
@@ -535,7 +528,7 @@ impl FileTable {
         Ok(entry.id())
     }
 
-    /// Removes `fid`. Reads already holding the entry finish (or fail with
+    /// Removes `fid`. Ops already holding the entry finish (or fail with
     /// EBADF if not yet submitted); its index is reused only after them.
     pub(crate) fn remove(&self, fid: FileId, fixed: &dyn FixedFiles) -> io::Result<()> {
         let mut shards = self.write_all();
@@ -547,8 +540,8 @@ impl FileTable {
             entry = slots.get_mut(fid.index() as usize).and_then(Option::take);
         }
         let entry = entry.ok_or_else(|| error::unknown_fid(fid))?;
-        // Clear the kernel's slot while still holding the write locks, so
-        // that the index cannot be handed out again before the kernel forgot it.
+        // Clear the kernel's slot under the write locks: the index cannot be
+        // handed out before the kernel forgot it.
         let res = fixed.update(entry.index, -1);
         drop(shards);
         drop(entry);
@@ -559,13 +552,6 @@ impl FileTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct NoRings;
-    impl FixedFiles for NoRings {
-        fn update(&self, _: u32, _: i32) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn tmp() -> File {
         tempfile::tempfile().unwrap()
@@ -610,7 +596,7 @@ mod tests {
             network_via_blocking_pool: false,
             ..p
         };
-        // On the rings, their reads go straight to io-wq.
+        // On the rings, their ops go straight to io-wq.
         assert!(
             matches!(route_for(FsClass::Fuse, &on_rings), FileRoute::RingAsync(why) if why.contains("FUSE"))
         );

@@ -37,8 +37,8 @@
 //!
 //! A [`UringContext`] owns io_uring rings (by default one per two runtime
 //! workers, see [`Builder::rings`]) and spawns one background *driver* task
-//! per ring. A read first tries the
-//! page cache inline with `preadv2(RWF_NOWAIT)`; on a miss it queues an SQE
+//! per ring. A read first tries the *inline path*: the page cache, with
+//! `preadv2(RWF_NOWAIT)`, on the polling thread; on a miss it queues an SQE
 //! and either submits it itself (the driver is idle) or wakes the driver,
 //! which submits everything queued with one `io_uring_enter`, reaps every
 //! completion and wakes the reading tasks. An idle driver sleeps in tokio's

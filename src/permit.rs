@@ -1,19 +1,15 @@
 //! In-flight slots, and each file's share of them.
 //!
-//! Every read that goes to the kernel (a ring) or to the blocking pool holds
-//! a [`Permit`] until its op is over — until its CQE, or until its blocking
-//! task returns, even when its future was dropped long before. A permit is
-//! one slot of the ring's (or the pool's) in-flight limit and, when the file
-//! has one, one unit of the file's *share* of that limit
-//! (`Builder::max_in_flight_per_file`): reads stuck on one file (storage
-//! that never answers) can take at most the file's share of a ring, so the
-//! rest of its slots stay for other files.
+//! Every op that goes to a ring or to the blocking pool holds a [`Permit`]
+//! until it is over (its CQE, or its blocking task's return), even when its
+//! future was dropped long before. A permit is one slot of the ring's (or
+//! the pool's) in-flight limit and, when the file has one, one unit of the
+//! file's *share* of it (`Builder::max_in_flight_per_file`), so ops stuck on
+//! one file leave the other slots to other files.
 //!
-//! The share is taken first and the slot second, always in that order, so a
-//! read waiting for its file's share holds no slot. A read waiting for a
-//! share must still learn that the ring or pool closed (the share's holders
-//! may be ops the kernel never returns): closing a [`Slots`] wakes such
-//! waiters through a `Notify`.
+//! The share is taken before the slot, so an op waiting for its file's share
+//! holds no slot. Closing a [`Slots`] wakes such waiters through a `Notify`
+//! (the share's holders may be ops the kernel never returns).
 
 use std::fmt;
 use std::future::Future;
@@ -46,10 +42,10 @@ impl fmt::Debug for Permit {
 
 /// The slots were closed (shutdown, broken ring, runtime gone).
 #[derive(Debug)]
-pub(crate) struct Closed;
+pub(crate) struct SlotsClosed;
 
 /// A permit still to come.
-pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, Closed>> + Send>>;
+pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, SlotsClosed>> + Send>>;
 
 /// What [`Slots::acquire`] found.
 pub(crate) enum Acquired {
@@ -107,15 +103,15 @@ impl Slots {
                     // check and the wait still wakes it.
                     let notified = pin!(closed.notified());
                     if sem.is_closed() {
-                        return Err(Closed);
+                        return Err(SlotsClosed);
                     }
                     match select(pin!(share.acquire_owned()), notified).await {
                         Either::Left((Ok(p), _)) => Some(p),
-                        Either::Left((Err(_), _)) | Either::Right(_) => return Err(Closed),
+                        Either::Left((Err(_), _)) | Either::Right(_) => return Err(SlotsClosed),
                     }
                 }
             };
-            let slot = sem.acquire_owned().await.map_err(|_| Closed)?;
+            let slot = sem.acquire_owned().await.map_err(|_| SlotsClosed)?;
             Ok(Permit {
                 _slot: slot,
                 _share: share,
@@ -129,7 +125,7 @@ mod tests {
     use super::*;
     use std::task::{Context, Poll};
 
-    fn poll(w: &mut Wait) -> Poll<Result<Permit, Closed>> {
+    fn poll(w: &mut Wait) -> Poll<Result<Permit, SlotsClosed>> {
         w.as_mut()
             .poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
     }
@@ -173,12 +169,12 @@ mod tests {
         };
         assert!(poll(&mut w).is_pending());
         slots.close();
-        assert!(matches!(poll(&mut w), Poll::Ready(Err(Closed))));
+        assert!(matches!(poll(&mut w), Poll::Ready(Err(SlotsClosed))));
         assert!(matches!(slots.acquire(None), Acquired::Closed));
         // A waiter created after the close learns it at once.
         let Acquired::Wait(mut late) = slots.acquire(Some(&share)) else {
             panic!("the share is spent");
         };
-        assert!(matches!(poll(&mut late), Poll::Ready(Err(Closed))));
+        assert!(matches!(poll(&mut late), Poll::Ready(Err(SlotsClosed))));
     }
 }

@@ -4,14 +4,13 @@
 //! an op holds the context (`Ctx`) and the ring it went to (`RingRef`).
 
 use std::fmt;
-use std::io;
 use std::ops::Deref;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::blocking::BlockingPool;
-use crate::files::{FileTable, FixedFiles};
+use crate::files::{FileTable, FixedFiles, NoRings};
 use crate::ring::Ring;
 
 /// Which backend a context runs on.
@@ -19,21 +18,21 @@ use crate::ring::Ring;
 pub enum BackendKind {
     /// io_uring rings driven by background tasks.
     IoUring,
-    /// `pread` on tokio's blocking thread pool.
+    /// Every op on tokio's blocking pool (`pread`, `pwrite`, ...).
     Fallback,
 }
 
 /// The backend the builder should use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// io_uring, or the fallback when io_uring cannot be set up here
+    /// io_uring, or the fallback backend when io_uring cannot be set up here
     /// (ENOSYS, EPERM/EACCES from seccomp or `kernel.io_uring_disabled`,
     /// ENOMEM from RLIMIT_MEMLOCK, EINVAL from an older kernel).
     #[default]
     Auto,
     /// io_uring or an error.
     IoUring,
-    /// Always the fallback.
+    /// Always the fallback backend.
     Fallback,
 }
 
@@ -42,7 +41,7 @@ pub enum BackendChoice {
 pub struct BackendInfo {
     /// The backend in use.
     pub kind: BackendKind,
-    /// Why the fallback runs (absent for io_uring).
+    /// Why the fallback backend runs (absent for io_uring).
     pub reason: Option<String>,
 }
 
@@ -63,14 +62,14 @@ pub(crate) enum Backend {
 
 pub(crate) struct Inner {
     pub(crate) backend: Backend,
-    /// `pread` on the blocking pool: every read of the fallback backend, and
-    /// the reads of files routed away from the rings (see `FileRoute`).
+    /// Every op of the fallback backend, and the ops of files routed away
+    /// from the rings (see `FileRoute`).
     pub(crate) blocking: BlockingPool,
     pub(crate) files: FileTable,
     pub(crate) inline_nowait: bool,
-    /// How long a thread may do inline reads before it yields.
+    /// How long a thread may read on the inline path before it yields.
     pub(crate) inline_stretch: Duration,
-    /// Set by `shutdown`: every new read fails, the inline path included.
+    /// Set by `shutdown`: every new op fails, the inline path included.
     pub(crate) closed: AtomicBool,
     /// `Builder::shutdown_timeout`.
     pub(crate) shutdown_timeout: Duration,
@@ -79,12 +78,6 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn fixed(&self) -> &dyn FixedFiles {
-        struct NoRings;
-        impl FixedFiles for NoRings {
-            fn update(&self, _: u32, _: i32) -> io::Result<()> {
-                Ok(())
-            }
-        }
         match &self.backend {
             Backend::Uring(rings) => rings,
             Backend::Fallback => &NoRings,
@@ -94,9 +87,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // No read future can outlive the last handle (they borrow it, or
-        // hold one: the `*_static` ones), but abandoned reads may still be
-        // in the kernel: the drivers reap them
+        // Abandoned ops may still be in the kernel: the drivers reap them
         // and exit; each ring is freed only after that (see `Ring::drop`).
         if let Backend::Uring(rings) = &self.backend {
             rings.iter().for_each(|r| r.orphan());
@@ -105,9 +96,8 @@ impl Drop for Inner {
     }
 }
 
-/// The context a read belongs to: borrowed for the future's lifetime (the
-/// futures of `read`, `read_owned`, `read_exact_owned`: no reference count
-/// is touched per read), or a handle the future holds (the `'static`
+/// The context an op belongs to: borrowed for the future's lifetime (no
+/// reference count touched per op), or a handle the future holds (the `'static`
 /// futures of the `*_static` methods, which keep the context alive).
 pub(crate) enum Ctx<'a> {
     Borrowed(&'a Inner),
@@ -125,7 +115,7 @@ impl Deref for Ctx<'_> {
 }
 
 impl<'a> Ctx<'a> {
-    /// The ring a read issued from thread slot `slot` goes to, as the read
+    /// The ring an op issued from thread slot `slot` goes to, as the op
     /// holds it; `None` on the fallback backend.
     pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
         match self {
@@ -137,7 +127,7 @@ impl<'a> Ctx<'a> {
                 let index = slot % rings.len();
                 Some(RingRef {
                     index,
-                    ring: Held::Borrowed(&rings[index]),
+                    ring: HeldRing::Borrowed(&rings[index]),
                 })
             }
             Ctx::Shared(inner) => {
@@ -147,22 +137,22 @@ impl<'a> Ctx<'a> {
                 let index = slot % rings.len();
                 Some(RingRef {
                     index,
-                    ring: Held::Shared(rings[index].clone()),
+                    ring: HeldRing::Shared(rings[index].clone()),
                 })
             }
         }
     }
 }
 
-/// One of the context's rings, as a read holds it — borrowed like its
+/// One of the context's rings, as an op holds it — borrowed like its
 /// context, or shared — with its index in the context only to name it in
 /// `Debug`.
 pub(crate) struct RingRef<'a> {
     pub(crate) index: usize,
-    ring: Held<'a>,
+    ring: HeldRing<'a>,
 }
 
-enum Held<'a> {
+enum HeldRing<'a> {
     Borrowed(&'a Ring),
     Shared(Arc<Ring>),
 }
@@ -171,8 +161,8 @@ impl Deref for RingRef<'_> {
     type Target = Ring;
     fn deref(&self) -> &Ring {
         match &self.ring {
-            Held::Borrowed(ring) => ring,
-            Held::Shared(ring) => ring,
+            HeldRing::Borrowed(ring) => ring,
+            HeldRing::Shared(ring) => ring,
         }
     }
 }

@@ -68,7 +68,7 @@ pub(crate) unsafe fn preadv_nowait(fd: RawFd, iov: &[libc::iovec], offset: u64) 
     }
     match io::Error::last_os_error().raw_os_error() {
         Some(libc::EAGAIN) => Nowait::WouldBlock,
-        // Only "this file (system) cannot do it" disables the fast path for
+        // Only "this file (system) cannot do it" disables the inline path for
         // the file; EINVAL and the rest go to the ring, which gives the
         // authoritative answer for this one read.
         Some(libc::EOPNOTSUPP | libc::ENOSYS) => Nowait::Unsupported,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// A small number identifying the calling thread, fixed on first use:
-/// threads are numbered in the order they first read, so a runtime's worker
+/// threads are numbered in the order they first issue an op, so a runtime's worker
 /// threads spread over rings and file-table shards.
 pub(crate) fn thread_slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);

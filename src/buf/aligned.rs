@@ -130,10 +130,8 @@ impl AlignedBuf {
     /// advised `MADV_HUGEPAGE`. Where transparent huge pages are enabled
     /// (`always` or `madvise`), its memory is then physically contiguous in
     /// 2 MiB pieces, and an `O_DIRECT` read into it reaches the device in a
-    /// few large segments instead of one per 4 KiB page, which makes
-    /// sequential `O_DIRECT` reads much faster on devices that pay per
-    /// segment, such as virtio disks (the crate's `docs/DESIGN.md`,
-    /// "Scans"). Scans of `O_DIRECT` files use it.
+    /// few large segments instead of one per 4 KiB page (the
+    /// [design document](crate::design), "Scans"). Scans of `O_DIRECT` files use it.
     ///
     /// The cost: four system calls to make and one to free it, and the
     /// first touch of each 2 MiB may wait for the kernel to find (or
@@ -192,12 +190,9 @@ impl AlignedBuf {
         })
     }
 
-    /// A huge buffer of at least [`HUGE`] bytes: its own anonymous mapping,
-    /// aligned to [`HUGE`] and advised `MADV_HUGEPAGE`, so that its memory
-    /// can be transparent huge pages — physically contiguous, which lets an
-    /// `O_DIRECT` read reach the device in one segment per 2 MiB instead of
-    /// one per 4 KiB page (see DESIGN, "Scans"). Fresh anonymous memory is
-    /// zeroed.
+    /// A huge buffer of at least [`HUGE`] bytes: its own zeroed anonymous
+    /// mapping, aligned to [`HUGE`] and advised `MADV_HUGEPAGE` (see
+    /// [`new_huge`](Self::new_huge)).
     fn map(cap: usize, align: usize) -> io::Result<AlignedBuf> {
         let oom = || {
             io::Error::new(
@@ -206,9 +201,7 @@ impl AlignedBuf {
             )
         };
         let len = mapped_len(cap);
-        // Aligned to 2 MiB, or to `align` where that is more: the global
-        // allocator would zero-fill a larger alignment up front, all of it
-        // before the buffer's first use.
+        // Aligned to 2 MiB, or to `align` where that is more.
         let a = align.max(HUGE);
         let span = len.checked_add(a).ok_or_else(oom)?;
         let raw = sys::mmap_anonymous(span).map_err(|_| oom())?;
@@ -226,8 +219,7 @@ impl AlignedBuf {
                 let _ = sys::munmap((base + len) as *mut libc::c_void, tail);
             }
         }
-        // Advice only: without transparent huge pages (or with them off) it
-        // fails or does nothing, and the buffer still works.
+        // Advice only: without THP it fails or does nothing, harmlessly.
         let _ = sys::advise_huge_pages(base as *mut libc::c_void, len);
         let ptr = NonNull::new(base as *mut u8).ok_or_else(oom)?;
         Ok(AlignedBuf {
@@ -334,9 +326,7 @@ impl Drop for AlignedBuf {
 /// huge page.
 const HUGE: usize = 2 << 20;
 
-/// The length of the mapping of a mapped buffer of `cap` bytes: whole
-/// pages. (A last partial 2 MiB stays in small pages: the mapping does not
-/// cover a whole huge page there.)
+/// The length of the mapping of a mapped buffer of `cap` bytes: whole pages.
 fn mapped_len(cap: usize) -> usize {
     let page = sys::page_size().unwrap_or(4096).clamp(4096, HUGE);
     cap.next_multiple_of(page)

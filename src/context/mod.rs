@@ -26,12 +26,13 @@ pub struct Stats {
     pub submitted: u64,
     /// Of those, how many the kernel has completed.
     pub completed: u64,
-    /// `io_uring_enter` calls made (by the drivers, and by readers that
+    /// `io_uring_enter` calls made (by the drivers, and by ops that
     /// submitted while their ring's driver was idle). With SQPOLL only the
     /// calls that were needed (to wake the kernel thread) are made and
     /// counted.
     pub enters: u64,
-    /// Reads served at once from the page cache (`RWF_NOWAIT`), no ring involved.
+    /// Reads served on the inline path: at once from the page cache
+    /// (`RWF_NOWAIT`), no ring involved.
     pub inline_completed: u64,
     /// Ops the kernel holds right now (`submitted - completed`; with
     /// SQPOLL a completion can be seen before its submission is, so this
@@ -41,7 +42,7 @@ pub struct Stats {
     /// measure of wake-ups, to set against `submitted`.
     pub driver_polls: u64,
     /// Cancel requests sent to the kernel for ops (reads, writes, …)
-    /// whose future was dropped while the kernel held them (io_uring backend). A read the
+    /// whose future was dropped while the kernel held them (io_uring backend). An op the
     /// kernel can still stop comes back at once with `ECANCELED`, which
     /// frees its in-flight slot; one the device already has completes as
     /// usual.
@@ -49,7 +50,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Average reads submitted per `io_uring_enter` (0 when none).
+    /// Average ops submitted per `io_uring_enter` (0 when none).
     #[must_use]
     #[allow(
         clippy::cast_precision_loss,
@@ -64,8 +65,8 @@ impl Stats {
     }
 }
 
-/// A handle to io_uring rings (or the fallback) serving positioned reads of
-/// a set of files. Cheap to clone; every clone serves the same files.
+/// A handle to io_uring rings (or the fallback backend) serving positioned
+/// I/O on a set of files. Cheap to clone; every clone serves the same files.
 ///
 /// See the [crate documentation](crate) for an example.
 #[derive(Clone)]
@@ -104,8 +105,8 @@ impl UringContext {
     /// Adds a file at run time and returns its id, a checked one (see
     /// [`FileId`]): it works only with this context and only until the file
     /// is unregistered. An index freed by
-    /// [`unregister_file`](Self::unregister_file) is reused only once no read
-    /// of the old file is left, and then under a new generation, so the old
+    /// [`unregister_file`](Self::unregister_file) is reused only once no op
+    /// on the old file is left, and then under a new generation, so the old
     /// id stays an error.
     ///
     /// # Errors
@@ -143,9 +144,9 @@ impl UringContext {
         self.inner.files.insert(file, facts, self.inner.fixed())
     }
 
-    /// Removes a file. Reads already in flight on it complete (or fail with
-    /// `EBADF` if they had not reached the kernel); later reads of `fid` fail
-    /// with `InvalidInput`. The file is closed when the last read is done.
+    /// Removes a file. Ops already in flight on it complete (or fail with
+    /// `EBADF` if they had not reached the kernel); later ops on `fid` fail
+    /// with `InvalidInput`. The file is closed when the last op is done.
     ///
     /// # Errors
     ///
@@ -225,7 +226,7 @@ impl UringContext {
     /// let mut buf = [0u8; 512];
     /// ctx.read(0, 0, &mut buf).await?;
     /// let s = ctx.stats();
-    /// // Served from the page cache inline, or through the ring (or pread).
+    /// // Served on the inline path, or through the ring (or the blocking pool).
     /// assert!(s.inline_completed + s.completed >= 1);
     /// if ctx.backend().kind == BackendKind::Fallback {
     ///     eprintln!("no io_uring here: {}", ctx.backend());
@@ -260,9 +261,9 @@ impl UringContext {
             })
     }
 
-    /// How reads of file `fid` are issued: through the rings (straight to
-    /// io-wq for a FUSE or network file opted onto them), or through
-    /// `pread` on the blocking pool and why (every file of a context on the
+    /// How the ops on file `fid` are issued: through the rings (straight to
+    /// io-wq for a FUSE or network file opted onto them), or on the
+    /// blocking pool (`pread`, `pwrite`, ...) and why (every file of a context on the
     /// fallback backend; files on a file system where io_uring is not
     /// trustworthy, such as FUSE — see the design document).
     ///
@@ -310,13 +311,13 @@ impl UringContext {
         }
     }
 
-    /// Stops accepting reads, cancels what is in flight and waits until the
-    /// kernel has returned every read, or until
-    /// [`Builder::shutdown_timeout`] has passed. Pending reads resolve with
-    /// their data or an error (`ECANCELED`, or "shut down" for reads not
-    /// yet submitted); past the timeout, borrowed reads still in the kernel
+    /// Stops accepting ops, cancels what is in flight and waits until the
+    /// kernel has returned every op, or until
+    /// [`Builder::shutdown_timeout`] has passed. Pending ops resolve with
+    /// their result or an error (`ECANCELED`, or "shut down" for ops not
+    /// yet submitted); past the timeout, borrowed ops still in the kernel
     /// fail with `TimedOut` (their bounce buffers stay with the context
-    /// until the kernel lets go), while owned reads keep waiting for the
+    /// until the kernel lets go), while owned ops keep waiting for the
     /// kernel, since their buffer cannot be handed back before it is done.
     /// Every handle sees the shutdown.
     ///

@@ -188,14 +188,9 @@ impl Open {
     }
 }
 
-/// `open(2)` of `path`, on a blocking-pool thread. `ENXIO` is what a
-/// non-blocking open of a FIFO without a reader, of a socket or of a device
-/// with no driver gives: said as the refusal of a file that is not a
-/// regular file or a block device, naming what it is.
-///
-/// What registering the file needs to know of it (`Facts`: `fstat`,
-/// `fstatfs`, `statx`, each of which may wait for the file system) is read
-/// here too, off the runtime's workers.
+/// `open(2)` of `path` and the file's `Facts` (each may wait for the file
+/// system), on a blocking-pool thread. `ENXIO` (a FIFO, socket or device
+/// with no driver) is worded as the refusal of a file of that kind.
 fn open_blocking(path: &CString, flags: i32, mode: u32) -> io::Result<(std::fs::File, Facts)> {
     let e = match sys::open(path, flags, mode) {
         Ok(file) => {
@@ -294,12 +289,9 @@ pub struct UringOpenFuture<'a> {
 }
 
 impl<'a> UringOpenFuture<'a> {
-    /// An open runs on the blocking pool whatever the backend: it resolves
-    /// a path, and any directory on it may be a FUSE or network mount whose
-    /// server never answers; on a ring the kernel runs the open of a cached
-    /// path inside `io_uring_enter`, on the runtime worker that submits it.
-    /// On the blocking pool a hung server holds one pool thread and one of
-    /// the pool's slots, and `shutdown()` can give up on it.
+    /// An open runs on the blocking pool whatever the backend: any directory
+    /// on its path may be a mount whose server never answers, which on a
+    /// ring would block `io_uring_enter` on a runtime worker.
     pub(crate) fn new(ctx: Ctx<'a>, path: &Path, options: &OpenOptions) -> Self {
         UringOpenFuture {
             core: Open::new(path, options)

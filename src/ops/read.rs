@@ -86,10 +86,8 @@ pub(crate) trait Dest {
 }
 
 /// The number of bytes a read of `len` at `offset` may return, so that no
-/// syscall ever sees `offset + len` beyond `i64::MAX` (the kernel rejects
-/// that with EINVAL; no file extends that far, so nothing is lost): an
-/// offset at `i64::MAX` reads `Ok(0)` like any offset past the end of file.
-/// Offsets beyond `i64::MAX` cannot be expressed to the kernel at all.
+/// syscall sees `offset + len` beyond `i64::MAX` (EINVAL; no file reaches
+/// it): at `i64::MAX` a read is `Ok(0)`, beyond it an error.
 pub(crate) fn clamp_len(fid: FileId, offset: u64, len: usize) -> io::Result<usize> {
     let max = i64::MAX.unsigned_abs();
     if offset > max {
@@ -165,11 +163,9 @@ impl<D: Dest> Read<D> {
         }
     }
 
-    /// The piece was in the kernel when the thread that submitted it exited
-    /// (the context's home runtime shut down), and io_uring cancels or cuts
-    /// short the requests of an exiting thread. A full read is fine; a short
-    /// one is fine only if it stopped at the end of the file; anything else
-    /// is an error that says so, never a short count mid-file.
+    /// The piece was in the kernel when its submitting thread exited (io_uring
+    /// may have cut it short): a full read, or one short at the end of the
+    /// file, stands; anything else is an error, never a short count mid-file.
     fn check_tainted(
         &mut self,
         res: io::Result<usize>,
@@ -298,10 +294,8 @@ impl<D: Dest> Op for Read<D> {
         }
         match piece.res {
             Ok(n) if piece.on_ring && n > 0 && n < self.piece && !self.at_eof(n, piece.file) => {
-                // Cut short before the end of the file (a local file only
-                // does that when its reader's thread dies mid-read): read
-                // the rest, and if that is impossible, fail rather than
-                // return a short count from the middle of the file.
+                // Cut short mid-file (its submitter's thread died): read the
+                // rest, or fail rather than return a short count.
                 self.done += n;
                 self.resumed = true;
                 None
@@ -389,9 +383,8 @@ impl Dest for Borrowed<'_> {
 
 /// An owned destination: the kernel writes straight into its spare
 /// capacity, `bytes_init()..bytes_total()` as they were when the read was
-/// made. On the fallback backend the buffer travels to the blocking pool
-/// through `lent`, so it comes back even if the blocking task is cancelled
-/// before it runs.
+/// made. On the blocking pool the buffer travels to its task through
+/// `lent`, so it comes back even if that task is cancelled before it runs.
 pub(crate) struct Owned<B> {
     buf: Option<B>,
     lent: Option<Arc<Mutex<Option<B>>>>,
@@ -648,11 +641,8 @@ impl<B: IoBufMut> fmt::Debug for UringReadExactOwnedFuture<'_, B> {
     }
 }
 
-// The read futures' auto traits are part of the API, and holding their ring
-// (a `RingRef`) or a context handle must not change them: they are `Send`
-// and `Unpin` (spawned, polled through `&mut`), and today not `Sync` (each
-// is polled by one task; making them `Sync` would be a deliberate API
-// addition, not a side effect).
+// The read futures' auto traits are part of the API: `Send` and `Unpin`,
+// and not `Sync` (making them `Sync` must be a deliberate API addition).
 const _: fn() = || {
     fn send_unpin<T: Send + Unpin>() {}
     // Resolves only if exactly one impl applies, i.e. if `T` is not `Sync`.

@@ -2,14 +2,14 @@
 //! `IoSliceMut`s) and [`UringReadVectoredOwnedFuture`] (a `Vec` of owned
 //! buffers). Both are the read op of `read.rs` with a destination made of
 //! several buffers, so checks, clamping, routing,
-//! the page-cache fast path, permits, cancellation and shutdown are those
+//! the inline path, permits, cancellation and shutdown are those
 //! of `read` / `read_owned`.
 //!
 //! | path | borrowed (`read_vectored`) | owned (`read_vectored_owned`) |
 //! |---|---|---|
 //! | page cache, inline | `preadv2(RWF_NOWAIT)` straight into the slices | the same, into the spare capacities |
 //! | ring | `IORING_OP_READ(_FIXED)` into one bounce buffer the op owns, scattered into the slices on completion | `IORING_OP_READV` straight into the spare capacities; the iovec array and the buffers stay with the op until its CQE |
-//! | blocking pool (fallback, FUSE) | `pread` into a buffer the blocking task owns, then scattered | `preadv` into the spare capacities (the buffers are lent to the task) |
+//! | blocking pool (fallback backend, FUSE) | `pread` into a buffer the blocking task owns, then scattered | `preadv` into the spare capacities (the buffers are lent to the task) |
 //!
 //! The kernel is never handed a borrowed slice: a dropped borrowed future
 //! leaves only its bounce buffer with the ring, as `read` does.

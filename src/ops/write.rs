@@ -167,16 +167,8 @@ impl<S: Source> Op for Write<S> {
         self.src.park()
     }
 
-    /// `EAGAIN` from a ring write is a write that wrote nothing. When a
-    /// regular file takes fewer bytes than asked, io_uring retries the rest
-    /// itself; if a retry takes nothing, the request completes with the
-    /// bytes written before it, or with `-EAGAIN` when there were none
-    /// (`io_write`'s partial-write path, then io-wq giving up on `-EAGAIN`
-    /// for a file it cannot poll). Seen with a FUSE server that answers a
-    /// write with 0 bytes (the storage tests' `fuse_writes_that_fail_lie_or_hang`); `pwrite` returns 0 there, so
-    /// mapping it to 0 makes the two backends agree: `write` returns
-    /// `Ok(0)`, `write_all` fails with `WriteZero`, and neither invites the
-    /// caller to retry a write that cannot progress, as `WouldBlock` would.
+    /// `EAGAIN` from a ring write is a write that wrote nothing (io_uring's
+    /// retry of a 0-byte write): `Ok(0)`, as `pwrite` gives, not `WouldBlock`.
     fn ring_result(&mut self, res: io::Result<usize>) -> io::Result<usize> {
         match res {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(0),
@@ -270,9 +262,9 @@ impl Source for BorrowedSrc<'_> {
     }
 }
 
-/// An owned buffer, written from its initialised bytes; on the fallback
-/// backend lent to the blocking task through `lent`, so it comes back even
-/// if that task is cancelled before it runs.
+/// An owned buffer, written from its initialised bytes; on the blocking
+/// pool lent to its task through `lent`, so it comes back even if that task
+/// is cancelled before it runs.
 pub(crate) struct OwnedSrc<B> {
     buf: Option<B>,
     lent: Option<Arc<Mutex<Option<B>>>>,

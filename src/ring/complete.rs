@@ -2,7 +2,7 @@
 //! reaper — the driver, the blocking drive and the teardown all call it),
 //! applying one completion to the op table ([`apply_one`]), a future
 //! collecting its op ([`Ring::poll_complete`], [`Ring::finish`]) or walking
-//! away from it ([`Ring::abandon`]), and [`Deferred`], the wakers and
+//! away from it ([`Ring::abandon`]), and [`AfterUnlock`], the wakers and
 //! resources released only once the locks are gone.
 //!
 //! SAFETY (`reap_lock`, then the state lock per batch): the completion queue
@@ -28,20 +28,18 @@ use crate::error::{self, shut_down_error, Closed};
 use crate::util::lock;
 
 /// Where a completed bounce buffer's bytes go: crate code that copies them
-/// into the reader's destination (it runs under the state lock).
+/// into the op's destination (it runs under the state lock).
 pub(crate) type CopyTo<'c> = &'c mut dyn FnMut(&[u8]);
 
 /// CQEs taken per lock of the op table.
 const REAP_BATCH: usize = 256;
 
-/// The most completions the driver hands to a relay ([`Ring::reap_relayed`]);
-/// a bigger round is worth spreading over the runtime's workers at once.
-/// A relay runs its round on one worker: 16 covers the rounds of low depths,
-/// where relaying saves syscalls, without serialising the hundred-odd
-/// completions of a deep ring's round (see DESIGN, "The driver").
+/// The most completions the driver hands to a relay ([`Ring::reap_relayed`]):
+/// low depths' rounds, not a deep ring's, which is worth spreading over the
+/// workers (DESIGN, "The driver").
 pub(super) const RELAY_MAX: usize = 16;
 
-/// What a completed ring read tells its future.
+/// What a completed ring op tells its future.
 #[derive(Debug)]
 pub(crate) struct Completion {
     pub(crate) res: io::Result<usize>,
@@ -54,12 +52,12 @@ pub(super) type Released = (Record<Keep>, Option<Box<dyn Any + Send>>);
 
 /// Wakers to wake and resources to release once the lock is gone.
 #[derive(Default)]
-pub(super) struct Deferred {
+pub(super) struct AfterUnlock {
     pub(super) wakers: Vec<Waker>,
     pub(super) released: Vec<Released>,
 }
 
-impl Deferred {
+impl AfterUnlock {
     /// Must be called without any of the ring's locks held.
     pub(super) fn run(self) {
         self.wakers.into_iter().for_each(Waker::wake);
@@ -76,23 +74,13 @@ impl Ring {
         self.reap_inner(false)
     }
 
-    /// [`reap`](Self::reap) for the driver: when a batch completes 2 to
-    /// [`RELAY_MAX`] futures, only the first is woken now and the rest are
-    /// queued in `relay`, each woken when the one before it completes or
-    /// is dropped ([`Ring::relay_next`]).
+    /// [`reap`](Self::reap) for the driver: of 2 to [`RELAY_MAX`] woken
+    /// futures only the first is woken now, the rest queued in `relay`, each
+    /// woken by the one before ([`Ring::relay_next`]), so the round runs on
+    /// this worker without waking an idle one (DESIGN, "The driver").
     ///
-    /// Why: a task woken from a worker goes to that worker's LIFO slot, and
-    /// a second one displaces it into the run queue and makes tokio wake an
-    /// idle worker (a futex wake or an eventfd write, then that worker's
-    /// wake-up, steal attempt and return to sleep) even when the round is a
-    /// few µs of work. Woken one after another, each from the task before
-    /// it, most of them run on this worker without that, saving syscalls
-    /// and CPU per read (see DESIGN, "The driver").
-    ///
-    /// Liveness: the driver yields after any round of 2 or more
-    /// completions and wakes whatever is still queued at its next poll
-    /// ([`Ring::relay_flush`]), so a future that is woken but never polled
-    /// (or leaked) delays the others by one driver round, never forever.
+    /// Liveness: the driver wakes what is left at its next poll
+    /// ([`Ring::relay_flush`]); a future never polled delays the rest one round.
     pub(super) fn reap_relayed(&self) -> usize {
         self.reap_inner(true)
     }
@@ -116,7 +104,7 @@ impl Ring {
         let mut total = 0;
         let mut space = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
         loop {
-            let mut out = Deferred::default();
+            let mut out = AfterUnlock::default();
             {
                 let _only_reaper = lock(&self.reap_lock);
                 // SAFETY: `reap_lock` is held: the only CompletionQueue of this ring.
@@ -185,9 +173,8 @@ impl Ring {
             }
         };
         if st.gave_up && st.ops.is_bounce(key) {
-            // shutdown() stopped waiting for the kernel: a borrowed read
-            // resolves now, its bounce buffer stays with the ring (and is
-            // released by the CQE, if one ever comes).
+            // shutdown() gave up on the kernel: a borrowed op resolves now;
+            // its bounce buffer stays with the ring until a CQE, if any.
             let abandoned = st.ops.abandon(key, None);
             drop(st);
             drop((abandoned, replaced));
@@ -200,8 +187,7 @@ impl Ring {
         drop(st);
         drop(replaced);
         if driver_gone {
-            // No driver will reap for us (its runtime shut down): drive the
-            // ring from here, blocking, until this op completes.
+            // No driver will reap (its runtime shut down): drive from here.
             self.drive_blocking();
             cx.waker().wake_by_ref();
         }
@@ -228,12 +214,9 @@ impl Ring {
         let Record {
             buf, keep, tainted, ..
         } = op;
-        // The marking at driver drop can come too late: io_uring fails an
-        // exiting worker's requests when the thread exits, which during the
-        // home runtime's shutdown may be before its driver task is dropped.
-        // So an op collected once the driver is gone is suspect too, and so
-        // is EFAULT from any op: the crate only ever hands the kernel valid
-        // buffers, so the kernel reports EFAULT only for such requests.
+        // An exiting submitter's requests may fail before its driver is
+        // dropped: an op collected after the driver, or with EFAULT (the
+        // crate only hands valid buffers), is suspect too (DESIGN, "Failure model").
         let tainted = tainted || st.driver_gone || res == -libc::EFAULT;
         let mut heap = None;
         match buf {
@@ -265,16 +248,11 @@ impl Ring {
     /// The future of op `key` is gone; `keep_alive` holds whatever else the
     /// kernel may write into (an owned buffer) until the CQE.
     ///
-    /// A read that never reached the submission queue (it waits in the
-    /// backlog) is taken out and released at once. One the kernel may hold
-    /// gets an `IORING_OP_ASYNC_CANCEL` aimed at its `user_data`: if the
-    /// kernel can still stop it (queued for, or blocked in, an io-wq worker)
-    /// its CQE comes back at once with `ECANCELED`, which releases its slot,
-    /// buffer and in-flight permit; if not (the device already has it), the
-    /// cancel fails harmlessly and the read completes as usual. Either way
-    /// the buffer stays with the ring until the read's own CQE.
+    /// An op still in the backlog is released at once; one the kernel may
+    /// hold gets an `ASYNC_CANCEL`, and its buffer stays with the ring until
+    /// its own CQE (DESIGN, "Op lifecycle").
     pub(crate) fn abandon(&self, key: usize, keep_alive: Option<Box<dyn Any + Send>>) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         let user_data = st.ops.user_data(key);
         let abandoned = st.ops.abandon(key, keep_alive);
@@ -304,10 +282,9 @@ impl Ring {
         }
     }
 
-    /// Cancels the read with `user_data` (state lock held): out of the
-    /// backlog if it is still there, else by queueing an async cancel.
-    /// Returns whether an SQE was queued.
-    fn cancel_locked(&self, st: &mut State, user_data: u64, out: &mut Deferred) -> bool {
+    /// Cancels the op with `user_data` (state lock held): out of the backlog,
+    /// else by queueing an async cancel. Returns whether an SQE was queued.
+    fn cancel_locked(&self, st: &mut State, user_data: u64, out: &mut AfterUnlock) -> bool {
         if let Some(pos) = st
             .backlog
             .iter()
@@ -317,9 +294,7 @@ impl Ring {
             apply_one(st, user_data, -libc::ECANCELED, false, out);
             return false;
         }
-        // Nothing to aim at once the ring is closing: shutdown has queued a
-        // cancel of everything, a broken ring submits nothing, and a ring
-        // whose driver is gone is drained by its teardown.
+        // A closing ring has its cancel-all queued, or submits nothing.
         if st.closed.is_some() || st.cancel_queued {
             return false;
         }
@@ -339,7 +314,7 @@ pub(super) fn apply_one(
     user_data: u64,
     res: i32,
     kernel: bool,
-    out: &mut Deferred,
+    out: &mut AfterUnlock,
 ) {
     if user_data == INTERNAL {
         return;

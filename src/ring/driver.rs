@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::submit::{EnterPlan, ENTER_GETEVENTS};
-use super::{transient, Deferred, Ring, RETRY_AFTER};
+use super::{transient, AfterUnlock, Ring, RETRY_AFTER};
 use crate::error::Closed;
 use crate::sys;
 use crate::thread;
@@ -32,23 +32,18 @@ use crate::util::lock;
 const ROUNDS: usize = 32;
 
 /// With COOP_TASKRUN the kernel does not interrupt a sleeping thread to run
-/// completion work, so the driver re-enters at this period while reads are out.
+/// completion work, so the driver re-enters at this period while ops are out.
 const COOP_TICK: Duration = Duration::from_micros(200);
 
-/// The background poll future of one ring, spawned on tokio by
-/// `UringContext::new`. It submits every queued SQE with one
-/// `io_uring_enter`, reaps every CQE, wakes the futures waiting for them, and
-/// sleeps on the ring's file descriptor (in the reactor) when there is
-/// nothing to do.
+/// The background poll future of one ring: submits the queued SQEs, reaps
+/// the CQEs, wakes their futures, and sleeps on the ring fd when idle.
 pub(crate) struct Driver {
     ring: Arc<Ring>,
     timer: DriverTimer,
     /// Returned `Ready`: every op was back when it stopped.
     finished: bool,
-    /// A pending `yield_now`: set when readers queued SQEs, so that the
-    /// other tasks that are ready on this worker queue theirs too before the
-    /// enter (tokio runs a freshly woken task next, which would otherwise
-    /// make every batch one read long).
+    /// A pending `yield_now`, so the other ready tasks on this worker queue
+    /// their SQEs before the enter (else each enter would carry one op).
     batching: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
@@ -63,9 +58,7 @@ impl Driver {
     }
 
     fn start_batching(&mut self) {
-        // `yield_now` defers our wake-up until this worker has run the tasks
-        // that are ready now (or until its next maintenance tick, every 61
-        // polls), so the wait is short and bounded.
+        // `yield_now` returns once this worker ran its ready tasks: bounded.
         self.batching = Some(Box::pin(tokio::task::yield_now()));
     }
 }
@@ -75,7 +68,7 @@ impl Future for Driver {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         thread::mark_driver_thread();
-        // Readers that queue SQEs from now on leave the wake to us (see
+        // Ops that queue SQEs from now on leave the wake to us (see
         // `notify_driver`); cleared only when this poll ends in a sleep.
         this.ring.polling.store(true, Ordering::SeqCst);
         let mut yielded = false;
@@ -87,8 +80,8 @@ impl Future for Driver {
                 this.batching = None;
                 yielded = true;
             }
-            // Woken by a reader's SQE: let the other ready readers queue
-            // theirs before entering.
+            // Woken by an op's SQE: let the other ready tasks queue theirs
+            // before entering.
             if !yielded && this.ring.submit_pending.load(Ordering::Acquire) {
                 this.start_batching();
                 continue;
@@ -100,8 +93,8 @@ impl Future for Driver {
                 }
                 Drive::Sleep => {
                     this.ring.polling.store(false, Ordering::SeqCst);
-                    // A reader that queued an SQE while `polling` was still
-                    // set did not wake us: go round instead of sleeping.
+                    // An op that queued an SQE while `polling` was still set
+                    // did not wake us: go round instead of sleeping.
                     if this.ring.submit_pending.load(Ordering::SeqCst) {
                         this.ring.polling.store(true, Ordering::SeqCst);
                         continue;
@@ -119,9 +112,8 @@ impl Future for Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        // Finished, or dropped with its runtime: futures still waiting must
-        // not wait for a driver that will never come back (nor for a relay
-        // it started). Nor may readers skip waking a driver that is gone.
+        // Finished, or dropped with its runtime: no future may wait for this
+        // driver (or its relay), nor skip waking a driver that is gone.
         self.ring.polling.store(false, Ordering::SeqCst);
         self.ring.relay_flush();
         self.ring.driver_dropped(self.finished);
@@ -132,9 +124,9 @@ impl Drop for Driver {
 enum Drive {
     /// Closed and every op is back from the kernel.
     Done,
-    /// Nothing to do: woken by the ring fd, a reader or the timer.
+    /// Nothing to do: woken by the ring fd, an op or the timer.
     Sleep,
-    /// Reads are being queued: come back once the ready tasks have run.
+    /// Ops are being queued: come back once the ready tasks have run.
     Batch,
 }
 
@@ -164,8 +156,7 @@ impl Ring {
     /// The body of the background poll future (see [`Driver`]).
     fn poll_drive(&self, cx: &mut Context<'_>, timer: &mut DriverTimer) -> Drive {
         self.driver_waker.register(cx.waker());
-        // Whoever the last round's relay has not reached yet (see
-        // `reap_relayed`): normally nobody, the relay ran before this poll.
+        // Whoever the last round's relay has not reached (normally nobody).
         self.relay_flush();
         self.driver_polls.fetch_add(1, Ordering::Relaxed);
         self.idle.store(false, Ordering::SeqCst);
@@ -204,10 +195,8 @@ impl Ring {
                 return Drive::Done;
             }
             if reaped > 1 {
-                // The futures just woken are likely to queue their next
-                // reads: let them run first, then submit those in one enter.
-                // (Not for a single CQE: a yield makes tokio wake another
-                // worker, which at low depth costs more than it batches.)
+                // Let the woken futures queue their next ops for one enter
+                // (not for one CQE: the yield wakes another worker).
                 self.submit_pending.store(true, Ordering::SeqCst);
                 return Drive::Batch;
             }
@@ -218,17 +207,14 @@ impl Ring {
                 // More SQEs are coming in: let them accumulate first.
                 return Drive::Batch;
             }
-            // Work left that the next enter can move: SQEs the kernel has
-            // not taken (without SQPOLL it takes all it is given, so these
-            // are newer) or a backlog.
+            // Work the next enter can move: a backlog, or (without SQPOLL)
+            // SQEs queued since the last enter.
             let stuck = !broken && (backlog > 0 || (unconsumed > 0 && !self.sqpoll));
             if stuck && !retry_later && !self.sqpoll {
                 continue;
             }
-            // Sleep until the kernel posts a CQE (the ring fd turns
-            // readable), a reader queues an SQE (driver_waker) or the timer
-            // fires. Never with SQEs left unsubmitted and nothing to wake
-            // us: then the timer is armed.
+            // Sleep until a CQE (ring fd), an SQE (driver_waker) or the
+            // timer; with SQEs left unsubmitted the timer is armed.
             if self.poll_cq_ready(cx).is_ready() {
                 continue;
             }
@@ -273,24 +259,22 @@ impl Ring {
                 TimerPoll::Pending => {}
             }
             if !stuck && !retry_later && !broken && closed.is_none() && !self.coop_taskrun {
-                // Nothing queued, nothing to retry: the next reader to queue
-                // an SQE may submit it itself (see `Ring::submit`). Not with
-                // COOP_TASKRUN: its completions need the driver's tick (an
-                // enter every 200 µs while reads are out), which only a
-                // driver that knows of the read arms.
+                // The next op to queue an SQE may submit it itself (see
+                // `Ring::submit`). Not with COOP_TASKRUN: its completions
+                // need the driver's tick, armed only by a driver that knows
+                // of the op.
                 self.idle.store(true, Ordering::SeqCst);
             }
             return Drive::Sleep;
         }
-        // Busy: let the reading tasks on this worker run, then continue.
+        // Busy: let the other tasks on this worker run, then continue.
         Drive::Batch
     }
 
-    /// `shutdown()`'s deadline passed with reads still in the kernel: let
-    /// `shutdown()` return, and resolve the borrowed reads with an error
-    /// (their buffers stay with the ring until their CQE). Owned reads keep
-    /// waiting: their buffer cannot be handed back while the kernel may
-    /// still write into it.
+    /// `shutdown()`'s deadline passed with ops still in the kernel: let
+    /// `shutdown()` return and fail the borrowed ops (their buffers stay
+    /// with the ring). Owned ops keep waiting: their buffer cannot be handed
+    /// back while the kernel may write into it.
     fn give_up(&self) {
         let wakers = {
             let mut st = lock(&self.state);
@@ -301,13 +285,12 @@ impl Ring {
         wakers.into_iter().for_each(Waker::wake);
     }
 
-    /// The driver task is being dropped: its runtime is shutting down (or
-    /// it finished). Reads in the kernel were submitted by threads that are
-    /// exiting, which makes io_uring cancel or cut them short: mark them
-    /// tainted so their futures check what they got. Reads never submitted
-    /// fail; waiting futures are woken to drive the ring themselves.
+    /// The driver task is being dropped (its runtime is shutting down, or it
+    /// finished). Ops in the kernel are tainted (their submitting threads
+    /// exit, and io_uring may cut them short); ops never submitted fail;
+    /// waiting futures are woken to drive the ring themselves.
     fn driver_dropped(&self, finished: bool) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         {
             let mut st = lock(&self.state);
             st.driver_gone = true;
@@ -325,15 +308,14 @@ impl Ring {
         out.run();
     }
 
-    /// Blocking drive, used when no driver task exists any more: submit
-    /// what is queued (from this live thread), wait a little for a CQE, reap.
+    /// Blocking drive once no driver task exists: submit, wait a little, reap.
     pub(super) fn drive_blocking(&self) {
         if let Some(plan) = self.plan_enter(false) {
             let _ = self.enter(plan, 0);
         }
         if self.reap() == 0 {
             if self.coop_taskrun {
-                // Deferred completion work runs only in an enter.
+                // COOP_TASKRUN's deferred completion work runs only in an enter.
                 let _ = self.enter(
                     EnterPlan {
                         to_submit: 0,

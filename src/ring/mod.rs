@@ -11,21 +11,14 @@
 //! | `driver.rs` | the background [`Driver`] future; the blocking drive once it is gone | none of its own |
 //!
 //! Locking: `state` (a `Mutex`) guards the op table, the free bounce
-//! buffers, the overflow backlog, the record of which SQEs the kernel has
-//! not consumed yet, and the *producer* side of the submission queue.
-//! Readers push their SQE under it and leave; the driver calls
-//! `io_uring_enter` *without* it, so a long enter (buffered reads that hit the
-//! page cache are copied inside the enter) never blocks readers. The
-//! completion queue is consumed only under `reap_lock`, by the driver (or,
-//! once the driver is gone, by whichever future drives the ring itself).
-//! Lock order: `reap_lock` before `state`, never the other way.
-//!
-//! No user code runs under either lock: wakers are cloned, woken and
-//! dropped, and parked owned buffers dropped, only after unlocking.
+//! buffers, the backlog, `in_sq` and the SQ producer side. Ops push their
+//! SQE under it and leave; `io_uring_enter` runs *without* it, so a long
+//! enter never blocks them. The CQ is consumed only under `reap_lock`.
+//! Lock order: `reap_lock` before `state`. No user code (wakers, parked
+//! owned buffers) runs under either lock.
 //!
 //! Every `io_uring_enter` goes through [`Ring::enter`], which submits only
-//! the SQEs counted under the lock, and never any once the ring is broken
-//! (see [`Ring::break_ring`]).
+//! the SQEs counted under the lock, and none once the ring is broken.
 //!
 //! SAFETY (the state lock): `State` is the one record of what the kernel may
 //! touch. From the moment an op's SQE is in the SQ until its CQE is reaped,
@@ -71,8 +64,8 @@ mod table;
 #[cfg(test)]
 mod tests;
 
+use complete::AfterUnlock;
 pub(crate) use complete::CopyTo;
-use complete::Deferred;
 pub(crate) use driver::Driver;
 use pool::BufferPool;
 pub(crate) use sqe::{Dst, RingOp, Src};
@@ -146,11 +139,11 @@ struct State {
     /// Every handle of the context is gone: no future can wait on this
     /// ring any more.
     orphaned: bool,
-    /// SQEs the kernel has consumed (reads only).
+    /// SQEs of ops the kernel has consumed (not the internal cancel).
     submitted: u64,
-    /// CQEs of reads.
+    /// CQEs of ops.
     completed: u64,
-    /// Cancels queued for reads whose future was dropped.
+    /// Cancels queued for ops whose future was dropped.
     cancels: u64,
 }
 
@@ -175,20 +168,18 @@ pub(crate) struct Ring {
     pool_registered: bool,
     pub(crate) permits: Slots,
     submit_pending: AtomicBool,
-    /// The driver task is in its poll, or yielded in the middle of one
-    /// (`Drive::Batch`) and sure to be polled again: either way it looks at
-    /// `submit_pending` before it sleeps, so a reader that queues an SQE
-    /// need not wake it (see `notify_driver`).
+    /// The driver is in (or mid-yield of) a poll and will look at
+    /// `submit_pending` before it sleeps: an op queuing an SQE need not wake it.
     pub(super) polling: AtomicBool,
     /// A batch ([`submit::Deferral`]) queued its reads: the next enter hands
-    /// all of them over at once, shallow ring or not (a batch is one enter).
+    /// all of them over at once, shallow ring or not.
     pub(super) whole_batch: AtomicBool,
-    /// The driver is asleep with nothing queued: the next reader to queue
-    /// an SQE claims this and submits it itself (see `Ring::submit`).
+    /// The driver is asleep with nothing queued: the next op to queue an SQE
+    /// claims this and submits it itself (see `Ring::submit`).
     pub(super) idle: AtomicBool,
     driver_waker: AtomicWaker,
-    /// A duplicate of the ring's descriptor in the reactor: readable while
-    /// the CQ holds entries (io_uring's poll), so the idle driver sleeps on it.
+    /// A duplicate of the ring's fd in the reactor, readable while the CQ
+    /// holds entries: the idle driver sleeps on it.
     pub(super) cq_ready: AsyncFd<File>,
     /// One-shot timer of the driver: retry back-off, COOP tick, and the
     /// deadline of `shutdown()`.
@@ -197,19 +188,15 @@ pub(crate) struct Ring {
     done: AtomicBool,
     enters: AtomicU64,
     driver_polls: AtomicU64,
-    /// The page-cache fast path's record of this ring's reads (its policy
-    /// is in `inline.rs`).
+    /// The inline path's record of this ring's reads (policy in `inline.rs`).
     pub(crate) inline: inline::History,
     coop_taskrun: bool,
     shutdown_timeout: Duration,
     /// Most SQEs per enter while the ring is shallow (`Builder::shallow_batch`).
     shallow_batch: u32,
-    /// Readers whose CQE the driver reaped but has not woken yet: each
-    /// reader that completes (or is dropped) wakes the next one, so a small
-    /// round of completions runs on one worker without waking another (see
-    /// [`Ring::reap_relayed`] and DESIGN "The driver"). The driver wakes whatever
-    /// is left at its next poll, which its yield after the round makes
-    /// prompt.
+    /// Futures whose CQE the driver reaped but has not woken yet: each one
+    /// that completes (or is dropped) wakes the next, so a small round runs
+    /// on one worker (see [`Ring::reap_relayed`], DESIGN "The driver").
     pub(super) relay: Mutex<VecDeque<Waker>>,
 }
 
@@ -223,10 +210,8 @@ impl fmt::Debug for Ring {
     }
 }
 
-/// `Instant::now() + timeout`, or a time a century away when that
-/// overflows: `shutdown_timeout(Duration::MAX)` means "wait as long as it
-/// takes", and must not panic (it did, in the driver and then in
-/// `Ring::drop`, which aborted the process).
+/// `Instant::now() + timeout`, or a century away when that overflows:
+/// `shutdown_timeout(Duration::MAX)` means "as long as it takes", not a panic.
 pub(crate) fn deadline_after(timeout: Duration) -> Instant {
     const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     let now = Instant::now();
@@ -235,11 +220,9 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// Drops `x` (an op's buffers and whatever else the kernel held), catching
-/// a panic from a user type's `Drop` (a parked owned buffer is the
-/// caller's type): on a driver or in `Ring::drop` it would kill the
-/// driver — every later call then failed as if the runtime had shut down —
-/// or abort the process.
+/// Drops `x` (an op's buffers, possibly the caller's type), catching a
+/// panic from its `Drop`: on a driver or in `Ring::drop` it would kill the
+/// driver or abort the process.
 pub(crate) fn drop_caught<T>(x: T) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(x))) {
         let msg = p
@@ -293,20 +276,14 @@ impl Ring {
             submitter.register_files_update(0, fds)?;
         }
 
-        // io-wq, the kernel's worker pool for requests that cannot be issued
-        // without blocking (reads of a FUSE or network file on the rings,
-        // with IOSQE_ASYNC; anything a file system punts), has at most
-        // 4 x CPUs bounded workers per submitting thread by default: 8
-        // requests stuck on one such file would leave every other one
-        // queued behind them. Allow as many workers as reads in flight
-        // (created only when needed). Best effort: kernels before 5.15 do
-        // not have this, and reads work the same without it.
+        // io-wq's default bound (4 x CPUs) would queue every punted op
+        // behind a few stuck on one slow file: allow one worker per op in
+        // flight. Best effort (5.15+).
         let bounded = u32::try_from(cfg.in_flight).unwrap_or(u32::MAX);
         let _ = submitter.register_iowq_max_workers(&mut [bounded, 0]);
 
-        // Bounce buffers. Registering them lets O_DIRECT skip pinning pages
-        // on every read; it needs RLIMIT_MEMLOCK room (or CAP_IPC_LOCK), so
-        // failing to register is not an error: plain reads are used instead.
+        // Registered bounce buffers spare O_DIRECT the page pinning; without
+        // RLIMIT_MEMLOCK room plain reads and writes are used instead.
         let pool = BufferPool::new(cfg.pool_count, cfg.pool_size)?;
         let iovecs = pool.iovecs();
         let pool_registered = u16::try_from(pool.count()).is_ok()
@@ -315,9 +292,7 @@ impl Ring {
             // (or leaked); closing the ring fd unregisters them.
             && unsafe { submitter.register_buffers(&iovecs) }.is_ok();
 
-        // The ring's own descriptor is readable while CQEs wait: the idle
-        // driver sleeps on a duplicate of it in the reactor (no eventfd to
-        // signal and drain).
+        // The idle driver sleeps on a duplicate of the ring fd (no eventfd).
         let cq_ready = register(sys::dup_cloexec(uring.as_raw_fd())?)?;
         let timer = register(sys::timerfd()?)?;
         let free_bufs = (0..u32::try_from(pool.count()).unwrap_or(u32::MAX))
@@ -385,7 +360,7 @@ impl Ring {
         }
     }
 
-    /// The error a read gets when this ring no longer takes reads.
+    /// The error an op gets when this ring no longer takes ops.
     pub(crate) fn closed_error(&self) -> io::Error {
         lock(&self.state)
             .closed
@@ -393,11 +368,11 @@ impl Ring {
             .map_or_else(shut_down_error, Closed::error)
     }
 
-    /// Stops new reads, fails the ones never handed to the kernel, asks the
+    /// Stops new ops, fails the ones never handed to the kernel, asks the
     /// kernel to cancel what it has, and lets the driver finish once every
     /// op is back (or `shutdown_timeout` passes, see `give_up`).
     pub(crate) fn close(&self) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         if st.closed.is_none() {
             st.closed = Some(Closed::Shutdown);
@@ -406,8 +381,7 @@ impl Ring {
         let broken = matches!(st.closed, Some(Closed::Broken(_)));
         if st.live > 0 && !st.cancel_queued && !broken {
             st.cancel_queued = true;
-            // Queued after every SQE already in the SQ, so it also cancels
-            // those: the kernel takes SQEs in order.
+            // Behind every SQE already in the SQ (taken in order): cancels those too.
             let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
                 .build()
                 .user_data(INTERNAL);
@@ -454,11 +428,10 @@ fn register(fd: File) -> io::Result<AsyncFd<File>> {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // Nobody else can submit now (the driver, the last other owner, is
-        // gone), but the kernel may still own buffers: fail what it never
-        // got, cancel what it has, and wait — bounded — until every op is
-        // back. Only then is the pool freed; past the deadline it is leaked.
-        let mut out = Deferred::default();
+        // The kernel may still own buffers: fail what it never got, cancel
+        // what it has, and wait (bounded) for every op; past the deadline
+        // the pool is leaked, never freed under the kernel.
+        let mut out = AfterUnlock::default();
         let (broken, deadline) = {
             let mut st = lock(&self.state);
             // A driver that gave up has already waited its timeout.
@@ -485,9 +458,8 @@ impl Drop for Ring {
                 types::CancelBuilder::any(),
             );
         } else {
-            // Submit until the cancel itself is in the kernel: it may sit
-            // behind a full SQ of reads that only it can finish, so never
-            // wait for completions while submitting.
+            // Submit until the cancel is in the kernel, without waiting for
+            // completions: the ops ahead of it may only finish through it.
             while Instant::now() < deadline {
                 let Some(plan) = self.plan_enter(false) else {
                     break;
@@ -534,14 +506,13 @@ impl Drop for Ring {
             // pool; the pool is not used after this point.
             unsafe { ManuallyDrop::drop(&mut self.pool) };
         } else {
-            // The ring cannot be drained: leak every buffer the kernel might
-            // still write into rather than free it under the kernel's feet
-            // (the pool stays in its ManuallyDrop). Files and permits are
-            // released: the kernel holds its own reference to each file.
+            // Not drained: leak every buffer the kernel might still write
+            // (the pool stays in its ManuallyDrop); files and permits are
+            // released, the kernel holds its own file references.
             let released = st.ops.leak_buffers();
             drop_caught(released);
             eprintln!(
-                "uring-positioned-io: {} reads still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
+                "uring-positioned-io: {} ops still in the kernel after the shutdown timeout ({:?}); their buffers are leaked",
                 st.live, self.shutdown_timeout
             );
         }

@@ -177,13 +177,9 @@ impl Ring {
                     },
                     (Dst::Bounce(_), None) => unreachable!("a bounce read has its buffer"),
                 };
-                // A large buffered read is copied out of the page cache
-                // inside the `io_uring_enter` that submits it, holding a
-                // runtime worker for the whole copy. From `ASYNC_READ_FROM`
-                // bytes such reads go to io-wq instead, where the thread hop
-                // is small next to the copy (a scan's default chunks stay
-                // below it; see DESIGN, "The read path"). `O_DIRECT` reads do
-                // not copy in the enter.
+                // A large buffered read would be copied inside the enter, on
+                // a runtime worker: from `ASYNC_READ_FROM` bytes io-wq copies
+                // it instead (DESIGN, "The read path").
                 let big = match dst {
                     Dst::Caller(_, len) | Dst::Bounce(len) => len >= ASYNC_READ_FROM,
                     Dst::CallerVec(..) => false,

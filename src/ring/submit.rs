@@ -2,7 +2,7 @@
 //! pushing its SQE or parking it in the backlog, moving the backlog into the
 //! SQ, counting the SQEs the kernel has consumed, waking the driver, and the
 //! one counted `io_uring_enter` path ([`Ring::plan_enter`] under the lock,
-//! [`Ring::enter`] without it). Breaking the ring and failing the reads that
+//! [`Ring::enter`] without it). Breaking the ring and failing the ops that
 //! never reached the kernel are here too: they rest on this side's record
 //! of which SQEs the kernel has.
 //!
@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use io_uring::squeue;
 
-use super::complete::{apply_one, Deferred};
+use super::complete::{apply_one, AfterUnlock};
 use super::{errno, transient, Keep, Ring, RingOp, State, INTERNAL, NOT_SUBMITTED};
 use crate::error::Closed;
 use crate::files::FileEntry;
@@ -46,30 +46,22 @@ pub(super) struct EnterPlan {
     pub(super) batch: u32,
 }
 
-/// A ring with at most this many reads in the kernel, counting the ones
-/// being submitted, is *shallow*: the device is not kept full, and a read's
-/// latency is what counts.
+/// A ring with at most this many ops in the kernel (counting the ones being
+/// submitted) is *shallow*: the device is not full, and latency is what counts.
 const SHALLOW_DEPTH: u64 = 64;
 
-/// Most SQEs one enter hands to a shallow ring, unless the builder says
-/// otherwise (`Builder::shallow_batch`). The block layer holds the
-/// requests of one submission batch in a plug until all of them are
-/// issued, so in a big batch the first reaches the disk late; in enters of
-/// 8 the disk gets them as they are issued. A deep ring keeps one enter per
-/// batch: the disk is full either way, and extra enters only cost CPU (see
-/// DESIGN, "Low depth").
+/// Most SQEs one enter hands to a shallow ring (`Builder::shallow_batch`):
+/// the block layer plugs a whole submission batch, so small enters reach
+/// the disk sooner. A deep ring keeps one enter (DESIGN, "Low depth").
 pub(crate) const DEFAULT_SHALLOW_BATCH: u32 = 8;
 
 fn address(ring: &Ring) -> usize {
     std::ptr::from_ref(ring) as usize
 }
 
-/// While alive, reads queued on this thread to one of `rings` are not
-/// submitted one by one; on drop, every ring of `rings` with queued SQEs
-/// submits them (one enter, or one driver wake-up, per ring). A batch holds
-/// one while it polls its reads, so they reach the kernel together. Only
-/// these rings are deferred: a read of another context polled meanwhile
-/// (from a waker, say) is submitted as usual, so nothing is left queued
+/// While alive, ops queued on this thread to one of `rings` wait; on drop
+/// each of those rings submits them at once (a batch holds one while it
+/// polls its reads). Other rings submit as usual, so nothing is left queued
 /// with nobody to submit it.
 pub(crate) struct Deferral<'a> {
     rings: &'a [Arc<Ring>],
@@ -101,12 +93,9 @@ impl Drop for Deferral<'_> {
 }
 
 impl Ring {
-    /// Queues one op on `file` (`None`: an op on no file) and returns its
-    /// key. The SQE goes into the submission queue (or the backlog when
-    /// that is full); the driver submits it with everything else queued at
-    /// its next round. From here on, the op's future collects it with
-    /// [`poll_complete`](Ring::poll_complete) or walks away with
-    /// [`abandon`](Ring::abandon).
+    /// Queues one op on `file` (`None`: an op on no file) in the SQ (or the
+    /// backlog) and returns its key, for
+    /// [`poll_complete`](Ring::poll_complete) or [`abandon`](Ring::abandon).
     pub(crate) fn submit(
         &self,
         file: Option<Arc<FileEntry>>,
@@ -131,8 +120,7 @@ impl Ring {
         st.live += 1;
         drop(st);
         if self.batching_here() {
-            // A batch is queueing its reads: it submits them all at once
-            // when it has queued every one (`Deferral::drop`).
+            // `Deferral::drop` submits the batch's reads at once.
             return Ok(key);
         }
         self.submit_queued();
@@ -149,10 +137,9 @@ impl Ring {
     /// is idle (see below), else by waking the driver.
     pub(crate) fn submit_queued(&self) {
         if thread::on_driver_thread() && self.idle.swap(false, Ordering::AcqRel) {
-            // The driver is asleep with nothing queued: submit now, from
-            // this thread, rather than wake it for one SQE (at low depth the
-            // hop costs more than the enter). Readers after this one find
-            // `idle` false and batch through the driver.
+            // Submitting here costs less than waking the idle driver for
+            // one SQE; ops after this one find `idle` false and batch
+            // through the driver.
             self.submit_now();
         } else {
             self.notify_driver();
@@ -166,10 +153,8 @@ impl Ring {
         !st.backlog.is_empty() || !st.in_sq.is_empty()
     }
 
-    /// Submits what is queued with one enter from the calling thread.
-    /// Whatever that enter could not move (a backlog behind a full SQ, SQEs
-    /// a SQPOLL thread has yet to take, an enter to retry after EAGAIN) is
-    /// handed to the driver, which has the timer to wait for it.
+    /// One enter from the calling thread; what it could not move is left to
+    /// the driver, which has the timer to retry.
     fn submit_now(&self) {
         let mut entered = true;
         if let Some(plan) = self.plan_enter(false) {
@@ -190,7 +175,8 @@ impl Ring {
             let user_data = entry.get_user_data();
             // SAFETY: the state lock is held, so this is the only
             // SubmissionQueue of this ring in existence; the entry's buffer
-            // is owned by the op table until its CQE (see op.rs).
+            // is owned by the op table until its CQE (see this module's
+            // SAFETY note).
             let pushed = unsafe { self.uring.submission_shared().push(&entry) };
             if pushed.is_ok() {
                 st.in_sq.push_back(user_data);
@@ -236,11 +222,8 @@ impl Ring {
     }
 
     /// Tells the driver that SQEs are queued: wakes it unless it is in its
-    /// poll, where it looks at `submit_pending` before sleeping. A wake in
-    /// the middle of a poll would not make the driver come sooner: tokio
-    /// would reschedule it as a yield once the poll returns, and a yield
-    /// makes the runtime unpark another worker, which then takes the driver
-    /// over or finds nothing (DESIGN, "The driver").
+    /// poll (it checks `submit_pending` before sleeping), since a wake
+    /// mid-poll only unparks another worker (DESIGN, "The driver").
     pub(super) fn notify_driver(&self) {
         // SeqCst, with the driver's store of `polling` and load of
         // `submit_pending` in `Driver::poll`: if this load sees `polling`
@@ -299,11 +282,9 @@ impl Ring {
     }
 
     /// `io_uring_enter` without the state lock, submitting exactly the SQEs
-    /// `plan` counted and waiting for `wait` completions: one enter, or, on
-    /// a shallow ring and with nothing to wait for, one per `plan.batch`
-    /// SQEs. An enter that fails after earlier ones submitted returns what
-    /// they submitted; the rest stays in the SQ for the next round (as after
-    /// a short submit).
+    /// `plan` counted (in enters of `plan.batch` when not waiting) and
+    /// waiting for `wait` completions. After a partial failure it returns
+    /// what was submitted; the rest stays in the SQ for the next round.
     pub(super) fn enter(&self, plan: EnterPlan, wait: u32) -> io::Result<usize> {
         if wait > 0 || plan.to_submit <= plan.batch {
             return self.enter_once(plan.to_submit, plan.flags, wait);
@@ -350,19 +331,17 @@ impl Ring {
         }
     }
 
-    /// io_uring_enter failed in a way retrying will not fix: stop taking
-    /// reads, and fail every read that never reached the kernel (backlog,
-    /// and the SQ too: from now on nothing enters with SQEs to submit, so
-    /// the kernel can never see them). Reads already in the kernel complete
-    /// as usual (their CQEs need no enter).
+    /// io_uring_enter failed for good: stop taking ops, and fail every op
+    /// the kernel never saw (backlog and SQ: nothing enters with SQEs to
+    /// submit again). Ops in the kernel complete as usual.
     pub(super) fn break_ring(&self, e: &io::Error) {
-        let mut out = Deferred::default();
+        let mut out = AfterUnlock::default();
         let mut st = lock(&self.state);
         if matches!(st.closed, Some(Closed::Broken(_))) {
             return;
         }
         st.closed = Some(Closed::Broken(e.to_string()));
-        crate::util::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more reads");
+        crate::util::decision!(error, error = %e, "io_uring_enter failed for good: the ring takes no more ops");
         self.fail_unsubmitted(&mut st, true, &mut out);
         drop(st);
         out.run();
@@ -374,7 +353,7 @@ impl Ring {
     /// submitted. Only sound for SQ entries if nothing ever enters with
     /// `to_submit > 0` on this ring again (a broken ring) and no SQPOLL
     /// thread can pick them up.
-    pub(super) fn fail_unsubmitted(&self, st: &mut State, sq_too: bool, out: &mut Deferred) {
+    pub(super) fn fail_unsubmitted(&self, st: &mut State, sq_too: bool, out: &mut AfterUnlock) {
         let mut keys: Vec<u64> = st.backlog.drain(..).map(|e| e.get_user_data()).collect();
         if sq_too && !self.sqpoll {
             self.account_consumed(st);

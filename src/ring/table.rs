@@ -1,10 +1,10 @@
-//! The life of one in-flight read, independent of the kernel.
+//! The life of one in-flight op, independent of the kernel.
 //!
-//! Every submitted read owns a slot in an [`OpTable`], keyed by the SQE's
-//! `user_data`. The slot holds everything the kernel may touch (the buffer it
-//! writes into) and everything that must outlive the kernel's use of it (the
-//! file's table entry, the in-flight permit). The future that issued the read
-//! holds only the key. State changes go through `mem::replace` and a `match`:
+//! Every submitted op owns a slot in an [`OpTable`], keyed by the SQE's
+//! `user_data`. The slot holds everything the kernel may touch (its buffer)
+//! and everything that must outlive the kernel's use of it (the file's table
+//! entry, the in-flight permit). The future that issued the op holds only
+//! the key. State changes go through `mem::replace` and a `match`:
 //!
 //! ```text
 //!            poll (not done)                  CQE
@@ -29,11 +29,11 @@ use slab::Slab;
 
 use crate::buf::AlignedBuf;
 
-/// Where the kernel writes the bytes of one read.
+/// The buffer the kernel uses for one op.
 pub(crate) enum OpBuf {
     /// Buffer `index` of the ring's bounce-buffer pool.
     Pool(u32),
-    /// A one-off bounce buffer for a read larger than the pool's buffers.
+    /// A one-off bounce buffer for an op larger than the pool's buffers.
     Heap(AlignedBuf),
     /// The caller's own buffer (`read_owned`); if the future is dropped it is
     /// parked in [`Lifecycle::Ignored`].
@@ -259,7 +259,7 @@ impl<R> OpTable<R> {
             .for_each(|(_, op)| op.tainted = true);
     }
 
-    /// Whether op `key` reads into a bounce buffer (not caller memory).
+    /// Whether op `key` uses a bounce buffer (not caller memory).
     pub(crate) fn is_bounce(&self, key: usize) -> bool {
         self.slab
             .get(key)

@@ -31,94 +31,17 @@
 //!
 //! # How it works
 //!
-//! A scan owns a small pool of at most `in_flight` buffers of
-//! `chunk_size` bytes (fewer for a range that needs fewer), the slots of
-//! allocations of up to 8 MiB (or one chunk) made as they are first
-//! needed: one for the default 8 × 1 MiB. Each buffer is either being read
-//! into (an owned, zero-copy [`UringContext::read_owned`]), or held by the
-//! consumer as a [`Chunk`], or free. The stream starts a read whenever a
-//! buffer is free (or not handed out yet), so up to `in_flight` reads run ahead of the
-//! consumer; chunks are yielded strictly in file order. A consumer holding
-//! chunks holds buffers, and dropping a chunk puts its buffer back. Memory
-//! is therefore bounded by `chunk_size × in_flight`, and in steady state
-//! nothing is allocated per chunk.
-//!
-//! # A consumer holding every buffer
-//!
-//! With every buffer held by a chunk not dropped yet, no read can start.
-//! What `next()` does then is [`ScanOptions::wait_for_dropped_chunks`]:
-//!
-//! - by default it returns an error (kind `ResourceBusy`) saying that all
-//!   the buffers are held and what to do, rather than wait for a drop that
-//!   a consumer keeping every chunk (`collect()`, a `Vec` of chunks) would
-//!   never make; a range that ends at end of file right after the chunks
-//!   held ends instead (a small read checks). The error does not end the
-//!   stream: the next `next()` goes on if a chunk has been dropped since,
-//!   and returns `None` otherwise. A consumer that keeps at most
-//!   `in_flight − 1` chunks never sees it;
-//! - with `wait_for_dropped_chunks(true)` it waits (`Pending`) until a
-//!   chunk is dropped, on any thread, which wakes the stream: the
-//!   backpressure a pipeline wants, whose consumer hands chunks to other
-//!   tasks that drop them later.
-//!
-//! Reads are aligned: every read starts at a multiple of
-//! [`align`](ScanOptions::align) (default 4096) into an aligned buffer and
-//! asks for a multiple of it, so files opened with `O_DIRECT` work; a range
-//! that starts or ends inside a block reads the whole block and the chunk
-//! shows only the bytes of the range.
-//!
-//! # End of file, short reads and errors
-//!
-//! The file's length is not known up front (the context does not expose it):
-//! the scan ends at the range's end or at end of file, whichever comes first.
-//! A read that returns fewer bytes than asked is continued from exactly where
-//! it stopped, never skipped; end of file is a read that returns 0. On an
-//! `O_DIRECT` file a read is short only at end of file, where the
-//! continuation (at an unaligned offset) returns 0 on iomap file systems
-//! (ext4, XFS, btrfs); should the file system refuse it with `EINVAL`
-//! instead, that too is taken as end of file — only for a continuation
-//! from inside a block, never for a chunk's first read. An error is
-//! yielded once and ends the stream (reads interrupted with `EINTR` are
-//! retried), except the error of a consumer holding every buffer (above).
-//!
-//! # Cached and uncached files
-//!
-//! When at least 512 KiB of reads are kept ahead of the consumer
-//! (`chunk_size × (in_flight − 1)`, as with the defaults), the scan's reads
-//! go straight to a ring instead of first trying the page cache on the
-//! consumer's thread (`preadv2(RWF_NOWAIT)`, which plain reads do). On an
-//! uncached file, such attempts start the kernel's readahead out of order
-//! and break its window into small requests; on a cached one, the ring lets
-//! the thread that submits (usually another runtime worker) copy the next
-//! chunk while the consumer works on this one. One chunk in four (from the
-//! second chunk handed out on) still tries the page cache on the consumer's
-//! thread, so that on a cached file the consumer takes a share of the
-//! copying; the first such read that misses turns this off for the rest of
-//! the scan. A consumer whose own thread would do the ring's copying (a
-//! task, which runs on a runtime worker whose poll submits the ring reads
-//! and copies them in its `io_uring_enter`; or `block_on` of a
-//! `current_thread` runtime, the ring's only thread) has the other reads
-//! copied by the context's blocking pool instead, on another thread, once
-//! its share has hit the page cache. With less ahead, the ring's round trip
-//! would not be hidden, so every read takes the page cache inline. The
-//! measurements are in the crate's `docs/DESIGN.md` ("Scans").
-//!
-//! From 2 MiB in all, the buffers' allocation is a mapping of its own
-//! ([`AlignedBuf::new_huge`]), backed by transparent huge pages where the
-//! system allows it: it comes zero-filled and is faulted in 2 MiB at a time.
-//! On a file opened with `O_DIRECT` the default chunk is 2 MiB rather than
-//! 1 MiB, so that each chunk is one physically contiguous huge page, which
-//! lets each read reach the device in a few segments instead of one per
-//! 4 KiB page.
-//!
-//! # Dropping
-//!
-//! Dropping the stream drops the reads it has in flight, which is sound: the
-//! context keeps the buffers of abandoned owned reads until the kernel is
-//! done with them, then frees them. Those buffers never come back to the
-//! pool, and need not: the stream that would reuse them is gone. Chunks
-//! already yielded stay valid after the stream is dropped.
-
+//! A scan owns at most `in_flight` buffers of `chunk_size` bytes; each is
+//! being read into (an owned [`UringContext::read_owned`]), held by the
+//! consumer as a [`Chunk`], or free, so memory is bounded by
+//! `chunk_size × in_flight`. Chunks are yielded strictly in file order; a
+//! short read is continued where it stopped, and a read of 0 is the end of
+//! the file. Reads are aligned to [`align`](ScanOptions::align), so
+//! `O_DIRECT` files work. With every buffer held, `next()` errs or waits
+//! ([`ScanOptions::wait_for_dropped_chunks`]). Dropping the stream is sound:
+//! the context keeps abandoned owned buffers until the kernel is done.
+//! The reasons, and the cached/uncached read-ahead policy, are in DESIGN,
+//! "Scans".
 //!
 //! # Files
 //!
@@ -151,8 +74,7 @@ pub use options::ScanOptions;
 use pool::{Pool, SlotBuf};
 
 /// With read-ahead on the ring, one chunk in this many is still read on the
-/// consumer's thread when the file is cached, so that the consumer takes a
-/// share of the copying (see the module's "Cached and uncached files").
+/// consumer's thread when the file is cached: the consumer shares the copying.
 const CONSUMER_SHARE: u64 = 4;
 /// Largest read that checks whether the file goes on when every buffer is
 /// held (see [`Held`]): one block of the alignment, at most a page.
@@ -169,12 +91,8 @@ enum SlotState<'a> {
 }
 
 /// Whether a ring read issued from this thread would be copied out of the
-/// page cache on this thread anyway: a task runs on a runtime worker, whose
-/// own poll submits for an idle driver (and where the driver, woken from
-/// it, runs next); a thread that polls drivers is such a worker, or the
-/// thread of a `current_thread` runtime hosting the context. Only a
-/// consumer outside the runtime (`block_on` of a multi-thread runtime, a
-/// thread of its own) has the ring's copying done on another CPU.
+/// page cache on this thread anyway (a runtime worker, or a thread that
+/// polls drivers); only a consumer outside the runtime gets another CPU.
 fn copies_ring_reads_itself() -> bool {
     tokio::task::try_id().is_some() || crate::thread::on_driver_thread()
 }
@@ -187,8 +105,7 @@ fn read_rest<'a>(
     buf: SlotBuf,
     ring_only: bool,
 ) -> UringReadOwnedFuture<'a, Slice<SlotBuf>> {
-    // read_from <= want <= buf.len() (zeroed, all initialised), so the
-    // window fits.
+    // read_from <= want <= buf.len() (all initialised): the window fits.
     let win = buf.slice(slot.read_from..slot.want);
     let read = ctx.read_owned(fid, slot.offset + slot.read_from as u64, win);
     if ring_only {
@@ -207,7 +124,7 @@ struct Slot<'a> {
     /// Start (in the buffer) of the read in flight: 0, or where a short
     /// read stopped.
     read_from: usize,
-    /// The chunk's read may take the page-cache fast path although the
+    /// The chunk's read may take the inline path although the
     /// scan's read-ahead goes to the ring: the consumer's share.
     consumer: bool,
     state: SlotState<'a>,
@@ -231,24 +148,20 @@ pub struct Scan<'a> {
     stopped: bool,
     /// What the consumer's share has learnt of the page cache.
     cache: Cache,
-    /// A chunk has been handed out. The consumer's share starts only then:
-    /// a read of the first burst that took the page-cache path at once
-    /// would reach the kernel before the ring's reads of the chunks in front
-    /// of it, and its readahead would start out of order.
+    /// A chunk has been handed out: the consumer's share starts only then,
+    /// so the first burst's readahead starts in order.
     yielded: bool,
     /// Where the stream is with a consumer holding every buffer (without
     /// `wait_for_dropped_chunks`).
     held: Held<'a>,
 }
 
-/// A consumer holds every buffer (no read in flight, none free), and the
-/// scan does not wait for a dropped chunk: the steps to the error. Any read
-/// started (a chunk was dropped) puts it back to `No`.
+/// The steps to the error when a consumer holds every buffer and the scan
+/// does not wait for a dropped chunk; any read started puts it back to `No`.
 enum Held<'a> {
     No,
     /// A read of a block at `next` checks that the file goes on: if it ends
-    /// there, the stream ends rather than failing.
-    /// (Boxed: it is rare, and the scan stays small.)
+    /// there, the stream ends rather than failing (boxed: rare).
     Probing(Box<UringReadOwnedFuture<'a, AlignedBuf>>),
     /// The file goes on (or could not be asked): the error is due once the
     /// pool, looked at once more, still has no buffer.
@@ -263,15 +176,11 @@ enum Held<'a> {
 enum Cache {
     /// No read of the share has completed yet.
     Unknown,
-    /// Every one so far was served whole from the page cache: the file is
-    /// cached, and a consumer whose thread would copy the ring's reads
-    /// itself has the others copied by the blocking pool.
+    /// Every one so far was served whole from the page cache: a consumer
+    /// whose thread would copy the ring's reads has the blocking pool copy them.
     Hit,
-    /// One was not: the file is not (all) cached, and the rest of the scan
-    /// leaves every read to the ring (a miss on the consumer's thread
-    /// starts the kernel's readahead out of order, shrinking the disk
-    /// requests even when re-probed only now and then; see DESIGN,
-    /// "Scans"). Final.
+    /// One was not: the rest of the scan leaves every read to the ring (a
+    /// miss on the consumer's thread starts readahead out of order). Final.
     Missed,
 }
 

@@ -33,17 +33,13 @@ const MAX_IN_FLIGHT: usize = 1024;
 const INITIAL_SLOTS: usize = 16;
 const DEFAULT_ALIGN: usize = 4096;
 /// Bytes of read-ahead (`chunk_size × (in_flight − 1)`) from which a
-/// scan's reads skip the page-cache fast path and go to a ring (see the
-/// `scan` module's "Cached and uncached files", and DESIGN, "Scans", for where
-/// the crossover was found).
+/// scan's reads skip the inline path and go to a ring (DESIGN, "Scans").
 const RING_AHEAD: usize = 512 << 10;
 
 /// Settings of a scan; [`scan`](ScanOptions::scan) starts one.
 ///
-/// A scan is a free-standing builder rather than a method of
-/// [`UringContext`]: it is built on the context's owned reads
-/// (`read_owned` of aligned buffers), holding no more of the context than
-/// any caller of `read_owned` does.
+/// A free-standing builder, built on the context's owned reads: a scan holds
+/// no more of the [`UringContext`] than any caller of `read_owned` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanOptions {
     pub(super) chunk_size: usize,
@@ -81,8 +77,8 @@ impl ScanOptions {
     }
 
     /// Bytes per chunk and per read; a non-zero multiple of the alignment,
-    /// at most 1 GiB. Default: 1 MiB, or 2 MiB on a file opened with `O_DIRECT` (see the
-    /// module's "Cached and uncached files").
+    /// at most 1 GiB. Default: 1 MiB, or 2 MiB (one huge page) on a file
+    /// opened with `O_DIRECT` (see the [design document](crate::design), "Scans").
     #[must_use]
     pub fn chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
@@ -144,8 +140,7 @@ impl ScanOptions {
         self
     }
 
-    /// Whether this scan's reads skip the page-cache fast path (see the
-    /// `scan` module's "Cached and uncached files").
+    /// Whether this scan's reads skip the inline path (see `RING_AHEAD`).
     pub(super) fn ring_only(&self) -> bool {
         self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
     }

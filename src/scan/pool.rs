@@ -12,9 +12,7 @@ use std::task::Waker;
 use crate::buf::{AlignedBuf, IoBufMut};
 
 /// Largest allocation of a scan's buffers (a `Region`), unless one chunk is
-/// larger: the default 8 MiB of buffers is one region, four huge pages;
-/// settings far beyond that (1024 chunks of 1 GiB) map their buffers a
-/// chunk at a time, as they are needed.
+/// larger: the defaults fit one region; huge settings map a chunk at a time.
 const REGION_BYTES: usize = 8 << 20;
 
 /// The buffers of one scan, shared by the stream and its chunks.
@@ -33,15 +31,10 @@ struct PoolState {
     waker: Option<Waker>,
 }
 
-/// Memory of a scan's buffers: one allocation of `slots × chunk` bytes
-/// (at most `REGION_BYTES`, or one chunk), whose slots are buffers. From
-/// 2 MiB it is its own mapping, aligned to 2 MiB and backed by transparent
-/// huge pages where the system allows ([`AlignedBuf::try_new_huge`]): it
-/// comes zero-filled from the kernel and is faulted in a huge page at a
-/// time, where buffers from the allocator would be zeroed by `memset` and
-/// faulted in 4 KiB at a time (DESIGN, "Scans"). A huge page is also
-/// physically contiguous, which an `O_DIRECT` read into it needs to reach
-/// the device in a few segments.
+/// Memory of a scan's buffers: one allocation of `slots × chunk` bytes (at
+/// most `REGION_BYTES`, or one chunk), whose slots are buffers. From 2 MiB
+/// it is a huge-page mapping ([`AlignedBuf::try_new_huge`]): zero-filled by
+/// the kernel, faulted in a huge page at a time (DESIGN, "Scans").
 struct Region {
     /// Owns the memory (freed when the last slot and the pool are gone);
     /// never read or written through: only through `base`.
@@ -176,8 +169,7 @@ impl Pool {
         }
         let next = self.allocated.load(Ordering::Relaxed);
         if next < slots {
-            // Whole chunks per region (at least one), so that huge settings
-            // on a short file map what they use, as lazily as before.
+            // Whole chunks per region (at least one): map only what is used.
             let per_region = (REGION_BYTES / chunk).max(1);
             let (which, index) = (next / per_region, next % per_region);
             if which == st.regions.len() {
