@@ -11,7 +11,7 @@ use tokio::runtime::RuntimeFlavor;
 
 use crate::thread::{self, thread_slot};
 
-/// Inline page-cache misses in a row after which the fast path only probes.
+/// Inline page-cache misses in a row after which the inline path only probes.
 const MISS_STREAK: u32 = 16;
 
 /// While probing, one read in this many tries the page cache inline.
@@ -45,7 +45,7 @@ impl History {
     /// Whether a read should try the page cache inline first. After
     /// [`MISS_STREAK`] misses in a row (a cold working set), only every
     /// [`PROBE_EVERY`]th read tries, so cold reads do not pay a failing
-    /// `preadv2` each; one hit turns the fast path fully back on.
+    /// `preadv2` each; one hit turns the inline path fully back on.
     pub(crate) fn worth_trying(&self) -> bool {
         self.misses.0.load(Ordering::Relaxed) < MISS_STREAK
             || self.misses.0.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == 0
@@ -90,8 +90,8 @@ pub(crate) fn end_stretch() {
 /// (one queue), so its stretches must be short. On a multi-thread runtime a
 /// woken task (a timer's) also lands behind the worker's ready tasks, up to
 /// 256 of them, each of which may run a whole stretch. Longer stretches
-/// make timers late; shorter ones cost throughput (see DESIGN, "Why a
-/// page-cache fast path", fairness).
+/// make timers late; shorter ones cost throughput (see DESIGN, "Why an
+/// inline path", fairness).
 pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
     match flavor {
         RuntimeFlavor::CurrentThread => Duration::from_micros(8),
