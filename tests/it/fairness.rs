@@ -10,7 +10,7 @@
 //! busy to judge and the result is reported as inconclusive instead of
 //! failing.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
