@@ -9,13 +9,16 @@
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 
+// This binary uses only part of the shared harness.
+#[allow(dead_code)]
 mod common;
 
-use common::seccomp::{
-    install_errno_filter, is_child, mentions_eperm, run_child, CHILD_OK, NR_IO_URING_SETUP,
-};
+use common::seccomp::{install_errno_filter, is_child, mentions_eperm, run_child, CHILD_OK};
 use common::{Flavor, Rng};
 use uring_positioned_io::{BackendChoice, BackendKind, UringContext};
+
+/// io_uring_setup(2) is 425 on both x86_64 and aarch64.
+const NR_IO_URING_SETUP: u32 = 425;
 
 /// Make io_uring_setup fail with EPERM for this thread and every thread it
 /// creates from now on (as container runtimes do); everything else works.
@@ -43,6 +46,7 @@ fn install_io_uring_setup_eperm_filter() {
 /// Child body: Auto backend under the filter.
 #[test]
 fn child_auto_falls_back() {
+    let _shared = common::shared();
     if !is_child() {
         return; // only meaningful inside the re-executed child
     }
@@ -122,6 +126,7 @@ fn child_auto_falls_back() {
 /// forcing the fallback still works.
 #[test]
 fn child_forced_io_uring_errs() {
+    let _shared = common::shared();
     if !is_child() {
         return;
     }
@@ -166,6 +171,7 @@ fn child_forced_io_uring_errs() {
 
 #[test]
 fn auto_falls_back_when_io_uring_setup_is_blocked() {
+    let _shared = common::shared();
     if is_child() {
         return;
     }
@@ -174,6 +180,7 @@ fn auto_falls_back_when_io_uring_setup_is_blocked() {
 
 #[test]
 fn forced_io_uring_errors_when_io_uring_setup_is_blocked() {
+    let _shared = common::shared();
     if is_child() {
         return;
     }
@@ -183,6 +190,7 @@ fn forced_io_uring_errors_when_io_uring_setup_is_blocked() {
 /// Without the filter, Auto picks io_uring on this kernel.
 #[test]
 fn auto_picks_io_uring_when_available() {
+    let _shared = common::shared();
     if is_child() {
         return;
     }

@@ -57,7 +57,7 @@
 //!   retries those pages one by one and they succeed). A failed request is
 //!   retried once as a single-page read, so errors are seen twice. A short
 //!   reply is taken as end of file: the kernel lowers the file's size to
-//!   where the data stopped (see `tests/fuse_harness.rs`). Place faulted
+//!   where the data stopped (see `tests/it/fuse_harness.rs`). Place faulted
 //!   ranges 128 KiB-aligned and keep unrelated ranges ≥ 1 MiB away when a
 //!   test depends on a range *not* being touched.
 //!
@@ -81,7 +81,6 @@
 //! `FaultFs` (killed, or `std::process::exit`) leaves a dead mount behind
 //! ("Transport endpoint is not connected") under the temp dir; `umount -l`
 //! removes it.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -197,9 +196,6 @@ impl ParkedWrite {
 
 struct Parked {
     reply: ReplyData,
-    file: usize,
-    offset: u64,
-    size: u32,
 }
 
 #[derive(Default)]
@@ -220,7 +216,6 @@ struct Inner {
     open_faults: HashMap<usize, Fault>,
     parked_writes: Vec<ParkedWrite>,
     write_log: Vec<WriteRecord>,
-    syncs: u64,
 }
 
 struct Shared {
@@ -531,12 +526,7 @@ impl Filesystem for Fs {
                     drop(inner);
                     reply.error(Errno::EIO);
                 } else {
-                    inner.parked.push(Parked {
-                        reply,
-                        file,
-                        offset,
-                        size,
-                    });
+                    inner.parked.push(Parked { reply });
                 }
             }
             Some(Fault::Delay(d)) => {
@@ -638,8 +628,7 @@ impl Filesystem for Fs {
         let Some(file) = self.file_of(ino) else {
             return reply.error(Errno::ENOENT);
         };
-        let mut inner = self.shared.lock();
-        inner.syncs += 1;
+        let inner = self.shared.lock();
         let fault = inner.sync_faults.get(&file).cloned();
         self.shared.answer_whole(
             inner,
@@ -686,7 +675,8 @@ pub struct FaultFs {
     timer: Option<JoinHandle<()>>,
     /// Connection id (minor of st_dev), for a fusectl abort as last resort.
     conn: Option<u64>,
-    dir: Option<tempfile::TempDir>,
+    /// The temp dir mounted on; removed after the unmount.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl FaultFs {
@@ -789,7 +779,7 @@ impl FaultFs {
             session: None,
             timer: Some(timer),
             conn: None,
-            dir: Some(dir),
+            _dir: Some(dir),
         };
         let session = fuser::Session::new(fs, &mountpoint, &config).map_err(|e| {
             format!(
@@ -835,11 +825,6 @@ impl FaultFs {
     pub fn path(&self, name: &str) -> PathBuf {
         self.shared.file_index(name);
         self.mountpoint.join(name)
-    }
-
-    /// The spec of the file `name`.
-    pub fn spec(&self, name: &str) -> FileSpec {
-        self.shared.files[self.shared.file_index(name)].clone()
     }
 
     /// Apply `fault` to every later read request of `name` overlapping
@@ -910,11 +895,6 @@ impl FaultFs {
         self.shared.lock().write_log.clone()
     }
 
-    /// Sync requests received so far.
-    pub fn syncs_served(&self) -> u64 {
-        self.shared.lock().syncs
-    }
-
     /// Write and sync requests of `name` hung right now.
     pub fn writes_hung_now(&self, name: &str) -> usize {
         let file = self.shared.file_index(name);
@@ -969,18 +949,6 @@ impl FaultFs {
     /// Read requests hung right now.
     pub fn reads_hung_now(&self) -> usize {
         self.shared.lock().parked.len()
-    }
-
-    /// The (offset, size) of every request hung right now, for `name`.
-    pub fn hung_requests(&self, name: &str) -> Vec<(u64, u32)> {
-        let file = self.shared.file_index(name);
-        self.shared
-            .lock()
-            .parked
-            .iter()
-            .filter(|p| p.file == file)
-            .map(|p| (p.offset, p.size))
-            .collect()
     }
 
     /// Poll until at least `n` reads are hung or `within` passes; returns

@@ -1,16 +1,16 @@
 //! Shared helpers for the integration tests: position-derived test files,
 //! a cheap deterministic RNG, runtime builders, watchdogs and context builders.
-#![allow(dead_code)]
 
 pub mod seccomp;
 
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::future::Future;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use uring_positioned_io::{BackendChoice, BackendKind, Builder, UringContext};
@@ -175,6 +175,7 @@ pub struct FileSet {
 
 impl FileSet {
     pub fn new(base_seed: u64, sizes: &[u64]) -> FileSet {
+        assert_held();
         let dir = tempfile::tempdir().expect("tempdir");
         let files = sizes
             .iter()
@@ -185,11 +186,6 @@ impl FileSet {
     }
     pub fn open_all(&self) -> Vec<File> {
         self.files.iter().map(TestFile::open).collect()
-    }
-    pub fn add(&mut self, seed: u64, len: u64) -> TestFile {
-        let f = make_file(self.dir.path(), seed, len);
-        self.files.push(f.clone());
-        f
     }
     /// fsync every file (needed before `drop_caches` can evict the pages).
     pub fn sync_all(&self) {
@@ -379,10 +375,12 @@ pub fn watchdog<T: Send + 'static>(
     secs: u64,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
+    assert_held();
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name(format!("test-{name}"))
         .spawn(move || {
+            ON_BEHALF.set(true);
             let r = f();
             let _ = tx.send(());
             r
@@ -440,18 +438,97 @@ pub fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-static SERIAL: Mutex<()> = Mutex::new(());
+// The tests of one binary run in parallel threads of one process. A test
+// that measures the whole process (its fds, its CPU time, its threads, timer
+// gaps, its allocations) must not run beside any other: it takes `serial()`,
+// and every other test takes `shared()`. `run`, `watchdog` and `FileSet::new`
+// check that the calling test took one of the two.
+static PROCESS: RwLock<()> = RwLock::new(());
 
-/// Serialise tests within one test binary (for fd counting and timing).
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+enum Hold {
+    Shared {
+        _guard: RwLockReadGuard<'static, ()>,
+    },
+    Alone {
+        _guard: RwLockWriteGuard<'static, ()>,
+    },
+}
+
+thread_local! {
+    /// What this test thread holds of `PROCESS`.
+    static HELD: RefCell<Option<Hold>> = const { RefCell::new(None) };
+    /// A watchdog thread of a test that holds `PROCESS`.
+    static ON_BEHALF: Cell<bool> = const { Cell::new(false) };
+}
+
+/// While it lives, the test that took it holds its share of the process (or
+/// the whole process); dropping it lets go.
+#[must_use = "the test holds the process only while the guard lives"]
+pub struct ProcessGuard {
+    took: bool,
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        if self.took {
+            HELD.with(|h| h.borrow_mut().take());
+        }
+    }
+}
+
+/// Run alone: wait until no other test of this binary runs, and keep them
+/// all out while the guard lives (for fd counting, CPU time and timing).
+/// From a test that took `shared()`, gives up its share first.
+pub fn serial() -> ProcessGuard {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        assert!(
+            !matches!(*h, Some(Hold::Alone { .. })),
+            "serial() taken twice by one test"
+        );
+        // Give up a share first: waiting for the whole process while holding
+        // a share of it would wait forever.
+        h.take();
+        let g = PROCESS
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *h = Some(Hold::Alone { _guard: g });
+    });
+    ProcessGuard { took: true }
+}
+
+/// Run beside other tests, but never beside one that took `serial()`. A
+/// no-op for a test that already holds its share or the whole process.
+pub fn shared() -> ProcessGuard {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.is_some() {
+            return ProcessGuard { took: false };
+        }
+        let g = PROCESS
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *h = Some(Hold::Shared { _guard: g });
+        ProcessGuard { took: true }
+    })
+}
+
+/// Fail unless the calling test took `shared()` or `serial()`.
+#[track_caller]
+fn assert_held() {
+    let held = ON_BEHALF.get() || HELD.with(|h| h.borrow().is_some());
+    assert!(
+        held,
+        "this test must take `common::shared()` (or `common::serial()` to run alone) first"
+    );
 }
 
 // ---------------------------------------------------------------------------
 // Contexts
 // ---------------------------------------------------------------------------
+
+/// Both backends, for tests that loop over them.
+pub const BOTH: [BackendChoice; 2] = [BackendChoice::IoUring, BackendChoice::Fallback];
 
 pub fn expected_kind(choice: BackendChoice) -> Option<BackendKind> {
     match choice {
@@ -524,6 +601,7 @@ pub async fn verify_whole_file(ctx: &UringContext, fid: u32, file: &TestFile, ch
 
 /// Generate one `#[test]` per backend for each listed function
 /// `fn name(choice: BackendChoice)`: `name::io_uring` and `name::fallback`.
+/// Each takes `shared()`; a function that must run alone takes `serial()`.
 #[macro_export]
 macro_rules! backend_tests {
     ($($name:ident),* $(,)?) => {
@@ -531,10 +609,12 @@ macro_rules! backend_tests {
             mod $name {
                 #[test]
                 fn io_uring() {
+                    let _shared = $crate::common::shared();
                     super::$name(::uring_positioned_io::BackendChoice::IoUring)
                 }
                 #[test]
                 fn fallback() {
+                    let _shared = $crate::common::shared();
                     super::$name(::uring_positioned_io::BackendChoice::Fallback)
                 }
             }

@@ -19,8 +19,7 @@ const AUDIT_ARCH_NATIVE: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
 #[cfg(target_arch = "aarch64")]
 const AUDIT_ARCH_NATIVE: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
 
-/// io_uring_setup is 425 and io_uring_enter 426 on both x86_64 and aarch64.
-pub const NR_IO_URING_SETUP: u32 = 425;
+/// io_uring_enter(2) is 426 on both x86_64 and aarch64.
 pub const NR_IO_URING_ENTER: u32 = 426;
 
 // Classic BPF opcodes (linux/bpf_common.h): BPF_LD|BPF_W|BPF_ABS,

@@ -3,7 +3,7 @@
 //! under a watchdog. Every test prints `skipped: <reason>` and passes where
 //! FUSE is unavailable.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::io;

@@ -9,9 +9,16 @@
 //! the context still serves a full verification pass, register/unregister
 //! churn leaks no fds, and dropping the context gives back every fd.
 //! A smaller storm runs on a current_thread runtime; owned buffers of
-//! abandoned reads are tracked and must be dropped exactly once.
+//! abandoned reads are tracked and must be dropped exactly once. The storms
+//! and the fd checks run alone (`common::serial()`).
+//!
+//! Also, for both backends: read futures dropped before ever being polled,
+//! or polled exactly once (real waker, no-op waker, `now_or_never`) and then
+//! dropped.
 
-mod common;
+use crate::common;
+
+use futures::FutureExt;
 
 use std::collections::VecDeque;
 use std::io;
@@ -505,7 +512,7 @@ unsafe impl uring_positioned_io::IoBufMut for Tracked {
 }
 
 fn parked_owned_buffers_are_released(choice: BackendChoice) {
-    // Serialised like every test in this binary: the fd-leak checks count
+    // Alone (`serial()`), like the storms: the fd-leak checks count
     // the whole process's fds, and a runtime built by a parallel test adds four.
     let _serial = common::serial();
     let set = common::FileSet::new(0xb0f, &[8 << 20]);
@@ -603,3 +610,112 @@ backend_tests!(
     contexts_create_drop_no_leak,
     parked_owned_buffers_are_released
 );
+
+fn unpolled_futures_dropped(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed1, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "unpolled_futures_dropped",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            let before = ctx.stats();
+            for i in 0..2000u64 {
+                let mut buf = vec![0x11u8; 4096];
+                let fut = ctx.read(0u32, (i * 4096) % file.len, &mut buf);
+                drop(fut);
+                assert!(
+                    buf.iter().all(|&b| b == 0x11),
+                    "never-polled read wrote into the buffer"
+                );
+                let fut = ctx.read_owned(0u32, 0, Vec::with_capacity(4096));
+                drop(fut);
+            }
+            let after = ctx.stats();
+            assert_eq!(
+                after.in_flight, 0,
+                "never-polled futures left reads in flight: {after:?}"
+            );
+            assert_eq!(
+                after.submitted, before.submitted,
+                "never-polled futures submitted reads: {before:?} -> {after:?}"
+            );
+            common::verify_whole_file(&ctx, 0, &file, 65536).await;
+            drop(set);
+        },
+    );
+}
+
+fn polled_once_then_dropped(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed2, &[4 << 20]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "polled_once_then_dropped",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(8));
+            let mut rng = Rng::new(5);
+            let mut pending = 0;
+            for i in 0..1500u64 {
+                if i % 100 == 0 {
+                    file.drop_cache();
+                }
+                let off = rng.below(file.len);
+                let len = rng.range(1, 128 * 1024) as usize;
+                let mut buf = vec![0u8; len];
+                let polled = match i % 4 {
+                    0 => {
+                        let fut = pin!(ctx.read(0u32, off, &mut buf));
+                        common::poll_once(fut).await
+                    }
+                    1 => match ctx.read(0u32, off, &mut buf).now_or_never() {
+                        Some(r) => Poll::Ready(r),
+                        None => Poll::Pending,
+                    },
+                    2 => {
+                        let fut = pin!(ctx.read(0u32, off, &mut buf));
+                        common::poll_once_noop(fut)
+                    }
+                    _ => {
+                        let fut = pin!(ctx.read_owned(0u32, off, Vec::with_capacity(len)));
+                        match common::poll_once_noop(fut) {
+                            Poll::Ready((r, b)) => {
+                                buf = b;
+                                Poll::Ready(r)
+                            }
+                            Poll::Pending => Poll::Pending,
+                        }
+                    }
+                };
+                match polled {
+                    Poll::Ready(r) => {
+                        let n = r.expect("read");
+                        assert_eq!(
+                            &buf[..n],
+                            &file.expected(off, len)[..],
+                            "read @ {off}+{len}"
+                        );
+                    }
+                    Poll::Pending => pending += 1,
+                }
+            }
+            eprintln!("{choice:?}: {pending} of 1500 futures dropped while pending");
+            let left = common::wait_in_flight_zero(&ctx, Duration::from_secs(10)).await;
+            assert_eq!(
+                left,
+                0,
+                "in_flight stuck after dropped futures: {:?}",
+                ctx.stats()
+            );
+            common::verify_whole_file(&ctx, 0, &file, 1 << 20).await;
+            drop(set);
+        },
+    );
+}
+
+backend_tests!(unpolled_futures_dropped, polled_once_then_dropped);

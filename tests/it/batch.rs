@@ -1,6 +1,6 @@
 //! `UringContext::read_batch`: many owned reads submitted together.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,7 @@ fn batch_matches_pread(choice: BackendChoice) {
 /// `io_uring_enter`.
 #[test]
 fn sixteen_cold_reads_are_one_enter() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba7d, &[16 << 20]);
     let file = set.files[0].clone();
     let opened = set.open_all();
@@ -107,6 +108,7 @@ backend_tests!(batch_matches_pread);
 /// own rings).
 #[test]
 fn a_read_of_another_context_during_a_batch_is_submitted() {
+    let _shared = common::shared();
     use std::future::Future;
     use std::pin::Pin;
     use std::sync::{Arc, Mutex};
@@ -325,6 +327,7 @@ backend_tests!(merged_batches_match_unmerged);
 /// reads apart.
 #[test]
 fn adjacent_reads_become_one() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba81, &[8 << 20]);
     let file = set.files[0].clone();
     let opened = set.open_all();
@@ -362,6 +365,7 @@ fn adjacent_reads_become_one() {
 /// read in the middle is not merged and fails as it would on its own.
 #[test]
 fn o_direct_merging_keeps_alignment() {
+    let _shared = common::shared();
     use std::os::unix::fs::OpenOptionsExt;
     use uring_positioned_io::AlignedBuf;
     let set = common::FileSet::new(0xba82, &[1 << 20]);
@@ -571,6 +575,7 @@ impl Drop for LoopDev {
 /// with pread's short count.
 #[test]
 fn failing_merged_read_is_split() {
+    let _shared = common::shared();
     use common::fuse::{Fault, FaultFs, FileSpec};
     use std::io::IoSliceMut;
     let spec = FileSpec::new("bad", 4 << 20, 0xba85);
@@ -650,6 +655,7 @@ fn failing_merged_read_is_split() {
 /// a second enter). 1.6 enters per batch before reads in a batch skipped it.
 #[test]
 fn cold_batch_with_the_inline_path_is_one_enter() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba86, &[64 << 20]);
     set.sync_all();
     let file = set.files[0].clone();
@@ -693,6 +699,7 @@ fn cold_batch_with_the_inline_path_is_one_enter() {
 /// 5) against a growth that was ~15× at this size and grows with it.
 #[test]
 fn huge_batches_stay_linear() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba7d, &[1 << 20]);
     let file = set.files[0].clone();
     // The fallback's reads cost ~20 µs each (a blocking-pool hop): fewer.
@@ -739,6 +746,7 @@ fn huge_batches_stay_linear() {
 /// file in the same batch still merge. Both backends.
 #[test]
 fn merging_keeps_short_replies_of_fuse_files() {
+    let _shared = common::shared();
     use common::fuse::{Fault, FaultFs, FileSpec};
     let spec = FileSpec::new("short", 4 << 20, 0xba87);
     let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), true) else {
@@ -801,6 +809,7 @@ fn merging_keeps_short_replies_of_fuse_files() {
 /// one read); an unknown file id fails at once.
 #[test]
 fn a_batch_that_yields_first() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba89, &[1 << 20, 1 << 20]);
     let (a, b) = (set.files[0].clone(), set.files[1].clone());
     let opened = set.open_all();
@@ -895,6 +904,7 @@ fn a_batch_that_yields_first() {
 /// the first yield once, an extra trip through the run queue.
 #[test]
 fn a_cold_batch_ends_the_stretch() {
+    let _shared = common::shared();
     let set = common::FileSet::new(0xba8a, &[16 << 20]);
     set.sync_all();
     let file = set.files[0].clone();

@@ -1,4 +1,4 @@
-//! Owned buffers (issue #12), on both backends, with `std` (`pread`) as the
+//! Owned buffers, on both backends, with `std` (`pread`) as the
 //! oracle: reads fill the spare capacity (`bytes_init()..bytes_total()`) and
 //! grow the initialised length; windows (`slice`) are filled from their
 //! start; `read_exact_owned` fills everything or says `UnexpectedEof`; the
@@ -6,7 +6,7 @@
 //! tokio-uring's and tokio-epoll-uring's suites: read into spare capacity,
 //! read at EOF, read_exact, sub-slice reads.
 
-mod common;
+use crate::common;
 
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;

@@ -3,7 +3,7 @@
 //! page-cache fast path and through the ring (`IORING_OP_READV` for owned
 //! buffers).
 
-mod common;
+use crate::common;
 
 use std::io::{self, IoSliceMut};
 use std::os::unix::fs::OpenOptionsExt;

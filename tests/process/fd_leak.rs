@@ -1,10 +1,9 @@
 //! File-descriptor accounting: 1000 files registered and unregistered,
-//! then the context dropped, leave no descriptor open. Alone in its test
-//! binary because it counts the process's descriptors, which tests running
-//! beside it in the same process would change (in `lifecycle.rs` it failed
-//! about one run in five for that reason, and never alone).
+//! then the context dropped, leave no descriptor open. It counts the
+//! process's descriptors, which tests running beside it would change: it
+//! runs alone (`common::serial()`), in a binary of its own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

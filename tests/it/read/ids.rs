@@ -1,10 +1,10 @@
-//! Checked file ids (issue #12), on both backends, against `std` as the
+//! Checked file ids, on both backends, against `std` as the
 //! oracle: an id handed out by one context is refused by another, and an id
 //! of an unregistered file is refused even once its index holds a new file —
 //! by every API that takes a fid (read, read_exact, the owned reads and
 //! their `'static` forms, scan, file_route, unregister_file) — while plain indices keep their meaning.
 
-mod common;
+use crate::common;
 
 use std::io;
 

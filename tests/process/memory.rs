@@ -1,4 +1,4 @@
-//! Memory bounds (hardening finding 11): a borrowed read allocates at most a
+//! Memory bounds: a borrowed read allocates at most a
 //! bounded bounce buffer however large it is (the old code allocated one as
 //! large as the read: a 2.5 GiB read peaked at 4.2 GB RSS). A global
 //! allocator that records the largest single allocation makes this exact.
@@ -9,7 +9,7 @@
 //! `max_in_flight` still has every permitted read in the storage at once.
 //! RSS over a long soak is measured by `examples/fallback_rss.rs`.
 
-mod common;
+use crate::common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fs::File;
@@ -112,7 +112,7 @@ fn borrowed_reads_allocate_bounded_bounce_buffers() {
     }
 }
 
-/// The write side (issue #11): a borrowed write of 48 MiB copies at most
+/// The write side: a borrowed write of 48 MiB copies at most
 /// one `BORROWED_CHUNK` at a time into its bounce buffer, on both backends,
 /// and lands whole.
 #[test]

@@ -8,7 +8,7 @@
 //! over partly cached files (inline prefix + ring remainder), and reads
 //! larger than the kernel's per-call limit (0x7ffff000) on a sparse file.
 
-mod common;
+use crate::common;
 
 use std::io;
 
@@ -542,6 +542,7 @@ fn partially_cached_reads(choice: BackendChoice) {
 /// the (zero) pages of the holes already cached.
 #[test]
 fn huge_read_sparse() {
+    let _shared = common::shared();
     const MAX_RW: u64 = 0x7fff_f000;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sparse");

@@ -5,7 +5,7 @@
 //! other threads, bad ids at the call, buffer reuse, both backends. Every
 //! test runs under a watchdog.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::io;
@@ -883,11 +883,13 @@ fn read_ahead_goes_to_the_ring(flavor: Flavor) {
 
 #[test]
 fn read_ahead_goes_to_the_ring_multi_thread() {
+    let _shared = common::shared();
     read_ahead_goes_to_the_ring(Flavor::Multi);
 }
 
 #[test]
 fn read_ahead_goes_to_the_ring_current_thread() {
+    let _shared = common::shared();
     read_ahead_goes_to_the_ring(Flavor::Current);
 }
 
@@ -1384,5 +1386,6 @@ backend_tests!(
 
 #[test]
 fn invalid_options() {
+    let _shared = common::shared();
     bad_options();
 }

@@ -1,8 +1,8 @@
-//! Storage that fails, lies or blocks (the storage-fault issue), on a FUSE
+//! Storage that fails, lies or blocks, on a FUSE
 //! file system started by the test (`tests/common/fuse.rs`). Each test
 //! prints `skipped: <reason>` and passes where FUSE is unavailable.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::io;
@@ -20,6 +20,7 @@ const MIB: u64 = 1 << 20;
 /// error.
 #[test]
 fn short_reads_never_return_wrong_bytes() {
+    let _shared = common::shared();
     for direct in [true, false] {
         let spec = FileSpec::new("lies", 8 * MIB, 0x7001);
         let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
@@ -128,6 +129,7 @@ impl Route {
 /// by every read call; reads outside the failing range are right.
 #[test]
 fn errors_reach_the_caller() {
+    let _shared = common::shared();
     for direct in [true, false] {
         let spec = FileSpec::new("errs", 8 * MIB, 0x7020);
         let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), direct) else {
@@ -188,6 +190,7 @@ fn errors_reach_the_caller() {
 /// is bounded. The figures are printed; the bounds only catch a freeze.
 #[test]
 fn hung_storage_does_not_freeze_the_runtime() {
+    let _shared = common::shared();
     for direct in [true, false] {
         let spec = FileSpec::new("hung", 64 * MIB, 0x7002);
         let Some(fs) = FaultFs::mount_or_skip(&[spec], direct) else {
@@ -287,6 +290,7 @@ fn hung_storage_does_not_freeze_the_runtime() {
 /// (`max_in_flight_per_file(64)`) the other file's read waits.
 #[test]
 fn a_hung_file_cannot_take_every_slot() {
+    let _shared = common::shared();
     const STUCK: u64 = 64;
     let specs = [
         FileSpec::new("stuck", 256 * MIB, 0x7030),
@@ -388,6 +392,7 @@ fn a_hung_file_cannot_take_every_slot() {
 /// FUSE files go to the blocking pool; local files to the rings.
 #[test]
 fn routes_are_reported() {
+    let _shared = common::shared();
     let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("f", MIB, 1)], true) else {
         return;
     };
@@ -441,6 +446,7 @@ fn ticker(stop: Instant) -> tokio::task::JoinHandle<Duration> {
 /// (the bound only catches a freeze).
 #[test]
 fn slow_storage_keeps_up_with_spawn_blocking() {
+    let _shared = common::shared();
     use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::Arc;
@@ -528,6 +534,7 @@ fn slow_storage_keeps_up_with_spawn_blocking() {
 /// files going while reads hang, see `a_hung_file_cannot_take_every_slot`.)
 #[test]
 fn dropped_reads_give_their_slots_back() {
+    let _shared = common::shared();
     const STUCK: u64 = 64;
     let spec = FileSpec::new("stuck", 64 * MIB, 0x7010);
     // Page cache on: the reads go to io-wq workers (with FOPEN_DIRECT_IO a
@@ -683,6 +690,7 @@ impl Drop for LoopDev {
 /// returns at its timeout — buffered and `O_DIRECT`.
 #[test]
 fn a_failing_or_stalled_block_device() {
+    let _shared = common::shared();
     use std::os::unix::fs::OpenOptionsExt;
     let spec = FileSpec::new("disk", 64 * MIB, 0x7040);
     let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), true) else {
@@ -786,13 +794,14 @@ fn a_failing_or_stalled_block_device() {
     drop(set);
 }
 
-/// The write path on FUSE (issue #11): a FUSE file's writes, syncs and
+/// The write path on FUSE: a FUSE file's writes, syncs and
 /// `statx` go where its reads go (the blocking pool), and give clear
 /// answers — the size, `PermissionDenied` for a read-only file, the file
 /// system's word on `fsync` — never a hang; `open` through the context
 /// routes the file the same way and reads it correctly.
 #[test]
 fn fuse_files_take_writes_and_syncs_to_the_blocking_pool() {
+    let _shared = common::shared();
     let spec = FileSpec::new("ro", 2 * MIB, 0x7011);
     let Some(fs) = FaultFs::mount_or_skip(std::slice::from_ref(&spec), false) else {
         return;
@@ -836,8 +845,8 @@ fn fuse_files_take_writes_and_syncs_to_the_blocking_pool() {
     }
 }
 
-/// Writes and syncs on storage that fails, lies or never answers (issue
-/// #11: the storage-fault work applies to writes), on every route, with and
+/// Writes and syncs on storage that fails, lies or never answers, on every
+/// route, with and
 /// without the page cache, against a writable FUSE file whose server-side
 /// content is the oracle:
 /// - a failing write or sync returns the file system's errno and the
@@ -850,6 +859,7 @@ fn fuse_files_take_writes_and_syncs_to_the_blocking_pool() {
 ///   returns within its timeout.
 #[test]
 fn fuse_writes_that_fail_lie_or_hang() {
+    let _shared = common::shared();
     const K: u64 = 128 * 1024;
     for direct in [true, false] {
         let spec = FileSpec::new("w", 4 * MIB, 0x7030);
@@ -1081,6 +1091,7 @@ fn fuse_writes_that_fail_lie_or_hang() {
 /// hanging the suite. The bounds only catch a freeze.
 #[test]
 fn an_open_that_never_returns_does_not_freeze_the_runtime() {
+    let _shared = common::shared();
     use uring_positioned_io::OpenOptions;
     let spec = FileSpec::new("slow-open", MIB, 0x7100);
     let Some(fs) = FaultFs::mount_or_skip(&[spec], false) else {

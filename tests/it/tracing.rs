@@ -1,6 +1,7 @@
 //! One-time decisions are logged through `tracing` (feature `tracing`):
-//! `cargo test --features tracing --test tracing`.
-#![cfg(feature = "tracing")]
+//! `cargo test --features tracing --test it tracing::`.
+
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 
@@ -44,6 +45,7 @@ impl Subscriber for Capture {
 
 #[test]
 fn the_fallback_is_logged() {
+    let _shared = common::shared();
     let capture = Capture::default();
     let file = tempfile::tempfile().unwrap();
     tracing::subscriber::with_default(capture.clone(), || {

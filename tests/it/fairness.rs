@@ -10,7 +10,7 @@
 //! busy to judge and the result is reported as inconclusive instead of
 //! failing.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -343,7 +343,7 @@ async fn worst_tick_during<T>(work: impl std::future::Future<Output = T>) -> (T,
 /// fairness check between them) and owned (the ring read goes to io-wq,
 /// not copied inside the submitting `io_uring_enter`). Before, the worst
 /// tick came 0.23 s (borrowed) and 0.58 s (owned) apart here, 0.7–0.9 s in
-/// the hostile-user pass of 2026-11-22; after, 11–13 ms. A gap over the
+/// a hostile-user pass; after, 11–13 ms. A gap over the
 /// bound (150 ms) counts only if a fair reader of the same bytes (1 MiB
 /// `pread`s with a yield between them), measured right after, keeps the
 /// ticker well within it: otherwise the machine is too busy to judge.

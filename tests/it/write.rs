@@ -1,4 +1,4 @@
-//! Writes and durability (issue #11), on both backends, with `std` as the
+//! Writes and durability, on both backends, with `std` as the
 //! oracle: positioned writes (borrowed, owned, `write_all`) against a model
 //! of the file checked with `std::fs::read`; `fsync`, `fdatasync`,
 //! `sync_file_range`, `fallocate`, `statx` against `std::fs::metadata`;
@@ -7,7 +7,10 @@
 //! writes; shutdown; and a crash test (a child process killed with SIGKILL
 //! after acknowledged `fdatasync`s, its acknowledged writes checked).
 
-mod common;
+use crate::common;
+
+use common::BOTH;
+use std::sync::Arc;
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
@@ -533,6 +536,7 @@ fn record(i: u64) -> Vec<u8> {
 /// group once its `fdatasync` completed, until killed.
 #[test]
 fn crash_child() {
+    let _shared = common::shared();
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
@@ -589,7 +593,12 @@ fn crash_after_acknowledged_fdatasync(choice: BackendChoice) {
     };
     common::watchdog("crash", 120, move || {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "write::crash_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, format!("{backend}:{}", path.display()))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -628,4 +637,138 @@ fn crash_after_acknowledged_fdatasync(choice: BackendChoice) {
         );
         drop(dir);
     });
+}
+
+fn rw_file(path: &std::path::Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
+/// A registered `O_APPEND` descriptor is never written at the end of
+/// the file when an offset was asked for: every write is refused by name
+/// and the file is unchanged, on both backends, given to `new` or to
+/// `register_file`; its reads work.
+#[test]
+fn o_append_descriptors_are_not_written_elsewhere() {
+    let _shared = common::shared();
+    for choice in BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let append = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .unwrap()
+        };
+        let (first, second) = (append(), append());
+        let p = path.clone();
+        common::run("r2_01", Flavor::Multi, 60, move || async move {
+            let ctx = common::build_ctx(choice, vec![first], |b| b);
+            let registered = ctx.register_file(second).unwrap();
+            for fid in [uring_positioned_io::FileId::from(0u32), registered] {
+                let errors = [
+                    ctx.write(fid, 0, b"XYZ").await.unwrap_err(),
+                    ctx.write_all(fid, 2, b"XYZ").await.unwrap_err(),
+                    ctx.write_owned(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                    ctx.write_all_owned(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                    ctx.write_all_owned_static(fid, 0, b"XYZ".to_vec())
+                        .await
+                        .0
+                        .unwrap_err(),
+                ];
+                for e in errors {
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}");
+                    assert!(e.to_string().contains("O_APPEND"), "{choice:?}: {e}");
+                }
+                let mut buf = [0u8; 10];
+                ctx.read_exact(fid, 0, &mut buf).await.unwrap();
+                assert_eq!(&buf, b"0123456789");
+            }
+            assert_eq!(std::fs::read(&p).unwrap(), b"0123456789", "{choice:?}");
+            drop(dir);
+        });
+    }
+}
+
+/// A borrowed `write` cut by `shutdown()` returns the bytes it
+/// wrote, as `write(2)` does when a later part fails: `Ok(n)` with exactly
+/// its first `n` bytes in the file, or an error with none of them there.
+/// A cut `write_all` fails, saying how much it wrote.
+#[test]
+fn a_write_cut_by_shutdown_reports_what_it_wrote() {
+    let _shared = common::shared();
+    const LEN: usize = 32 << 20;
+    for choice in BOTH {
+        let (mut short, mut failed, mut whole) = (0, 0, 0);
+        for round in 0..12u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            let file = rw_file(&path);
+            let p = path.clone();
+            let outcome = common::run("r2_03", Flavor::Multi, 60, move || async move {
+                let data = Arc::new({
+                    let mut v = vec![0u8; LEN];
+                    common::fill_pattern(round + 1, 0, &mut v);
+                    v
+                });
+                let ctx = common::build_ctx(choice, vec![file], |b| b);
+                let (ctx2, data2) = (ctx.clone(), data.clone());
+                let exact = round % 4 == 3;
+                let writer = tokio::spawn(async move {
+                    if exact {
+                        ctx2.write_all(0u32, 0, &data2).await.map(|()| LEN)
+                    } else {
+                        ctx2.write(0u32, 0, &data2).await
+                    }
+                });
+                // Let it write some pieces first (more in later rounds).
+                tokio::time::sleep(Duration::from_micros(500 * round)).await;
+                ctx.shutdown().await;
+                let res = writer.await.unwrap();
+                let on_disk = std::fs::read(&p).unwrap();
+                match &res {
+                    Ok(n) => {
+                        assert!(*n > 0 && *n <= LEN, "{choice:?}: Ok({n})");
+                        assert!(
+                            on_disk.len() >= *n && on_disk[..*n] == data[..*n],
+                            "{choice:?}: Ok({n}) but the file holds {} bytes of it",
+                            on_disk.len()
+                        );
+                    }
+                    Err(e) if exact => {
+                        // write_all: the error says how far it got.
+                        if !on_disk.is_empty() {
+                            assert!(e.to_string().contains("bytes were written"), "{e}");
+                        }
+                    }
+                    Err(e) => assert!(
+                        on_disk.is_empty(),
+                        "{choice:?}: {e}, with {} bytes of it in the file",
+                        on_disk.len()
+                    ),
+                }
+                drop(dir);
+                (res.map_err(|e| e.to_string()), exact)
+            });
+            match outcome {
+                (Ok(n), _) if n < LEN => short += 1,
+                (Ok(_), _) => whole += 1,
+                (Err(_), _) => failed += 1,
+            }
+        }
+        eprintln!("{choice:?}: {short} short counts, {whole} whole, {failed} errors");
+    }
 }

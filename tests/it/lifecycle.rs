@@ -9,9 +9,15 @@
 //! - `new` / `build` outside a runtime return `Err`;
 //! - unknown fid, past-EOF, empty buffers, short reads, kernel errors,
 //!   offsets near `i64::MAX` (same result as pread);
-//! - 1000 files registered at once; a context used from another runtime.
+//! - a context used from another runtime; its home runtime dying while
+//!   reads polled from another runtime are in the kernel;
+//! - teardown bounded even when the kernel never returns the reads, and
+//!   shutdown timeouts up to `Duration::MAX`.
 
-mod common;
+use crate::common;
+
+use std::fs::File;
+use std::time::Instant;
 
 use std::future::Future;
 use std::io;
@@ -815,6 +821,7 @@ fn error_semantics(choice: BackendChoice) {
 /// FileId conversions and handle properties the API promises.
 #[test]
 fn api_properties() {
+    let _shared = common::shared();
     fn assert_send_sync_clone<T: Send + Sync + Clone + 'static>() {}
     assert_send_sync_clone::<UringContext>();
     let f = uring_positioned_io::FileId::from(7u32);
@@ -909,3 +916,277 @@ backend_tests!(
     error_semantics,
     used_from_another_runtime,
 );
+
+/// The home runtime dies while reads polled from another runtime are in the
+/// kernel: correct bytes, or an error naming the cause — never a short
+/// count in the middle of the file, never EFAULT.
+#[test]
+fn home_runtime_dies_mid_read() {
+    let _shared = common::shared();
+    const LEN: u64 = 96 << 20;
+    const READ: usize = 256 * 1024;
+    let set = common::FileSet::new(0x604, &[LEN]);
+    let file = set.files[0].clone();
+    common::watchdog("home_runtime_dies_mid_read", 120, move || {
+        let mut outcomes = [0usize; 3]; // ok, ok-at-eof, error naming the cause
+        for round in 0..6u64 {
+            file.drop_cache();
+            let home = common::runtime(Flavor::Multi);
+            let ctx = home.block_on(async {
+                common::build_ctx(BackendChoice::IoUring, vec![file.open()], |b| {
+                    b.inline_nowait(false)
+                        .shutdown_timeout(Duration::from_secs(5))
+                })
+            });
+            let other = common::runtime(Flavor::Multi);
+            let mut rng = Rng::new(round);
+            let tasks: Vec<_> = (0..96)
+                .map(|_| {
+                    let ctx = ctx.clone();
+                    let off = rng.below(LEN - 1000);
+                    other.spawn(async move {
+                        let mut buf = vec![0u8; READ];
+                        let r = ctx.read(0u32, off, &mut buf).await;
+                        (off, r, buf)
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(3 + round * 2));
+            drop(home);
+            other.block_on(async {
+                for t in tasks {
+                    let (off, r, buf) = tokio::time::timeout(Duration::from_secs(30), t)
+                        .await
+                        .expect("a read hangs after its home runtime died")
+                        .unwrap();
+                    match r {
+                        Ok(n) => {
+                            let want = file.expected(off, READ);
+                            assert!(
+                                n == READ || n == want.len(),
+                                "short count mid-file: {n} of {READ} at {off} (file len {LEN})"
+                            );
+                            assert_eq!(&buf[..n], &want[..n], "wrong bytes at {off}");
+                            outcomes[usize::from(n != READ)] += 1;
+                        }
+                        Err(e) => {
+                            assert_ne!(e.raw_os_error(), Some(libc::EFAULT), "EFAULT at {off}");
+                            let msg = e.to_string();
+                            assert!(
+                                msg.contains("home runtime"),
+                                "the error should name the cause: {msg}"
+                            );
+                            outcomes[2] += 1;
+                        }
+                    }
+                }
+            });
+            drop(ctx);
+            other.shutdown_timeout(Duration::from_secs(5));
+        }
+        eprintln!("outcomes (ok, ok at EOF, error naming the cause): {outcomes:?}");
+    });
+    drop(set);
+}
+
+/// Teardown is bounded even when the kernel never returns the reads.
+#[test]
+fn teardown_with_reads_that_never_finish() {
+    let _shared = common::shared();
+    use common::fuse::{Fault, FaultFs, FileSpec};
+    const LEN: u64 = 8 << 20;
+    // Page cache on: each read is punted to an io-wq worker, which then waits
+    // on a FUSE request that neither cancellation nor a signal can end
+    // (the server does not support interrupts): only the server can.
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("hung", LEN, 0x606)], false) else {
+        return;
+    };
+    fs.set_fault("hung", 0..LEN, Fault::Hang);
+    let path = fs.path("hung");
+    common::watchdog("teardown_with_reads_that_never_finish", 90, move || {
+        let rt = common::runtime(Flavor::Multi);
+        let t = Instant::now();
+        let (ctx, owned) = rt.block_on(async {
+            let ctx = UringContext::builder()
+                .backend(BackendChoice::IoUring)
+                .ring_entries(2)
+                .inline_nowait(false)
+                // Page-cache mode: the reads reach the ring and hang in
+                // io-wq (what this test is about), not in io_uring_enter.
+                .fuse_via_blocking_pool(false)
+                .shutdown_timeout(Duration::from_secs(2))
+                .build(vec![File::open(&path).unwrap()])
+                .expect("context");
+            let mut borrowed = Vec::new();
+            let mut owned = Vec::new();
+            for i in 0..12u64 {
+                let ctx = ctx.clone();
+                let off = i * 256 * 1024;
+                if i % 2 == 0 {
+                    borrowed.push(tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        ctx.read(0u32, off, &mut buf).await
+                    }));
+                } else {
+                    owned.push(tokio::spawn(async move {
+                        ctx.read_owned(0u32, off, Vec::with_capacity(4096)).await.0
+                    }));
+                }
+            }
+            // Let every read reach the kernel (and hang there).
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while ctx.stats().submitted < 12 {
+                assert!(
+                    Instant::now() < deadline,
+                    "reads never submitted: {:?}",
+                    ctx.stats()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // shutdown() returns after its timeout; borrowed reads fail with
+            // TimedOut; owned reads keep waiting (their buffer is the
+            // kernel's until it lets go).
+            tokio::time::timeout(Duration::from_secs(20), ctx.shutdown())
+                .await
+                .expect("shutdown() did not return within its bounded wait");
+            for b in borrowed {
+                let e = tokio::time::timeout(Duration::from_secs(10), b)
+                    .await
+                    .expect("a borrowed read still waits after shutdown gave up")
+                    .unwrap()
+                    .expect_err("a hung read succeeded");
+                // Given up by shutdown(), or cancelled before an io-wq
+                // worker picked it up.
+                assert!(
+                    e.kind() == io::ErrorKind::TimedOut
+                        || e.raw_os_error() == Some(libc::ECANCELED),
+                    "{e}"
+                );
+            }
+            for o in &owned {
+                if o.is_finished() {
+                    // Only a read cancelled before an io-wq worker took it.
+                    continue;
+                }
+                // Still in the kernel: it cannot have its buffer back.
+                assert!(ctx.stats().in_flight > 0);
+            }
+            (ctx, owned)
+        });
+        eprintln!("shutdown returned after {:?}", t.elapsed());
+        for o in owned {
+            o.abort();
+        }
+        // Dropping the last handle lets the drivers finish and the rings be
+        // torn down, bounded, with the buffers the kernel still holds leaked
+        // rather than freed under its feet.
+        drop(ctx);
+        let t = Instant::now();
+        while rt.metrics().num_alive_tasks() > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "the rings' drivers never finished after the last handle was dropped"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "drivers finished {:?} after the last handle was dropped",
+            t.elapsed()
+        );
+        // The runtime's workers themselves cannot exit yet: the kernel makes
+        // a thread that submitted a read it is still running wait for that
+        // read when the thread exits. So shut down in the background; the
+        // workers exit once the storage answers (when `fs` is dropped).
+        rt.shutdown_background();
+    });
+    // Answer the hung reads now: the kernel writes into the leaked buffers.
+    drop(fs);
+}
+
+/// `shutdown_timeout(Duration::MAX)` ("as long as it takes"): the driver's
+/// deadline and `Ring::drop`'s overflowed `Instant + Duration` — a panic on
+/// a worker, then a second one in `Ring::drop` that aborted the process.
+#[test]
+fn shutdown_timeout_max_is_not_an_overflow() {
+    let _shared = common::shared();
+    let set = common::FileSet::new(0x6a2, &[4 << 20]);
+    let file = set.files[0].clone();
+    for choice in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        for flavor in [Flavor::Multi, Flavor::Current] {
+            let (opened, file) = (set.open_all(), file.clone());
+            common::run("timeout_max", flavor, 60, move || async move {
+                let ctx = common::build_ctx(choice, opened, |b| {
+                    b.shutdown_timeout(Duration::MAX).inline_nowait(false)
+                });
+                // A read in the kernel when the last handle goes.
+                file.drop_cache();
+                let mut fut = Box::pin(ctx.read_owned(0u32, 0, Vec::with_capacity(1 << 20)));
+                let _ = common::poll_once_noop(fut.as_mut());
+                drop(fut);
+                let mut buf = vec![0u8; 4096];
+                let n = ctx.read(0u32, 8192, &mut buf).await.unwrap();
+                assert_eq!(&buf[..n], &file.expected(8192, 4096)[..]);
+                ctx.shutdown().await;
+                drop(ctx);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // And with no shutdown() at all.
+                let ctx = common::build_ctx(choice, vec![file.open()], |b| {
+                    b.shutdown_timeout(Duration::MAX)
+                });
+                file.drop_cache();
+                let mut fut = Box::pin(ctx.read_owned(0u32, 4096, Vec::with_capacity(65_536)));
+                let _ = common::poll_once_noop(fut.as_mut());
+                drop(fut);
+                drop(ctx);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            });
+        }
+    }
+}
+
+/// After `shutdown()` returned on the fallback, the runtime's drop waited
+/// for a blocking-pool thread sleeping through the whole shutdown timeout
+/// (10 s by default; forever with `Duration::MAX`): the timer now ends with
+/// the reads.
+#[test]
+fn fallback_shutdown_leaves_no_sleeping_thread() {
+    let _shared = common::shared();
+    let set = common::FileSet::new(0x6a3, &[8 << 20]);
+    for timeout in [None, Some(Duration::MAX)] {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let opened = set.open_all();
+        rt.block_on(async move {
+            let ctx = common::build_ctx(BackendChoice::Fallback, opened, |b| match timeout {
+                Some(t) => b.shutdown_timeout(t),
+                None => b,
+            });
+            let c = ctx.clone();
+            let read =
+                tokio::spawn(
+                    async move { c.read_owned(0u32, 0, Vec::with_capacity(8 << 20)).await.0 },
+                );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            ctx.shutdown().await;
+            let _ = read.await.unwrap();
+        });
+        let t = Instant::now();
+        // A watchdog: the runtime's drop must not wait out the timeout.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(rt);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
+            panic!("{timeout:?}: the runtime's drop waited for the shutdown timeout")
+        });
+        eprintln!(
+            "{timeout:?}: runtime dropped {:?} after shutdown",
+            t.elapsed()
+        );
+    }
+    drop(set);
+}

@@ -3,9 +3,14 @@
 //! current_thread runtime, for both backends. Backpressure must only make
 //! reads wait: every read succeeds and returns the right bytes. Also: several
 //! rings with a small `max_in_flight`, and `stats()` sampled from other OS
-//! threads under load stays consistent and never panics.
+//! threads under load stays consistent and never panics. Also: a tiny
+//! bounce-buffer pool, a tiny ring, far more tasks than `max_in_flight`
+//! (never more in flight than that), and a per-file share of one.
 
-mod common;
+use crate::common;
+
+use common::BOTH;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,3 +231,168 @@ backend_tests!(
     joined_reads_multi_ring,
     stats_consistent_under_load
 );
+
+/// The smallest per-file share: one read of a file in flight at a time.
+/// Many concurrent reads of one file (through the kernel: no page-cache
+/// fast path, cache dropped) and of a second file all complete, with the
+/// right bytes — a read waiting for its file's share never holds a slot
+/// another needs.
+#[test]
+fn a_share_of_one_serialises_without_deadlock() {
+    let _shared = common::shared();
+    let set = common::FileSet::new(0x6a1, &[2 << 20, 2 << 20]);
+    for choice in BOTH {
+        let (files, opened) = (set.files.clone(), set.open_all());
+        common::run("share_of_one", Flavor::Multi, 60, move || async move {
+            files.iter().for_each(common::TestFile::drop_cache);
+            let ctx = common::build_ctx(choice, opened, |b| {
+                b.max_in_flight(2)
+                    .max_in_flight_per_file(1)
+                    .inline_nowait(false)
+            });
+            let tasks: Vec<_> = (0..128u64)
+                .map(|i| {
+                    let (ctx, file) = (ctx.clone(), files[(i % 2) as usize].clone());
+                    tokio::spawn(async move {
+                        let off = (i * 7919 % 512) * 4096;
+                        let mut buf = vec![0u8; 4096];
+                        ctx.read_exact((i % 2) as u32, off, &mut buf).await.unwrap();
+                        assert!(
+                            buf == file.expected(off, 4096),
+                            "{choice:?}: wrong bytes at {off}"
+                        );
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_eq!(ctx.stats().in_flight, 0);
+        });
+    }
+}
+
+/// Shared body: `tasks` tasks each doing `reads` verified reads of up to
+/// `max_len` bytes, through a context configured by `tweak`. Returns the
+/// largest `stats().in_flight` observed by a sampler.
+fn many_readers(
+    name: &str,
+    choice: BackendChoice,
+    flavor: Flavor,
+    tasks: u64,
+    reads: u64,
+    max_len: u64,
+    tweak: impl FnOnce(uring_positioned_io::Builder) -> uring_positioned_io::Builder + Send + 'static,
+) -> Result<u64, String> {
+    let set = common::FileSet::new(0xed3, &[3 << 20, 100_001]);
+    let files = Arc::new(set.files.clone());
+    let opened = set.open_all();
+    common::run(name, flavor, 90, move || async move {
+        let ctx = common::build_ctx(choice, opened, tweak);
+        let max_seen = Arc::new(AtomicU64::new(0));
+        // Sample from a plain OS thread, independent of the runtime's scheduling.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let (ctx, max_seen, stop) = (ctx.clone(), max_seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    max_seen.fetch_max(ctx.stats().in_flight, Relaxed);
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (ctx, files) = (ctx.clone(), files.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(t * 31 + 7);
+                    for _ in 0..reads {
+                        let fid = rng.below(2) as usize;
+                        let file: &TestFile = &files[fid];
+                        let len = rng.range(1, max_len) as usize;
+                        let off = rng.below(file.len + 10);
+                        let mut buf = vec![0u8; len];
+                        let n = ctx
+                            .read(fid as u32, off, &mut buf)
+                            .await
+                            .unwrap_or_else(|e| panic!("task {t}: fid {fid} @ {off}+{len}: {e}"));
+                        assert_eq!(
+                            &buf[..n],
+                            &file.expected(off, len)[..],
+                            "task {t}: fid {fid} @ {off}+{len}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("reader panicked");
+        }
+        stop.store(true, Relaxed);
+        let sampled = sampler.join().map_err(|e| {
+            format!(
+                "stats() panicked on a sampler thread: {}",
+                common::panic_message(&*e)
+            )
+        });
+        assert_eq!(
+            common::wait_in_flight_zero(&ctx, Duration::from_secs(5)).await,
+            0
+        );
+        drop(set);
+        sampled.map(|()| max_seen.load(Relaxed))
+    })
+}
+
+fn tiny_buffer_pool(choice: BackendChoice) {
+    // Reads up to 1 MiB through two 4 KiB bounce buffers.
+    let _ = many_readers(
+        "tiny_buffer_pool",
+        choice,
+        Flavor::Multi,
+        64,
+        8,
+        1 << 20,
+        |b| b.buffer_pool(2, 4096),
+    );
+    let _ = many_readers(
+        "tiny_buffer_pool_ct",
+        choice,
+        Flavor::Current,
+        64,
+        8,
+        64 * 1024,
+        |b| b.buffer_pool(2, 4096).ring_entries(4),
+    );
+}
+
+fn more_tasks_than_max_in_flight(choice: BackendChoice) {
+    for flavor in [Flavor::Multi, Flavor::Current] {
+        // inline_nowait(false): every read really occupies an in-flight slot.
+        let max = many_readers(
+            "more_tasks_than_max_in_flight",
+            choice,
+            flavor,
+            256,
+            8,
+            32 * 1024,
+            |b| b.rings(1).max_in_flight(4).inline_nowait(false),
+        );
+        let max = max.unwrap_or_else(|e| panic!("{choice:?}/{flavor:?}: {e}"));
+        eprintln!("{choice:?}/{flavor:?}: max in_flight observed with max_in_flight(4): {max}");
+        // The documented contract: at most max_in_flight reads at once, the
+        // rest wait for a slot (no backend exception is documented).
+        assert!(
+            max <= 4,
+            "{choice:?}/{flavor:?}: stats().in_flight reached {max} with max_in_flight(4) and one ring"
+        );
+    }
+}
+
+fn tiny_ring(choice: BackendChoice) {
+    let _ = many_readers("tiny_ring", choice, Flavor::Multi, 256, 8, 16 * 1024, |b| {
+        b.ring_entries(2).rings(1)
+    });
+}
+
+backend_tests!(tiny_buffer_pool, more_tasks_than_max_in_flight, tiny_ring);

@@ -1,0 +1,247 @@
+//! Reads: the read future, buffer types and `O_DIRECT` files, offsets near
+//! `i64::MAX`, reads across the end of file, and a read's binding to its file
+//! id. Owned buffers are in `owned`, checked file ids in `ids`.
+
+use crate::common;
+
+use std::future::Future;
+use std::os::unix::fs::OpenOptionsExt;
+use uring_positioned_io::IoBufMut;
+
+use common::Flavor;
+use std::io;
+use std::task::Poll;
+use uring_positioned_io::{AlignedBuf, BackendChoice, BackendKind, UringReadFuture};
+
+use common::BOTH;
+
+mod ids;
+mod owned;
+
+/// Offsets near i64::MAX: same answer everywhere, fast path kept.
+#[test]
+fn offsets_near_i64_max() {
+    let _shared = common::shared();
+    for choice in BOTH {
+        let set = common::FileSet::new(0x608, &[100_000]);
+        let file = set.files[0].clone();
+        let opened = set.open_all();
+        common::run(
+            "offsets_near_i64_max",
+            Flavor::Multi,
+            30,
+            move || async move {
+                let ctx = common::default_ctx(choice, opened);
+                // Warm the file so the fast path serves it.
+                common::verify_whole_file(&ctx, 0, &file, 65_536).await;
+                let max = i64::MAX as u64;
+                let mut buf = vec![0u8; 4096];
+                for off in [max - 10, max - 4096, max - 4095, max] {
+                    let n = ctx
+                        .read(0u32, off, &mut buf)
+                        .await
+                        .unwrap_or_else(|e| panic!("{choice:?} read at {off}: {e}"));
+                    assert_eq!(n, 0, "past the end of file");
+                    let (r, _) = ctx.read_owned(0u32, off, Vec::with_capacity(4096)).await;
+                    assert_eq!(r.unwrap(), 0);
+                }
+                let e = ctx.read(0u32, max + 1, &mut buf).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                // The fast path still serves cached reads.
+                let before = ctx.stats();
+                for i in 0..64u64 {
+                    let n = ctx.read(0u32, i * 1000, &mut buf).await.unwrap();
+                    assert_eq!(&buf[..n], &file.expected(i * 1000, 4096)[..]);
+                }
+                let after = ctx.stats();
+                if ctx.backend().kind == BackendKind::IoUring {
+                    assert_eq!(
+                        after.inline_completed - before.inline_completed,
+                        64,
+                        "the page-cache fast path was switched off by a bad offset"
+                    );
+                }
+                drop(set);
+            },
+        );
+    }
+}
+
+/// A cached read that straddles the end of file needs no ring trip.
+#[test]
+fn cached_read_across_eof_stays_inline() {
+    let _shared = common::shared();
+    let set = common::FileSet::new(0x612, &[10_000]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "cached_read_across_eof_stays_inline",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::default_ctx(BackendChoice::IoUring, opened);
+            common::verify_whole_file(&ctx, 0, &file, 4096).await;
+            let before = ctx.stats();
+            for _ in 0..16 {
+                let mut buf = vec![0u8; 4096];
+                let n = ctx.read(0u32, 8192, &mut buf).await.unwrap();
+                assert_eq!(n, 10_000 - 8192);
+                assert_eq!(&buf[..n], &file.expected(8192, 4096)[..]);
+            }
+            let after = ctx.stats();
+            assert_eq!(
+                after.submitted, before.submitted,
+                "a cached read across EOF went to the ring"
+            );
+            drop(set);
+        },
+    );
+}
+
+/// A read is bound to the file registered under its id when it is first
+/// polled, even if that poll returns Pending before the read starts (here:
+/// tokio's coop budget is spent), so re-registering the id meanwhile never
+/// makes it read another file.
+#[test]
+fn read_bound_at_first_poll() {
+    let _shared = common::shared();
+    for choice in BOTH {
+        let set = common::FileSet::new(0x613, &[64 * 1024, 64 * 1024]);
+        let (old, new) = (set.files[0].clone(), set.files[1].clone());
+        let opened = vec![old.open()];
+        common::run(
+            "read_bound_at_first_poll",
+            Flavor::Current,
+            30,
+            move || async move {
+                let ctx = common::default_ctx(choice, opened);
+                let mut buf = vec![0u8; 4096];
+                let mut fut = Box::pin(ctx.read(0u32, 1000, &mut buf));
+                let first = std::future::poll_fn(|cx| {
+                    // Spend the task's whole budget, then poll the read once.
+                    while let Poll::Ready(spent) = tokio::task::coop::poll_proceed(cx) {
+                        spent.made_progress();
+                    }
+                    Poll::Ready(fut.as_mut().poll(cx).is_pending())
+                })
+                .await;
+                assert!(first, "the first poll should be Pending (budget spent)");
+                ctx.unregister_file(0u32).unwrap();
+                let fid = ctx.register_file(new.open()).unwrap();
+                match fut.await {
+                    Ok(n) => assert_eq!(&buf[..n], &old.expected(1000, 4096)[..], "{choice:?}"),
+                    Err(e) => assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{choice:?}: {e}"),
+                }
+                eprintln!("{choice:?}: the new file got {fid}");
+                drop(set);
+            },
+        );
+    }
+}
+
+#[test]
+fn read_future_is_send() {
+    let _shared = common::shared();
+    fn assert_send<T: Send>() {}
+    assert_send::<UringReadFuture<'static>>();
+}
+
+fn owned_buffer_types(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed4, &[1 << 20]);
+    let file = set.files[0].clone();
+    let opened = set.open_all();
+    common::run(
+        "owned_buffer_types",
+        Flavor::Multi,
+        30,
+        move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            for (off, len) in [
+                (0u64, 4096usize),
+                (1, 100),
+                (4096, 65536),
+                (file.len - 10, 4096),
+                (file.len, 10),
+            ] {
+                let want = file.expected(off, len);
+                let (r, b) = ctx.read_owned(0u32, off, Vec::with_capacity(len)).await;
+                assert_eq!(r.expect("Vec"), want.len(), "Vec @ {off}+{len}");
+                assert_eq!(b, want, "Vec @ {off}+{len}: len() grew by the bytes read");
+
+                // A boxed slice is always full: read into a window of it.
+                let boxed: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+                let (r, b) = ctx.read_owned(0u32, off, boxed.slice(..)).await;
+                let b = b.into_inner();
+                assert_eq!(b.len(), len);
+                assert_eq!(&b[..r.expect("Box<[u8]>")], &want[..], "Box @ {off}+{len}");
+
+                for align in [512usize, 4096] {
+                    let ab = AlignedBuf::with_capacity(len, align);
+                    let ptr = ab.as_ptr();
+                    let (r, b) = ctx.read_owned(0u32, off, ab).await;
+                    assert_eq!(
+                        b.as_ptr(),
+                        ptr,
+                        "AlignedBuf came back as a different buffer"
+                    );
+                    assert_eq!((b.len(), b.capacity()), (want.len(), len));
+                    assert_eq!(b.as_ptr() as usize % align, 0);
+                    assert_eq!(r.expect("AlignedBuf"), want.len());
+                    assert_eq!(b.as_slice(), &want[..], "AlignedBuf({align}) @ {off}+{len}");
+                    // A zeroed, full one, through a window: the old contract.
+                    let (r, s) = ctx
+                        .read_owned(0u32, off, AlignedBuf::new(len, align).slice(..))
+                        .await;
+                    let b = s.into_inner();
+                    assert_eq!(b.len(), len);
+                    assert_eq!(&b[..r.expect("AlignedBuf window")], &want[..]);
+                    assert!(b[want.len()..].iter().all(|&x| x == 0), "wrote past n");
+                }
+            }
+            drop(set);
+        },
+    );
+}
+
+fn o_direct_files(choice: BackendChoice) {
+    let set = common::FileSet::new(0xed5, &[(1 << 20) + 8192]);
+    set.sync_all();
+    let file = set.files[0].clone();
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file.path)
+        .expect("open O_DIRECT");
+    common::run("o_direct_files", Flavor::Multi, 30, move || async move {
+        let ctx = common::default_ctx(choice, vec![direct]);
+        let cases = [
+            (0u64, 4096usize),
+            (4096, 65536),
+            (1 << 20, 8192),
+            (1 << 20, 16384),
+            (8192, 12288),
+            (0, 1 << 20),
+            (file.len, 4096),
+        ];
+        // Several rounds: whether an internal unaligned buffer happens to be
+        // aligned is up to the allocator.
+        for (off, len) in cases.iter().copied().cycle().take(cases.len() * 4) {
+            let want = file.expected(off, len);
+            let (r, b) = ctx
+                .read_owned(0u32, off, AlignedBuf::with_capacity(len, 4096))
+                .await;
+            let n =
+                r.unwrap_or_else(|e| panic!("O_DIRECT read_owned(AlignedBuf) @ {off}+{len}: {e}"));
+            assert_eq!(&b[..n], &want[..], "O_DIRECT AlignedBuf @ {off}+{len}");
+            // Borrowed reads go through page-aligned bounce buffers, so an
+            // unaligned user buffer works too.
+            let mut v = vec![0u8; len + 1];
+            let r = ctx.read(0u32, off, &mut v[1..]).await;
+            let n = r.unwrap_or_else(|e| panic!("O_DIRECT borrowed read @ {off}+{len}: {e}"));
+            assert_eq!(&v[1..1 + n], &want[..], "O_DIRECT borrowed @ {off}+{len}");
+        }
+        drop(set);
+    });
+}
+
+backend_tests!(owned_buffer_types, o_direct_files);
