@@ -17,3 +17,12 @@ pub(crate) use decision;
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// Held by the unit tests that map memory on a large scale (rings, their
+/// threads) or measure the process's address space, so that the
+/// measurement never runs beside them.
+#[cfg(test)]
+pub(crate) fn address_space_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    lock(&LOCK)
+}

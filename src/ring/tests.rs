@@ -29,6 +29,7 @@ const CHUNK: usize = 4096;
 /// Runs `body` on its own thread and fails if it has not returned within a
 /// generous deadline (a lost op would otherwise hang the test).
 fn watchdog(body: impl FnOnce() + Send + 'static) {
+    let _alone = crate::util::address_space_lock();
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::spawn(move || {
         body();
