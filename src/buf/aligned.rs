@@ -376,12 +376,12 @@ mod tests {
     /// the allocator; so do plain buffers of any size.
     #[test]
     fn big_buffers_are_huge_page_mappings() {
-        let _alone = crate::util::address_space_lock();
         fn vm_kib() -> u64 {
             let s = std::fs::read_to_string("/proc/self/status").unwrap();
             let l = s.lines().find(|l| l.starts_with("VmSize:")).unwrap();
             l.split_whitespace().nth(1).unwrap().parse().unwrap()
         }
+        let _alone = crate::util::address_space_lock();
         for &(len, align) in &[
             (HUGE, 4096),
             (HUGE + 1, 512),
