@@ -341,10 +341,20 @@ struct Entry {
     slot: usize,
 }
 
+/// Most short blocks (the end of a file, or beyond it) cached per file.
+const MAX_SHORT: usize = 64;
+
 #[derive(Default)]
 struct Flights {
     map: HashMap<Key, Entry, KeyHash>,
     next_id: u64,
+    /// Per file: changes seen so far. A short block (the end of the file)
+    /// lands only if no change came meanwhile: a write anywhere after it
+    /// may have extended the file over it.
+    epochs: HashMap<u64, u64, KeyHash>,
+    /// Per file: the short blocks cached (some may have been evicted
+    /// since), all dropped at the file's next change.
+    short: HashMap<u64, Vec<u64>, KeyHash>,
 }
 
 /// A block being looked up: there, or a flight to wait for.
@@ -361,6 +371,9 @@ struct FileRef {
     key: u64,
     direct: bool,
 }
+
+/// Most blocks [`BlockCache::read`] fetches in one batch.
+const READ_WINDOW: u64 = 64;
 
 /// Per-thread-group hit counters, each on its own cache line.
 const HIT_SHARDS: usize = 8;
@@ -685,15 +698,20 @@ impl BlockCache {
         if next > last {
             return Ok(done);
         }
-        // The rest, missing or not, in one go.
-        let blocks: Vec<u64> = (next..=last).collect();
-        for (b, res) in blocks.iter().zip(self.state.fetch(file, &blocks).await) {
-            let block = res?;
-            let (n, end) = state.copy_out(&block, *b, offset, &mut buf[done..len]);
-            done += n;
-            if end {
-                break;
+        // The rest, cached or not, up to `READ_WINDOW` blocks at a time in
+        // one batch: a large read holds only a window of blocks at once.
+        while next <= last {
+            let end = last.min(next + READ_WINDOW - 1);
+            let blocks: Vec<u64> = (next..=end).collect();
+            for (b, res) in blocks.iter().zip(self.state.fetch(file, &blocks).await) {
+                let block = res?;
+                let (n, eof) = state.copy_out(&block, *b, offset, &mut buf[done..len]);
+                done += n;
+                if eof {
+                    return Ok(done);
+                }
             }
+            next = end + 1;
         }
         Ok(done)
     }
@@ -981,8 +999,9 @@ impl State {
         if !new.is_empty() {
             let id = flights.next_id;
             flights.next_id += 1;
+            let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
             self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
-            let flight: Flight = run_flight(self.clone(), id, file, new.clone())
+            let flight: Flight = run_flight(self.clone(), (id, epoch), file, new.clone())
                 .boxed()
                 .shared();
             let weak = flight.downgrade().expect("a flight not yet polled");
@@ -1013,17 +1032,36 @@ impl State {
     /// A flight's end: under the flights lock, each block whose entry is
     /// still this flight's is cached (if it was read) and the entry
     /// removed; an entry a change removed meanwhile means the bytes may be
-    /// older than the change: not cached.
-    fn land(&self, id: u64, file: u64, blocks: &[u64], outcomes: Option<&[Outcome]>) {
+    /// older than the change: not cached. A short block is cached only if
+    /// the file saw no change at all since the flight started (`epoch`).
+    fn land(
+        &self,
+        (id, epoch): (u64, u64),
+        file: u64,
+        blocks: &[u64],
+        outcomes: Option<&[Outcome]>,
+    ) {
         let mut flights = lock(&self.flights);
+        let unchanged = flights.epochs.get(&file).copied().unwrap_or(0) == epoch;
         for (i, &block) in blocks.iter().enumerate() {
             let key = Key { file, block };
-            if flights.map.get(&key).is_some_and(|e| e.id == id) {
-                flights.map.remove(&key);
-                if let Some(Ok(b)) = outcomes.map(|o| &o[i]) {
-                    self.map.insert(key, b.clone());
+            if flights.map.get(&key).is_none_or(|e| e.id != id) {
+                continue;
+            }
+            flights.map.remove(&key);
+            let Some(Ok(b)) = outcomes.map(|o| &o[i]) else {
+                continue;
+            };
+            if b.len() < self.block {
+                let short = flights.short.entry(file).or_default();
+                if !unchanged || (!short.contains(&block) && short.len() >= MAX_SHORT) {
+                    continue;
+                }
+                if !short.contains(&block) {
+                    short.push(block);
                 }
             }
+            self.map.insert(key, b.clone());
         }
     }
 
@@ -1037,8 +1075,9 @@ impl State {
         let last = (offset.saturating_add(len) - 1) >> self.shift;
         let span = last - first;
         let hit = |k: &Key| k.file == file && (first..=last).contains(&k.block);
-        {
+        let short = {
             let mut flights = lock(&self.flights);
+            *flights.epochs.entry(file).or_default() += 1;
             if span < flights.map.len() as u64 {
                 for block in first..=last {
                     flights.map.remove(&Key { file, block });
@@ -1046,6 +1085,11 @@ impl State {
             } else {
                 flights.map.retain(|k, _| !hit(k));
             }
+            flights.short.remove(&file).unwrap_or_default()
+        };
+        // The file may have grown over its short blocks.
+        for block in short {
+            self.map.remove(&Key { file, block });
         }
         if span < self.capacity_blocks.min(4096) {
             for block in first..=last {
@@ -1079,7 +1123,7 @@ fn clone_io(e: &io::Error) -> io::Error {
 /// caller gave up): a later miss starts a new read.
 struct Abandon<'a> {
     state: &'a State,
-    id: u64,
+    id: (u64, u64),
     file: u64,
     blocks: &'a [u64],
     armed: bool,
@@ -1096,7 +1140,12 @@ impl Drop for Abandon<'_> {
 /// One flight: reads `blocks` of `file` into pool buffers, in one batch,
 /// continuing short reads (not on `O_DIRECT` files, whose short reads end
 /// the file) until a block is full or the file ends, then lands.
-async fn run_flight(state: Arc<State>, id: u64, file: FileRef, blocks: Vec<u64>) -> Arc<[Outcome]> {
+async fn run_flight(
+    state: Arc<State>,
+    id: (u64, u64),
+    file: FileRef,
+    blocks: Vec<u64>,
+) -> Arc<[Outcome]> {
     let mut abandon = Abandon {
         state: &state,
         id,
