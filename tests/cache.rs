@@ -310,7 +310,7 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
         60,
         move || async move {
             let dir = tempfile::tempdir().unwrap();
-            let path = make_file(dir.path(), 7, 4 * BS as u64).path;
+            let path = make_file(dir.path(), 7, 4 * BS as u64 + 904).path;
             let ctx = common::build_ctx(choice, vec![rw(&path)], |b| b.inline_nowait(false));
             let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
             for round in 0..20u8 {
@@ -328,6 +328,28 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
                     &[round; 10],
                     "round {round}: old bytes cached"
                 );
+            }
+            // The block at the end of the file, in flight while a write
+            // beyond it extends the file: it must not stay cached short.
+            let mut at = 4 * BS as u64 + 904; // the end of the file
+            for round in 0..20u64 {
+                let last = at / BS as u64;
+                let mut get = pin!(cache.get(0, last));
+                let first = poll_once_noop(get.as_mut());
+                ctx.write_all(0, at + 2 * BS as u64, &[2u8; 10])
+                    .await
+                    .unwrap();
+                if first.is_pending() {
+                    get.await.unwrap();
+                }
+                at += 2 * BS as u64 + 10;
+                let block = cache.get(0, last).await.unwrap();
+                assert_eq!(
+                    block.len(),
+                    BS,
+                    "round {round}: the end-of-file block stayed short"
+                );
+                assert_eq!(&block[..], &pread(&path, last * BS as u64, BS)[..]);
             }
         },
     );
