@@ -316,6 +316,9 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
             for round in 0..20u8 {
                 let mut get = pin!(cache.get(0, 1));
                 let first = poll_once_noop(get.as_mut());
+                // Time for the read to end in the kernel (old bytes) before
+                // the write starts; its future lands it after the write.
+                tokio::time::sleep(Duration::from_millis(5)).await;
                 ctx.write_all(0, BS as u64 + 100, &[round; 10])
                     .await
                     .unwrap();
@@ -336,6 +339,9 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
                 let last = at / BS as u64;
                 let mut get = pin!(cache.get(0, last));
                 let first = poll_once_noop(get.as_mut());
+                // Time for the read to end in the kernel (old bytes) before
+                // the write starts; its future lands it after the write.
+                tokio::time::sleep(Duration::from_millis(5)).await;
                 ctx.write_all(0, at + 2 * BS as u64, &[2u8; 10])
                     .await
                     .unwrap();
