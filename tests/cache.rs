@@ -393,6 +393,41 @@ fn unregister_drops_blocks(choice: BackendChoice) {
     });
 }
 
+/// A file opened with `O_DIRECT`: misses are aligned reads into aligned
+/// buffers (the kernel refuses anything else), the end-of-file block is
+/// short, and an aligned write through the context is seen.
+fn o_direct(choice: BackendChoice) {
+    common::run("cache-o-direct", Flavor::Multi, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 21, 8 * BS as u64 + 904);
+        let Some(direct) = common::open_direct(&f.path) else {
+            return;
+        };
+        let ctx = common::default_ctx(choice, vec![direct]);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let got = cache_read(&cache, 0u32, 100, 9 * BS).await.unwrap();
+        assert_eq!(got.len(), 8 * BS + 804);
+        check_pattern(f.seed, 100, &got).unwrap();
+        assert_eq!(cache.get(0u32, 8).await.unwrap().len(), 904);
+        let many = cache.get_many(0u32, [3, 9, 1]).await;
+        assert_eq!(
+            many.iter()
+                .map(|b| b.as_ref().unwrap().len())
+                .collect::<Vec<_>>(),
+            [BS, 0, BS]
+        );
+        let mut block = uring_positioned_io::AlignedBuf::new(BS, BS);
+        block.fill(0x5A);
+        let (n, _) = ctx.write_owned(0u32, 2 * BS as u64, block).await;
+        assert_eq!(n.unwrap(), BS);
+        let got = cache_read(&cache, 0u32, 2 * BS as u64 - 1, 2)
+            .await
+            .unwrap();
+        assert_eq!((got[1], got.len()), (0x5A, 2));
+        assert_eq!(got[0], common::pattern_byte(f.seed, 2 * BS as u64 - 1));
+    });
+}
+
 // ---------------------------------------------------------------------------
 // Coalescing, errors, hangs, cancellation
 // ---------------------------------------------------------------------------
@@ -867,6 +902,7 @@ backend_tests!(
     coherence,
     miss_in_flight_during_write,
     unregister_drops_blocks,
+    o_direct,
     coalesced_misses,
     eio_reaches_every_waiter,
     hung_miss_reaches_every_waiter,
