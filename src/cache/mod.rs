@@ -545,14 +545,15 @@ impl BlockCache {
         Ok(BlockCache { state })
     }
 
-    /// Bytes per block.
+    /// Bytes per block (see [`new`](Self::new) for an example).
     #[must_use]
     pub fn block_size(&self) -> usize {
         self.state.block
     }
 
     /// Most bytes of blocks the cache keeps (the capacity asked for, down
-    /// to a whole number of blocks per shard of the map).
+    /// to a whole number of blocks per shard of the map; see
+    /// [`new`](Self::new) for an example).
     #[must_use]
     pub fn capacity_bytes(&self) -> u64 {
         self.state.capacity_blocks << self.state.shift
@@ -814,7 +815,27 @@ impl BlockCache {
         Ok(())
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters (see [`CacheStats`]).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[1u8; 16384])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let held = cache.get(0, 0).await?;
+    /// cache.invalidate(0, 0..4096)?; // out of the cache, still held
+    /// let s = cache.stats();
+    /// assert_eq!((s.resident_bytes, s.pinned_bytes, s.in_flight_bytes), (0, 4096, 0));
+    /// drop(held);
+    /// assert_eq!(cache.stats().pinned_bytes, 0);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     #[must_use]
     pub fn stats(&self) -> CacheStats {
         let s = &self.state;
@@ -927,7 +948,11 @@ impl State {
             let waits = lookups.into_iter().map(|l| async move {
                 match l {
                     Lookup::Hit(b) => Ok(b),
-                    Lookup::Wait(flight, slot) => flight.await[slot].clone().map_err(|e| e.to_io()),
+                    Lookup::Wait(mut flight, slot) => {
+                        let outcomes =
+                            std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
+                        outcomes[slot].clone().map_err(|e| e.to_io())
+                    }
                 }
             });
             let mut results = futures::future::join_all(waits).await.into_iter();
@@ -1107,6 +1132,17 @@ impl Invalidate for State {
     }
 }
 
+/// Polls a flight; a task about to wait for one ends its inline stretch
+/// (`inline::end_stretch`), so that its hits after the wait start a new one
+/// instead of yielding first.
+fn poll_flight(flight: &mut Flight, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
+    let res = Pin::new(flight).poll(cx);
+    if res.is_pending() {
+        inline::end_stretch();
+    }
+    res
+}
+
 fn beyond_max(fid: FileId, block: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
@@ -1202,6 +1238,30 @@ async fn run_flight(
 /// on a miss it starts (or joins) the block's read and waits for it.
 /// Dropping it leaves a read it started to the other callers waiting for
 /// it (or drops the read if there are none).
+///
+/// ```
+/// # use std::io::Write;
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll};
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[6u8; 4096])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// cache.get(0, 0).await?;
+/// // A hit: ready at the first poll (unless the task is to yield first:
+/// // its coop budget or its inline stretch is spent).
+/// let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+/// if let Poll::Ready(block) = pin!(cache.get(0, 0)).poll(&mut cx) {
+///     assert_eq!(block?[0], 6);
+/// }
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[must_use = "futures do nothing unless polled"]
 pub struct GetBlock<'a> {
     state: &'a Arc<State>,
@@ -1242,7 +1302,7 @@ impl Future for GetBlock<'_> {
             }
         }
         let (flight, slot) = this.wait.as_mut().expect("waiting for a flight");
-        let outcomes = ready!(Pin::new(flight).poll(cx));
+        let outcomes = ready!(poll_flight(flight, cx));
         let res = outcomes[*slot].clone().map_err(|e| e.to_io());
         this.wait = None;
         Poll::Ready(res)
