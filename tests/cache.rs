@@ -300,6 +300,65 @@ fn check_eq(path: &std::path::Path, off: u64, got: &[u8], len: usize) {
     );
 }
 
+/// Writers and readers at once on a multi-thread runtime: every block holds
+/// its version (a `u64` repeated); a read started after a write of a block
+/// resolved never sees an older version of that block.
+fn concurrent_writes_never_stale(choice: BackendChoice) {
+    const BLOCKS: u64 = 64;
+    common::run("cache-concurrent", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("versions");
+        std::fs::write(&path, vec![0u8; BLOCKS as usize * BS]).unwrap();
+        let ctx = common::default_ctx(choice, vec![rw(&path)]);
+        // Smaller than the file: evictions and misses all along.
+        let cache = BlockCache::new(&ctx, opts(16 * BS as u64)).unwrap();
+        let done: Arc<Vec<AtomicU64>> = Arc::new((0..BLOCKS).map(|_| AtomicU64::new(0)).collect());
+        let mut tasks = Vec::new();
+        for w in 0..2u64 {
+            let (ctx, done) = (ctx.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(100 + w);
+                for _ in 0..300 {
+                    // Each writer owns half the blocks: versions rise per block.
+                    let b = rng.below(BLOCKS / 2) * 2 + w;
+                    let v = done[b as usize].load(Ordering::Relaxed) + 1;
+                    let bytes: Vec<u8> = (0..BS / 8).flat_map(|_| v.to_le_bytes()).collect();
+                    ctx.write_all(0u32, b * BS as u64, &bytes).await.unwrap();
+                    done[b as usize].store(v, Ordering::Release);
+                }
+            }));
+        }
+        for r in 0..4u64 {
+            let (cache, done) = (cache.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(200 + r);
+                for _ in 0..300 {
+                    let off = rng.below(BLOCKS * BS as u64 - 8) & !7;
+                    let len = (rng.range(8, 3 * BS as u64) as usize) & !7;
+                    let len = len.min((BLOCKS * BS as u64 - off) as usize);
+                    let first = off / BS as u64;
+                    let last = (off + len as u64 - 1) / BS as u64;
+                    let floor: Vec<u64> = (first..=last)
+                        .map(|b| done[b as usize].load(Ordering::Acquire))
+                        .collect();
+                    let got = cache_read(&cache, 0u32, off, len).await.unwrap();
+                    assert_eq!(got.len(), len);
+                    for (k, word) in got.chunks_exact(8).enumerate() {
+                        let at = off + 8 * k as u64;
+                        let b = at / BS as u64;
+                        let v = u64::from_le_bytes(word.try_into().unwrap());
+                        let min = floor[(b - first) as usize];
+                        assert!(v >= min, "block {b} at {at}: version {v}, but {min} had completed before the read");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
 /// The race the epoch guards, alone and deterministic: a miss in flight
 /// (polled once) while a write of its block completes must not leave the
 /// old bytes cached.
@@ -901,6 +960,7 @@ fn send_and_sync() {
 backend_tests!(
     coherence,
     miss_in_flight_during_write,
+    concurrent_writes_never_stale,
     unregister_drops_blocks,
     o_direct,
     coalesced_misses,
