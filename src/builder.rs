@@ -437,6 +437,8 @@ impl Builder {
             closed: AtomicBool::new(false),
             shutdown_timeout: self.shutdown_timeout,
             info,
+            #[cfg(feature = "cache")]
+            invalidation: crate::cache::Listeners::default(),
         });
         if let Backend::Uring(rings) = &inner.backend {
             for ring in rings {

@@ -94,6 +94,8 @@ mod batch;
 mod blocking;
 mod buf;
 mod builder;
+#[cfg(feature = "cache")]
+mod cache;
 mod context;
 mod error;
 mod files;
@@ -119,6 +121,8 @@ pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 pub mod design {}
 
 pub use builder::Builder;
+#[cfg(feature = "cache")]
+pub use cache::{BlockCache, BlockRef, CacheOptions, CacheStats, GetBlock};
 pub use context::{Stats, UringContext};
 pub use error::os_error;
 pub use files::FileRoute;

@@ -74,6 +74,10 @@ pub(crate) struct Inner {
     /// `Builder::shutdown_timeout`.
     pub(crate) shutdown_timeout: Duration,
     pub(crate) info: BackendInfo,
+    /// The block caches over this context, told of every change made
+    /// through it (feature `cache`, see `cache/listen.rs`).
+    #[cfg(feature = "cache")]
+    pub(crate) invalidation: crate::cache::Listeners,
 }
 
 impl Inner {

@@ -155,7 +155,13 @@ impl UringContext {
     /// removed then); the kernel's error if it refuses to clear the file
     /// from a ring's table.
     pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
-        self.inner.files.remove(fid.into(), self.inner.fixed())
+        let fid = fid.into();
+        // Block caches drop the file's blocks (feature `cache`).
+        #[cfg(feature = "cache")]
+        if let Ok(file) = self.inner.files.get(fid) {
+            self.inner.invalidation.notify(file.id(), 0, u64::MAX);
+        }
+        self.inner.files.remove(fid, self.inner.fixed())
     }
 
     /// The checked id (see [`FileId`]) of the file registered at `index` now:

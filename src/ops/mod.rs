@@ -168,6 +168,12 @@ pub(crate) trait Op {
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         None
     }
+    /// The bytes of its file the op may change, `(offset, len)` (writes,
+    /// `fallocate`): block caches drop them when it ends (`cache/`).
+    #[cfg(feature = "cache")]
+    fn changes(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 enum State<'a, J> {
@@ -292,6 +298,8 @@ impl<'a, O: Op> Core<'a, O> {
             Ok(res) => res,
             Err(Stop(e)) => self.op.stopped(e),
         };
+        #[cfg(feature = "cache")]
+        self.changed();
         coop.made_progress();
         self.state = State::Done;
         Poll::Ready(self.op.finish(res))
@@ -566,8 +574,24 @@ fn closed_error(ring: Option<&RingRef<'_>>) -> io::Error {
     ring.map_or_else(shut_down_error, |r| r.closed_error())
 }
 
+impl<O: Op> Core<'_, O> {
+    /// Tells the context's block caches which bytes this op may have
+    /// changed: before its future resolves (whatever the result), and when
+    /// it is dropped unfinished.
+    #[cfg(feature = "cache")]
+    fn changed(&self) {
+        if let (Some(file), Some((offset, len))) = (&self.bound, self.op.changes()) {
+            self.ctx.invalidation.notify(file.id(), offset, len);
+        }
+    }
+}
+
 impl<O: Op> Drop for Core<'_, O> {
     fn drop(&mut self) {
+        #[cfg(feature = "cache")]
+        if !matches!(self.state, State::Done) {
+            self.changed();
+        }
         if let State::InFlight { ring, key } = &self.state {
             ring.abandon(*key, self.op.park());
         }

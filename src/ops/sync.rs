@@ -54,6 +54,20 @@ impl Op for Sync {
         }
     }
 
+    #[cfg(feature = "cache")]
+    fn changes(&self) -> Option<(u64, u64)> {
+        match *self {
+            // Collapsing or inserting a range moves every byte after it.
+            Sync::Fallocate { mode, offset, .. }
+                if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 =>
+            {
+                Some((offset, u64::MAX))
+            }
+            Sync::Fallocate { offset, len, .. } => Some((offset, len)),
+            _ => None,
+        }
+    }
+
     fn sqe(&mut self) -> RingOp<'_> {
         match *self {
             Sync::Fsync { datasync } => RingOp::Fsync { datasync },

@@ -93,6 +93,11 @@ impl<S: Source> Op for Write<S> {
         "write"
     }
 
+    #[cfg(feature = "cache")]
+    fn changes(&self) -> Option<(u64, u64)> {
+        Some((self.offset, self.src.len() as u64))
+    }
+
     fn access(&self) -> Access {
         Access::Write
     }

@@ -18,6 +18,9 @@ mod common;
 
 /// `read_batch`: many owned reads submitted together.
 mod batch;
+/// The block cache (feature `cache`).
+#[cfg(feature = "cache")]
+mod cache;
 /// Reads dropped at every point of their life.
 mod cancellation;
 /// Many more reads than ring entries, in-flight limits, per-file shares.

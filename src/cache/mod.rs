@@ -1,0 +1,1310 @@
+//! A block cache over a context ([`BlockCache`], feature `cache`): fixed-size
+//! blocks of registered files kept in memory the cache owns, for engines
+//! that keep their own cache over `O_DIRECT` files.
+//!
+//! - **Hits** are served on the caller's thread at the first poll: a shard
+//!   read lock of the map (`quick_cache`) and a reference count, no
+//!   allocation, no syscall; they spend tokio's coop budget and the inline
+//!   path's stretch (`inline::turn_over`), so a task looping on hits yields.
+//! - **Misses** are *flights* (`Flight`): one owned read per block into a
+//!   pool buffer (`pool.rs`), all the misses of one call in one
+//!   [`read_batch`](crate::UringContext::read_batch) (one `io_uring_enter`
+//!   per ring). A flight is a [`Shared`] future: every caller missing the
+//!   same block while it is in flight joins it (the `flights` map), any of
+//!   them drives it, and it goes on while one is left; the last one dropped
+//!   drops the read (its buffer parked in the context until the kernel is
+//!   done).
+//! - **Coherence**: a flight inserts its block only if its entry is still
+//!   in `flights`, under the `flights` lock; a change through the context
+//!   ([`Invalidate`], before the write's future resolves) removes the
+//!   entries of the blocks it touches under the same lock, then the cached
+//!   blocks. A read started before the write may return old bytes, but
+//!   never leaves them in the cache, and a read started after it never
+//!   joins an older flight.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::ops::{Deref, Range};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
+
+use crate::context::UringContext;
+use crate::error::{self, os_error};
+use crate::id::FileId;
+use crate::inline;
+use crate::thread::thread_slot;
+use crate::util::lock;
+
+mod listen;
+mod pool;
+
+pub(crate) use listen::{Invalidate, Listeners};
+use pool::{Pool, PoolBuf};
+
+/// Settings of a [`BlockCache`].
+///
+/// ```
+/// use uring_positioned_io::CacheOptions;
+///
+/// let opts = CacheOptions { capacity_bytes: 256 << 20, ..CacheOptions::default() };
+/// assert_eq!(opts.block_size, 4096);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// Most bytes of blocks the cache keeps (whole blocks; a block at the
+    /// end of a file counts as a whole block). Default 64 MiB.
+    pub capacity_bytes: u64,
+    /// Bytes per block: a power of two, at least 512 (default 4096). Misses
+    /// read whole blocks at multiples of it, so for a file opened with
+    /// `O_DIRECT` it must be a multiple of the device's logical block size.
+    pub block_size: usize,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheOptions {
+            capacity_bytes: 64 << 20,
+            block_size: 4096,
+        }
+    }
+}
+
+/// Counters of a [`BlockCache`] (a snapshot; see [`BlockCache::stats`]).
+///
+/// ```
+/// # use std::io::Write;
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[1u8; 8192])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// cache.get(0, 1).await?; // a miss
+/// cache.get(0, 1).await?; // a hit
+/// let s = cache.stats();
+/// assert_eq!((s.misses, s.hits, s.resident_bytes), (1, 1, 4096));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Blocks served from the cache.
+    pub hits: u64,
+    /// Blocks read from the file: each is one read (the coalesced ones
+    /// are not counted again).
+    pub misses: u64,
+    /// Blocks asked for while a read of them was in flight, which waited
+    /// for that read instead of issuing their own.
+    pub coalesced: u64,
+    /// Blocks the eviction policy dropped to make room.
+    pub evictions: u64,
+    /// Bytes of the blocks in the cache (at most the capacity).
+    pub resident_bytes: u64,
+    /// Bytes of blocks no longer in the cache (evicted, invalidated, or
+    /// never admitted) that live [`BlockRef`]s still hold.
+    pub pinned_bytes: u64,
+    /// Bytes of buffers that reads are filling now (or that a dropped
+    /// read's kernel op still holds).
+    pub in_flight_bytes: u64,
+    /// Bytes of buffer memory the cache has allocated so far, in use or
+    /// free for reuse: at most the capacity plus the peak of pinned and
+    /// in-flight bytes (rounded up to the allocation unit).
+    pub pool_bytes: u64,
+}
+
+/// A cached block: its valid bytes (`Deref<Target = [u8]>`; shorter than
+/// the block size only for the block at the end of the file, and empty
+/// beyond it). Cheap to clone (a reference count), `'static`, `Send` and
+/// `Sync`; the bytes stay valid while it lives, whatever the cache does
+/// meanwhile (evicting the block only drops the cache's reference). With
+/// the `bytes` feature it converts into `bytes::Bytes` without copying.
+///
+/// ```
+/// # use std::io::Write;
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[7u8; 5000])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// let block = cache.get(0, 1).await?; // bytes 4096..5000: the end of the file
+/// assert_eq!((block.len(), block[0]), (904, 7));
+/// let again = block.clone(); // the same bytes, no copy
+/// assert_eq!(again.as_ptr(), block.as_ptr());
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BlockRef(Arc<BlockData>);
+
+struct BlockData {
+    buf: PoolBuf,
+}
+
+impl BlockRef {
+    fn new(buf: PoolBuf, pool: &Pool) -> BlockRef {
+        pool.block_made();
+        BlockRef(Arc::new(BlockData { buf }))
+    }
+}
+
+impl Drop for BlockData {
+    fn drop(&mut self) {
+        self.buf.pool().block_gone();
+    }
+}
+
+impl Deref for BlockRef {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.buf.data()
+    }
+}
+
+impl AsRef<[u8]> for BlockRef {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for BlockRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockRef")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(feature = "bytes")]
+impl From<BlockRef> for bytes::Bytes {
+    /// The block's bytes as `Bytes`, without copying: the `Bytes` (and its
+    /// clones and slices) keep the block alive.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[3u8; 4096])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let block = cache.get(0, 0).await?;
+    /// let ptr = block.as_ptr();
+    /// let bytes = bytes::Bytes::from(block);
+    /// assert_eq!((bytes.as_ptr(), bytes.len()), (ptr, 4096));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    fn from(block: BlockRef) -> bytes::Bytes {
+        bytes::Bytes::from_owner(block)
+    }
+}
+
+/// A block of a registration: the file's index and generation (its checked
+/// id, so that a file registered later under the same index never sees
+/// these blocks), and the block's index.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Key {
+    file: u64,
+    block: u64,
+}
+
+fn file_key(id: FileId) -> u64 {
+    (u64::from(id.index()) << 32) | u64::from(id.gen())
+}
+
+/// A cheap hash for [`Key`]s (two integers): a `SplitMix64` step per word.
+#[derive(Clone, Copy, Default)]
+struct KeyHash;
+
+struct KeyHasher(u64);
+
+impl BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        let mut z = (self.0 ^ v).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.0 = z ^ (z >> 31);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Every block weighs one (capacities are in blocks).
+#[derive(Clone, Copy)]
+struct OneBlock;
+
+impl quick_cache::Weighter<Key, BlockRef> for OneBlock {
+    fn weight(&self, _: &Key, _: &BlockRef) -> u64 {
+        1
+    }
+}
+
+/// Counts evictions.
+#[derive(Clone)]
+struct Evictions(Arc<AtomicU64>);
+
+impl quick_cache::Lifecycle<Key, BlockRef> for Evictions {
+    type RequestState = ();
+    fn on_evict(&self, (): &mut (), _: Key, _: BlockRef) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Map = quick_cache::sync::Cache<Key, BlockRef, OneBlock, KeyHash, Evictions>;
+
+/// What a flight gives each block: the block, or what failed.
+type Outcome = Result<BlockRef, Arc<FlightError>>;
+type FlightFuture = BoxFuture<'static, Arc<[Outcome]>>;
+/// A read of some blocks that every caller missing them waits for.
+type Flight = Shared<FlightFuture>;
+
+/// A failed block read, as every waiter gets it (an `io::Error` cannot be
+/// cloned; each gets a new one with the same kind, errno and words).
+#[derive(Debug)]
+struct FlightError {
+    kind: io::ErrorKind,
+    errno: Option<i32>,
+    what: String,
+}
+
+impl FlightError {
+    /// `e`, its words prefixed with `what` (if any).
+    fn new(e: &io::Error, what: Option<String>) -> FlightError {
+        let errno = os_error(e);
+        let mut cause = e.to_string();
+        if let (Some(code), Some(_)) = (errno, e.get_ref()) {
+            // An explained error: its kernel words are added back by
+            // `error::explained`.
+            let os = format!(" ({})", io::Error::from_raw_os_error(code));
+            if let Some(n) = cause.strip_suffix(&os).map(str::len) {
+                cause.truncate(n);
+            }
+        }
+        let what = match (what, e.get_ref()) {
+            // A bare errno: its words are the kernel's, added back.
+            (Some(what), None) if errno.is_some() => what,
+            (Some(what), _) => format!("{what}: {cause}"),
+            (None, None) if errno.is_some() => String::new(),
+            (None, _) => cause,
+        };
+        FlightError {
+            kind: e.kind(),
+            errno,
+            what,
+        }
+    }
+
+    fn to_io(&self) -> io::Error {
+        match self.errno {
+            Some(code) if self.what.is_empty() => io::Error::from_raw_os_error(code),
+            Some(code) => error::explained(
+                self.kind,
+                io::Error::from_raw_os_error(code),
+                self.what.clone(),
+            ),
+            None => io::Error::new(self.kind, self.what.clone()),
+        }
+    }
+}
+
+/// A flight's entry for one of its blocks.
+struct Entry {
+    id: u64,
+    flight: WeakShared<FlightFuture>,
+    slot: usize,
+}
+
+/// Most short blocks (the end of a file, or beyond it) cached per file.
+const MAX_SHORT: usize = 64;
+
+#[derive(Default)]
+struct Flights {
+    map: HashMap<Key, Entry, KeyHash>,
+    next_id: u64,
+    /// Per file: changes seen so far. A short block (the end of the file)
+    /// lands only if no change came meanwhile: a write anywhere after it
+    /// may have extended the file over it.
+    epochs: HashMap<u64, u64, KeyHash>,
+    /// Per file: the short blocks cached (some may have been evicted
+    /// since), all dropped at the file's next change.
+    short: HashMap<u64, Vec<u64>, KeyHash>,
+}
+
+/// A block being looked up: there, or a flight to wait for.
+enum Lookup {
+    Hit(BlockRef),
+    Wait(Flight, usize),
+}
+
+/// The file a call works on, as found in the context's table.
+#[derive(Clone, Copy)]
+struct FileRef {
+    /// Its checked id: every read goes to this registration.
+    id: FileId,
+    key: u64,
+    direct: bool,
+}
+
+/// Most blocks [`BlockCache::read`] fetches in one batch.
+const READ_WINDOW: u64 = 64;
+
+/// Per-thread-group hit counters, each on its own cache line.
+const HIT_SHARDS: usize = 8;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+struct State {
+    ctx: UringContext,
+    shift: u32,
+    block: usize,
+    capacity_blocks: u64,
+    map: Map,
+    flights: Mutex<Flights>,
+    pool: Arc<Pool>,
+    hits: [Padded; HIT_SHARDS],
+    misses: AtomicU64,
+    coalesced: AtomicU64,
+    evictions: Arc<AtomicU64>,
+}
+
+/// A cache of fixed-size blocks of the files of a [`UringContext`], read
+/// through it (see the crate's `docs/DESIGN.md`, "Block cache"). Cheap to
+/// clone; every clone is the same cache.
+///
+/// - [`get`](Self::get) a block (zero-copy, a [`BlockRef`]), [`get_many`](Self::get_many)
+///   blocks (their misses reach the kernel together),
+///   [`read`](Self::read) any byte range (copied out), [`prefetch`](Self::prefetch)
+///   a range in the background.
+/// - A hit completes at its first poll, on the caller's thread, with no
+///   system call and no allocation. Concurrent misses of one block are one
+///   read, whose result (bytes or error) every caller gets; a caller that
+///   gives up (drops its future) leaves the read to the others. Errors are
+///   never cached; a short block at the end of a file is cached as short.
+/// - Eviction is scan-resistant (`quick_cache`, a Clock-PRO/S3-FIFO-class
+///   policy): a large read of cold blocks does not flush the blocks read
+///   again and again.
+/// - Coherent with changes **through the context**: once a write,
+///   `write_all`, `fallocate` (or their owned forms) through the context
+///   resolves, no read through the cache returns the bytes it replaced;
+///   [`unregister_file`](UringContext::unregister_file) drops the file's
+///   blocks, and a file registered later under the same index never sees
+///   them. Changes through other descriptors (or a write future dropped
+///   before it resolved, whose bytes may land later) are not seen: call
+///   [`invalidate`](Self::invalidate).
+///
+/// ```
+/// # use std::io::Write;
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&(0..65536u32).map(|i| (i / 4096) as u8).collect::<Vec<_>>())?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions { capacity_bytes: 1 << 20, block_size: 4096 })?;
+/// let mut buf = [0u8; 100];
+/// // Bytes 4050..4150 span blocks 0 and 1: both read (in one batch), then copied.
+/// assert_eq!(cache.read(0, 4050, &mut buf).await?, 100);
+/// assert_eq!((buf[0], buf[99]), (0, 1));
+/// // Block 1 is now a hit.
+/// assert_eq!(cache.get(0, 1).await?[0], 1);
+/// // A write through the context drops what it changes.
+/// ctx.write_all(0, 4096, &[9u8; 10]).await?;
+/// assert_eq!(cache.get(0, 1).await?[0], 9);
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BlockCache {
+    state: Arc<State>,
+}
+
+impl fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("block_size", &self.state.block)
+            .field("capacity_bytes", &self.capacity_bytes())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl BlockCache {
+    /// A cache of `options.capacity_bytes` over the files of `ctx` (it
+    /// keeps a handle to the context). Memory is allocated as blocks are
+    /// read, in regions of up to 2 MiB (huge pages where the system gives
+    /// them), and reused.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if the block size is not a power of two of at least
+    /// 512 bytes, or the capacity holds no block.
+    ///
+    /// ```
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions { capacity_bytes: 8 << 20, block_size: 16384 })?;
+    /// assert_eq!((cache.block_size(), cache.capacity_bytes()), (16384, 8 << 20));
+    /// let bad = CacheOptions { block_size: 1000, ..CacheOptions::default() };
+    /// assert!(BlockCache::new(&ctx, bad).is_err());
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn new(ctx: &UringContext, options: CacheOptions) -> io::Result<BlockCache> {
+        let CacheOptions {
+            capacity_bytes,
+            block_size,
+        } = options;
+        let invalid = |why: String| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("BlockCache::new: {why}"),
+            ))
+        };
+        if !block_size.is_power_of_two() || !(512..=1 << 30).contains(&block_size) {
+            return invalid(format!(
+                "block_size {block_size} is not a power of two between 512 and 1 GiB"
+            ));
+        }
+        let blocks = capacity_bytes / block_size as u64;
+        if blocks == 0 {
+            return invalid(format!(
+                "capacity_bytes {capacity_bytes} holds no block of {block_size} bytes"
+            ));
+        }
+        let Ok(items) = usize::try_from(blocks) else {
+            return invalid(format!("capacity_bytes {capacity_bytes} is too large"));
+        };
+        // Shards of at least 32 blocks each, a power of two of them, and
+        // capacities that divide evenly, so that their sum is at most the
+        // capacity.
+        let cpus = std::thread::available_parallelism().map_or(4, usize::from);
+        let mut shards = (cpus * 4).min(items / 32).max(1);
+        shards = 1 << shards.ilog2();
+        let per_shard = blocks / shards as u64;
+        let options = quick_cache::OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity(items)
+            .weight_capacity(per_shard * shards as u64)
+            .build()
+            .map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("BlockCache::new: {e:?}"),
+                )
+            })?;
+        let evictions = Arc::new(AtomicU64::new(0));
+        let map = Map::with_options(options, OneBlock, KeyHash, Evictions(evictions.clone()));
+        let state = Arc::new(State {
+            ctx: ctx.clone(),
+            shift: block_size.trailing_zeros(),
+            block: block_size,
+            capacity_blocks: per_shard * shards as u64,
+            map,
+            flights: Mutex::new(Flights::default()),
+            pool: Arc::new(Pool::new(block_size, items)),
+            hits: Default::default(),
+            misses: AtomicU64::new(0),
+            coalesced: AtomicU64::new(0),
+            evictions,
+        });
+        let weak: std::sync::Weak<dyn Invalidate> = Arc::downgrade(&state) as _;
+        ctx.inner.invalidation.add(weak);
+        Ok(BlockCache { state })
+    }
+
+    /// Bytes per block (see [`new`](Self::new) for an example).
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.state.block
+    }
+
+    /// Most bytes of blocks the cache keeps (the capacity asked for, down
+    /// to a whole number of blocks per shard of the map; see
+    /// [`new`](Self::new) for an example).
+    #[must_use]
+    pub fn capacity_bytes(&self) -> u64 {
+        self.state.capacity_blocks << self.state.shift
+    }
+
+    /// Block `block` of file `fid` (bytes `block × block_size` onwards):
+    /// from the cache, or read (and cached) if it is not there. See
+    /// [`BlockRef`] for what it holds; [`GetBlock`] for the future.
+    ///
+    /// # Errors
+    ///
+    /// As a read through the context: an unknown or stale `fid`
+    /// (`InvalidInput`), the context shut down, the read's error (every
+    /// caller waiting for the same read gets it; nothing is cached), a
+    /// block starting beyond `i64::MAX` (`InvalidInput`).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[1u8; 4096])?;
+    /// # file.write_all(&[2u8; 4096])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let (a, b) = tokio::join!(cache.get(0, 1), cache.get(0, 1));
+    /// assert_eq!((a?[0], b?[0]), (2, 2));
+    /// assert_eq!(cache.get(0, 2).await?.len(), 0); // beyond the end of the file
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn get(&self, fid: impl Into<FileId>, block: u64) -> GetBlock<'_> {
+        GetBlock {
+            state: &self.state,
+            fid: fid.into(),
+            block,
+            wait: None,
+        }
+    }
+
+    /// Blocks `blocks` of file `fid`, in the order given (a block may be
+    /// asked for twice): the cached ones at once, and every other one read
+    /// together — those not already in flight in one batch, one
+    /// `io_uring_enter` per ring — with each block's own result.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # for i in 0..8u8 { file.write_all(&[i; 4096])?; }
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let blocks = cache.get_many(0, [6, 1, 3]).await;
+    /// let firsts: Vec<u8> = blocks.into_iter().map(|b| b.map(|b| b[0])).collect::<std::io::Result<_>>()?;
+    /// assert_eq!(firsts, [6, 1, 3]);
+    /// assert_eq!(cache.stats().misses, 3);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub async fn get_many(
+        &self,
+        fid: impl Into<FileId>,
+        blocks: impl IntoIterator<Item = u64>,
+    ) -> Vec<io::Result<BlockRef>> {
+        let fid = fid.into();
+        let blocks: Vec<u64> = blocks.into_iter().collect();
+        admit(&self.state).await;
+        let file = match self.state.resolve(fid) {
+            Ok(f) => f,
+            Err(e) => {
+                let e = FlightError::new(&e, None);
+                return blocks.iter().map(|_| Err(e.to_io())).collect();
+            }
+        };
+        self.state.fetch(file, &blocks).await
+    }
+
+    /// Reads `buf.len()` bytes of file `fid` at `offset` through the cache
+    /// into `buf` (any offset and length; the blocks it spans are read as
+    /// [`get_many`](Self::get_many) would, then copied): the bytes read,
+    /// fewer only at the end of the file. A read whose blocks are all
+    /// cached completes at its first poll.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get), for the first block that fails.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(b"0123456789")?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let mut buf = [0u8; 8];
+    /// assert_eq!(cache.read(0, 6, &mut buf).await?, 4); // the end of the file
+    /// assert_eq!(&buf[..4], b"6789");
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub async fn read(
+        &self,
+        fid: impl Into<FileId>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let fid = fid.into();
+        let state = &*self.state;
+        admit(state).await;
+        let file = state.resolve(fid)?;
+        // No file reaches beyond i64::MAX (as the context's reads).
+        let max = i64::MAX.unsigned_abs();
+        if offset >= max || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = buf
+            .len()
+            .min(usize::try_from(max - offset).unwrap_or(usize::MAX));
+        let first = offset >> state.shift;
+        let last = (offset + len as u64 - 1) >> state.shift;
+        let mut done = 0;
+        let mut next = first;
+        // Hits first, on this poll, without allocating.
+        while next <= last {
+            let Some(block) = state.cached(file.key, next) else {
+                break;
+            };
+            let (n, end) = state.copy_out(&block, next, offset, &mut buf[done..len]);
+            done += n;
+            next += 1;
+            if end {
+                return Ok(done);
+            }
+        }
+        if next > last {
+            return Ok(done);
+        }
+        // The rest, cached or not, up to `READ_WINDOW` blocks at a time in
+        // one batch: a large read holds only a window of blocks at once.
+        while next <= last {
+            let end = last.min(next + READ_WINDOW - 1);
+            let blocks: Vec<u64> = (next..=end).collect();
+            for (b, res) in blocks.iter().zip(self.state.fetch(file, &blocks).await) {
+                let block = res?;
+                let (n, eof) = state.copy_out(&block, *b, offset, &mut buf[done..len]);
+                done += n;
+                if eof {
+                    return Ok(done);
+                }
+            }
+            next = end + 1;
+        }
+        Ok(done)
+    }
+
+    /// Starts reading the blocks of `range` of file `fid` that are neither
+    /// cached nor in flight, in one batch, on a task of the current tokio
+    /// runtime, and returns at once; later [`get`](Self::get)s of them wait
+    /// for those reads instead of issuing their own. At most the cache's
+    /// capacity is prefetched (the first blocks of the range). Errors of
+    /// the reads are not reported (nothing is cached for them).
+    ///
+    /// # Errors
+    ///
+    /// An unknown or stale `fid`, the context shut down; no tokio runtime.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[4u8; 65536])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// cache.prefetch(0, 0..65536)?;
+    /// // Each get finds its block cached or joins the prefetch's read.
+    /// for b in 0..16 {
+    ///     assert_eq!(cache.get(0, b).await?[0], 4);
+    /// }
+    /// assert_eq!(cache.stats().misses, 16);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn prefetch(&self, fid: impl Into<FileId>, range: Range<u64>) -> io::Result<()> {
+        let state = &self.state;
+        let file = state.resolve(fid.into())?;
+        let max = i64::MAX.unsigned_abs();
+        let end = range.end.min(max);
+        if range.start >= end {
+            return Ok(());
+        }
+        let handle = tokio::runtime::Handle::try_current().map_err(|e| {
+            io::Error::other(format!("block cache: prefetch needs a tokio runtime ({e})"))
+        })?;
+        let first = range.start >> state.shift;
+        let last = ((end - 1) >> state.shift).min(first + state.capacity_blocks - 1);
+        let missing: Vec<u64> = (first..=last)
+            .filter(|&b| {
+                !state.map.contains_key(&Key {
+                    file: file.key,
+                    block: b,
+                })
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let (_, started) = state.join_or_start(file, &missing, false);
+        if let Some(flight) = started {
+            drop(handle.spawn(flight.map(drop)));
+        }
+        Ok(())
+    }
+
+    /// Drops the blocks of `range` of file `fid` (reads of them in flight
+    /// complete for their callers but cache nothing): for changes the
+    /// cache cannot see — writes through another descriptor, a truncation,
+    /// a write future dropped before it resolved. Changes through the
+    /// context are dropped without it.
+    ///
+    /// # Errors
+    ///
+    /// An unknown or stale `fid`.
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use std::os::unix::fs::FileExt;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[1u8; 4096])?;
+    /// let other = file.try_clone()?; // a descriptor the context does not see
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// assert_eq!(cache.get(0, 0).await?[0], 1);
+    /// other.write_all_at(&[2u8], 0)?;
+    /// assert_eq!(cache.get(0, 0).await?[0], 1); // not seen
+    /// cache.invalidate(0, 0..1)?;
+    /// assert_eq!(cache.get(0, 0).await?[0], 2);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn invalidate(&self, fid: impl Into<FileId>, range: Range<u64>) -> io::Result<()> {
+        let file = self.state.resolve(fid.into())?;
+        self.state
+            .drop_range(file.key, range.start, range.end.saturating_sub(range.start));
+        Ok(())
+    }
+
+    /// A snapshot of the counters (see [`CacheStats`]).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[1u8; 16384])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+    /// let held = cache.get(0, 0).await?;
+    /// cache.invalidate(0, 0..4096)?; // out of the cache, still held
+    /// let s = cache.stats();
+    /// assert_eq!((s.resident_bytes, s.pinned_bytes, s.in_flight_bytes), (0, 4096, 0));
+    /// drop(held);
+    /// assert_eq!(cache.stats().pinned_bytes, 0);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn stats(&self) -> CacheStats {
+        let s = &self.state;
+        let bytes = |blocks: u64| blocks << s.shift;
+        let resident = s.map.weight();
+        let live = s.pool.live() as u64;
+        let taken = s.pool.taken() as u64;
+        CacheStats {
+            hits: s.hits.iter().map(|h| h.0.load(Ordering::Relaxed)).sum(),
+            misses: s.misses.load(Ordering::Relaxed),
+            coalesced: s.coalesced.load(Ordering::Relaxed),
+            evictions: s.evictions.load(Ordering::Relaxed),
+            resident_bytes: bytes(resident),
+            pinned_bytes: bytes(live.saturating_sub(resident)),
+            in_flight_bytes: bytes(taken.saturating_sub(live)),
+            pool_bytes: bytes(s.pool.carved() as u64),
+        }
+    }
+}
+
+/// Spends one unit of tokio's coop budget and yields once the task has
+/// spent its inline stretch (`inline::turn_over`), as a page-cache read
+/// served inline does: a task looping on hits lets the others run.
+fn admit(state: &State) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| poll_admit(state, cx))
+}
+
+fn poll_admit(state: &State, cx: &mut Context<'_>) -> Poll<()> {
+    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+    if inline::turn_over(state.ctx.inner.inline_stretch) {
+        cx.waker().wake_by_ref();
+        return Poll::Pending;
+    }
+    coop.made_progress();
+    Poll::Ready(())
+}
+
+impl State {
+    /// The file `fid` names now, as the context's reads find it.
+    fn resolve(&self, fid: FileId) -> io::Result<FileRef> {
+        let inner = &self.ctx.inner;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(error::shut_down_error());
+        }
+        let shard = inner.files.shard(thread_slot());
+        let entry = shard.lookup(fid)?;
+        let id = entry.id();
+        Ok(FileRef {
+            id,
+            key: file_key(id),
+            direct: entry.direct,
+        })
+    }
+
+    fn hit(&self) {
+        self.hits[thread_slot() % HIT_SHARDS]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Block `block` of `file` if it is cached (a hit, counted).
+    fn cached(&self, file: u64, block: u64) -> Option<BlockRef> {
+        let b = self.map.get(&Key { file, block })?;
+        self.hit();
+        Some(b)
+    }
+
+    /// Copies what block `block` holds of a read at `offset` into `dst`
+    /// (the rest of the read): the bytes copied, and whether the file ends
+    /// in this block.
+    fn copy_out(&self, data: &[u8], block: u64, offset: u64, dst: &mut [u8]) -> (usize, bool) {
+        let start = block << self.shift;
+        let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        let avail = data.len().saturating_sub(skip);
+        let n = avail.min(dst.len());
+        if n > 0 {
+            dst[..n].copy_from_slice(&data[skip..skip + n]);
+        }
+        (n, data.len() < self.block)
+    }
+
+    /// The blocks of `file`, each from the cache, an existing flight, or
+    /// one new flight for all the others; waits for all of them.
+    async fn fetch(self: &Arc<Self>, file: FileRef, blocks: &[u64]) -> Vec<io::Result<BlockRef>> {
+        if let Some(&b) = blocks
+            .iter()
+            .find(|&&b| b > i64::MAX.unsigned_abs() >> self.shift)
+        {
+            let e = beyond_max(file.id, b);
+            return blocks.iter().map(|_| Err(clone_io(&e))).collect();
+        }
+        let mut unique: Vec<u64> = Vec::with_capacity(blocks.len());
+        let mut at: HashMap<u64, usize, KeyHash> = HashMap::default();
+        let mut found: Vec<Option<BlockRef>> = Vec::new();
+        for &b in blocks {
+            at.entry(b).or_insert_with(|| {
+                unique.push(b);
+                found.push(self.cached(file.key, b));
+                unique.len() - 1
+            });
+        }
+        let missing: Vec<u64> = unique
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(b, _)| *b)
+            .collect();
+        if !missing.is_empty() {
+            let (lookups, _) = self.join_or_start(file, &missing, true);
+            let waits = lookups.into_iter().map(|l| async move {
+                match l {
+                    Lookup::Hit(b) => Ok(b),
+                    Lookup::Wait(mut flight, slot) => {
+                        let outcomes =
+                            std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
+                        outcomes[slot].clone().map_err(|e| e.to_io())
+                    }
+                }
+            });
+            let mut results = futures::future::join_all(waits).await.into_iter();
+            let mut failed: HashMap<u64, io::Error, KeyHash> = HashMap::default();
+            for (b, f) in unique.iter().zip(found.iter_mut()) {
+                if f.is_none() {
+                    match results.next().expect("one result per missing block") {
+                        Ok(block) => *f = Some(block),
+                        Err(e) => {
+                            failed.insert(*b, e);
+                        }
+                    }
+                }
+            }
+            return blocks
+                .iter()
+                .map(|b| match &found[at[b]] {
+                    Some(block) => Ok(block.clone()),
+                    None => Err(clone_io(&failed[b])),
+                })
+                .collect();
+        }
+        blocks
+            .iter()
+            .map(|b| Ok(found[at[b]].clone().expect("every block was found")))
+            .collect()
+    }
+
+    /// Under the flights lock: each of `blocks` of `file` (none of which
+    /// was cached a moment ago) from the cache after all, from the flight
+    /// already reading it (counted as coalesced if `count`), or from one
+    /// new flight for all the others, which is returned too (not polled
+    /// yet: the caller drives it).
+    fn join_or_start(
+        self: &Arc<Self>,
+        file: FileRef,
+        blocks: &[u64],
+        count: bool,
+    ) -> (Vec<Lookup>, Option<Flight>) {
+        let mut flights = lock(&self.flights);
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut new = Vec::new();
+        for &block in blocks {
+            let key = Key {
+                file: file.key,
+                block,
+            };
+            if let Some(flight) = flights.map.get(&key).and_then(|e| {
+                let slot = e.slot;
+                e.flight.upgrade().map(|f| (f, slot))
+            }) {
+                if count {
+                    self.coalesced.fetch_add(1, Ordering::Relaxed);
+                }
+                out.push(Some(Lookup::Wait(flight.0, flight.1)));
+                continue;
+            }
+            // A flight that ended between the caller's look and this lock
+            // inserted its block under this lock.
+            if let Some(b) = self.map.get(&key) {
+                self.hit();
+                out.push(Some(Lookup::Hit(b)));
+                continue;
+            }
+            out.push(None);
+            new.push(block);
+        }
+        let mut started = None;
+        if !new.is_empty() {
+            let id = flights.next_id;
+            flights.next_id += 1;
+            let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
+            self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
+            let flight: Flight = run_flight(self.clone(), (id, epoch), file, new.clone())
+                .boxed()
+                .shared();
+            let weak = flight.downgrade().expect("a flight not yet polled");
+            for (slot, &block) in new.iter().enumerate() {
+                flights.map.insert(
+                    Key {
+                        file: file.key,
+                        block,
+                    },
+                    Entry {
+                        id,
+                        flight: weak.clone(),
+                        slot,
+                    },
+                );
+            }
+            let mut slots = 0..;
+            for o in &mut out {
+                if o.is_none() {
+                    *o = Some(Lookup::Wait(flight.clone(), slots.next().unwrap_or(0)));
+                }
+            }
+            started = Some(flight);
+        }
+        (out.into_iter().flatten().collect(), started)
+    }
+
+    /// A flight's end: under the flights lock, each block whose entry is
+    /// still this flight's is cached (if it was read) and the entry
+    /// removed; an entry a change removed meanwhile means the bytes may be
+    /// older than the change: not cached. A short block is cached only if
+    /// the file saw no change at all since the flight started (`epoch`).
+    fn land(
+        &self,
+        (id, epoch): (u64, u64),
+        file: u64,
+        blocks: &[u64],
+        outcomes: Option<&[Outcome]>,
+    ) {
+        let mut flights = lock(&self.flights);
+        let unchanged = flights.epochs.get(&file).copied().unwrap_or(0) == epoch;
+        for (i, &block) in blocks.iter().enumerate() {
+            let key = Key { file, block };
+            if flights.map.get(&key).is_none_or(|e| e.id != id) {
+                continue;
+            }
+            flights.map.remove(&key);
+            let Some(Ok(b)) = outcomes.map(|o| &o[i]) else {
+                continue;
+            };
+            if b.len() < self.block {
+                let short = flights.short.entry(file).or_default();
+                if !unchanged || (!short.contains(&block) && short.len() >= MAX_SHORT) {
+                    continue;
+                }
+                if !short.contains(&block) {
+                    short.push(block);
+                }
+            }
+            self.map.insert(key, b.clone());
+        }
+    }
+
+    /// Drops `len` bytes at `offset` of `file` (saturating): in-flight
+    /// reads of those blocks will not cache them, and cached ones go.
+    fn drop_range(&self, file: u64, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = offset >> self.shift;
+        let last = (offset.saturating_add(len) - 1) >> self.shift;
+        let span = last - first;
+        let hit = |k: &Key| k.file == file && (first..=last).contains(&k.block);
+        let short = {
+            let mut flights = lock(&self.flights);
+            *flights.epochs.entry(file).or_default() += 1;
+            if span < flights.map.len() as u64 {
+                for block in first..=last {
+                    flights.map.remove(&Key { file, block });
+                }
+            } else {
+                flights.map.retain(|k, _| !hit(k));
+            }
+            flights.short.remove(&file).unwrap_or_default()
+        };
+        // The file may have grown over its short blocks.
+        for block in short {
+            self.map.remove(&Key { file, block });
+        }
+        if span < self.capacity_blocks.min(4096) {
+            for block in first..=last {
+                self.map.remove(&Key { file, block });
+            }
+        } else {
+            self.map.retain(|k, _| !hit(k));
+        }
+    }
+}
+
+impl Invalidate for State {
+    fn invalidate(&self, file: FileId, offset: u64, len: u64) {
+        self.drop_range(file_key(file), offset, len);
+    }
+}
+
+/// Polls a flight; a task about to wait for one ends its inline stretch
+/// (`inline::end_stretch`), so that its hits after the wait start a new one
+/// instead of yielding first.
+fn poll_flight(flight: &mut Flight, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
+    let res = Pin::new(flight).poll(cx);
+    if res.is_pending() {
+        inline::end_stretch();
+    }
+    res
+}
+
+fn beyond_max(fid: FileId, block: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("block cache: block {block} of {fid} starts beyond i64::MAX"),
+    )
+}
+
+/// The same error again (kind, errno, words).
+fn clone_io(e: &io::Error) -> io::Error {
+    FlightError::new(e, None).to_io()
+}
+
+/// Unregisters a flight's blocks if it is dropped before it lands (every
+/// caller gave up): a later miss starts a new read.
+struct Abandon<'a> {
+    state: &'a State,
+    id: (u64, u64),
+    file: u64,
+    blocks: &'a [u64],
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.land(self.id, self.file, self.blocks, None);
+        }
+    }
+}
+
+/// One flight: reads `blocks` of `file` into pool buffers, in one batch,
+/// continuing short reads (not on `O_DIRECT` files, whose short reads end
+/// the file) until a block is full or the file ends, then lands.
+async fn run_flight(
+    state: Arc<State>,
+    id: (u64, u64),
+    file: FileRef,
+    blocks: Vec<u64>,
+) -> Arc<[Outcome]> {
+    let mut abandon = Abandon {
+        state: &state,
+        id,
+        file: file.key,
+        blocks: &blocks,
+        armed: true,
+    };
+    let bs = state.block;
+    let what = |b: u64| {
+        format!(
+            "block cache: read of block {b} of {} ({bs} bytes at offset {})",
+            file.id,
+            b << state.shift
+        )
+    };
+    let mut bufs = Vec::with_capacity(blocks.len());
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(blocks.len());
+    for &b in &blocks {
+        match state.pool.take() {
+            Ok(buf) => bufs.push((file.id, b << state.shift, buf)),
+            Err(e) => {
+                let e = Arc::new(FlightError::new(&e, Some(what(b))));
+                outcomes = blocks.iter().map(|_| Err(e.clone())).collect();
+                break;
+            }
+        }
+    }
+    if outcomes.is_empty() {
+        let results = state.ctx.read_batch(bufs).await;
+        for ((res, mut buf), &b) in results.into_iter().zip(&blocks) {
+            let mut res = res;
+            while let Ok(n) = res {
+                if file.direct || n == 0 || buf.filled() >= bs {
+                    break;
+                }
+                let at = (b << state.shift) + buf.filled() as u64;
+                let (r, back) = state.ctx.read_owned(file.id, at, buf).await;
+                buf = back;
+                res = r;
+            }
+            outcomes.push(match res {
+                Ok(_) => Ok(BlockRef::new(buf, &state.pool)),
+                Err(e) => Err(Arc::new(FlightError::new(&e, Some(what(b))))),
+            });
+        }
+    }
+    let outcomes: Arc<[Outcome]> = outcomes.into();
+    state.land(id, file.key, &blocks, Some(&outcomes));
+    abandon.armed = false;
+    outcomes
+}
+
+/// The future of [`BlockCache::get`]: ready at its first poll on a hit;
+/// on a miss it starts (or joins) the block's read and waits for it.
+/// Dropping it leaves a read it started to the other callers waiting for
+/// it (or drops the read if there are none).
+///
+/// ```
+/// # use std::io::Write;
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll};
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[6u8; 4096])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// cache.get(0, 0).await?;
+/// // A hit: ready at the first poll (unless the task is to yield first:
+/// // its coop budget or its inline stretch is spent).
+/// let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+/// if let Poll::Ready(block) = pin!(cache.get(0, 0)).poll(&mut cx) {
+///     assert_eq!(block?[0], 6);
+/// }
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct GetBlock<'a> {
+    state: &'a Arc<State>,
+    fid: FileId,
+    block: u64,
+    wait: Option<(Flight, usize)>,
+}
+
+impl fmt::Debug for GetBlock<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetBlock")
+            .field("fid", &self.fid)
+            .field("block", &self.block)
+            .field("waiting", &self.wait.is_some())
+            .finish()
+    }
+}
+
+impl Future for GetBlock<'_> {
+    type Output = io::Result<BlockRef>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.wait.is_none() {
+            let state = this.state;
+            ready!(poll_admit(state, cx));
+            let file = state.resolve(this.fid)?;
+            if this.block > i64::MAX.unsigned_abs() >> state.shift {
+                return Poll::Ready(Err(beyond_max(file.id, this.block)));
+            }
+            if let Some(b) = state.cached(file.key, this.block) {
+                return Poll::Ready(Ok(b));
+            }
+            match state.join_or_start(file, &[this.block], true).0.pop() {
+                Some(Lookup::Hit(b)) => return Poll::Ready(Ok(b)),
+                Some(Lookup::Wait(flight, slot)) => this.wait = Some((flight, slot)),
+                None => unreachable!("one lookup per block"),
+            }
+        }
+        let (flight, slot) = this.wait.as_mut().expect("waiting for a flight");
+        let outcomes = ready!(poll_flight(flight, cx));
+        let res = outcomes[*slot].clone().map_err(|e| e.to_io());
+        this.wait = None;
+        Poll::Ready(res)
+    }
+}

@@ -1,0 +1,975 @@
+//! The block cache (feature `cache`): coherence with writes, `fallocate` and
+//! re-registration through the context (a property test against `pread`),
+//! coalesced misses, errors and hung reads reaching every waiter (FUSE
+//! harness), a cancelled leader, scan resistance, the memory bound, and the
+//! hit path (no allocation, yields). Every test runs on both backends.
+
+use crate::common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::fuse::{Fault, FaultFs, FileSpec};
+use common::{check_pattern, make_file, poll_once_noop, Flavor, Rng};
+use proptest::prelude::*;
+use uring_positioned_io::{os_error, BackendChoice, BlockCache, CacheOptions, UringContext};
+
+// ---------------------------------------------------------------------------
+// Allocation counting (for the hit path), per thread and only when asked.
+// ---------------------------------------------------------------------------
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to the system allocator; the counters are const-initialised
+// thread locals (no allocation to reach them).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: as the caller promised us.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as the caller promised us.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made on this thread while `f` runs.
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    let out = f();
+    COUNTING.with(|c| c.set(false));
+    (out, ALLOCS.with(Cell::get))
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+const BS: usize = 4096;
+
+fn opts(capacity_bytes: u64) -> CacheOptions {
+    CacheOptions {
+        capacity_bytes,
+        block_size: BS,
+    }
+}
+
+fn rw(path: &std::path::Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// `pread` of `len` bytes at `off` of `path` (short at the end of the file).
+fn pread(path: &std::path::Path, off: u64, len: usize) -> Vec<u8> {
+    let f = File::open(path).unwrap();
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        let n = f.read_at(&mut buf[done..], off + done as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    buf
+}
+
+async fn cache_read(
+    cache: &BlockCache,
+    fid: impl Into<uring_positioned_io::FileId>,
+    off: u64,
+    len: usize,
+) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let n = cache.read(fid, off, &mut buf).await?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Waits (yielding) until `cond` holds; panics after `secs` (a hang).
+async fn wait_until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {secs} s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn is_eio(e: &io::Error) -> bool {
+    os_error(e) == Some(libc::EIO)
+}
+
+// ---------------------------------------------------------------------------
+// Coherence: a property test against pread
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum CohOp {
+    /// A read through the cache (any offset and length), checked against pread.
+    Read { off: u64, len: usize },
+    /// The same through a plain index (whatever is registered at it now).
+    ReadPlain { off: u64, len: usize },
+    /// A write through the context, racing a cache read of the same range
+    /// that was started (a miss in flight) before it.
+    Write { off: u64, len: usize, byte: u8 },
+    /// A write racing a cache read (tokio::join).
+    WriteJoined { off: u64, len: usize, byte: u8 },
+    /// fallocate(PUNCH_HOLE | KEEP_SIZE) through the context.
+    Punch { off: u64, len: u64 },
+    /// fallocate(0) through the context: may extend the file.
+    Extend { off: u64, len: u64 },
+    /// Unregister the file, register another one (other bytes).
+    Reregister,
+}
+
+const FILE_LEN: u64 = 40_000; // ten blocks, the last one short
+
+fn coh_op() -> impl Strategy<Value = CohOp> {
+    let off = 0..FILE_LEN + 10 * BS as u64;
+    let len = 1usize..12_000;
+    prop_oneof![
+        4 => (off.clone(), len.clone()).prop_map(|(off, len)| CohOp::Read { off, len }),
+        1 => (off.clone(), len.clone()).prop_map(|(off, len)| CohOp::ReadPlain { off, len }),
+        // Writes may start beyond the end of the file (extending it past
+        // a short last block, leaving a hole).
+        3 => (0..FILE_LEN + 4 * BS as u64, 1usize..9000, any::<u8>())
+            .prop_map(|(off, len, byte)| CohOp::Write { off, len, byte }),
+        2 => (0..FILE_LEN + 4 * BS as u64, 1usize..9000, any::<u8>())
+            .prop_map(|(off, len, byte)| CohOp::WriteJoined { off, len, byte }),
+        1 => (0..FILE_LEN, 1u64..12_000).prop_map(|(off, len)| CohOp::Punch { off, len }),
+        1 => (0..FILE_LEN + 4 * BS as u64, 1u64..12_000).prop_map(|(off, len)| CohOp::Extend { off, len }),
+        1 => Just(CohOp::Reregister),
+    ]
+}
+
+fn coherence(choice: BackendChoice) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let strategy = proptest::collection::vec(coh_op(), 1..40);
+    runner
+        .run(&strategy, |ops| {
+            run_coherence(choice, &ops);
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops.to_vec();
+    let dir_path = dir.path().to_owned();
+    common::run("cache-coherence", Flavor::Multi, 120, move || async move {
+        let mut seed = 0xC0FFEE_u64;
+        let mut path = make_file(&dir_path, seed, FILE_LEN).path;
+        // Ring reads stay in flight over a poll (no inline page-cache hits).
+        let ctx = common::build_ctx(choice, vec![rw(&path)], |b| b.inline_nowait(false));
+        // Smaller than the file: evictions happen too.
+        let cache = BlockCache::new(&ctx, opts(6 * BS as u64)).unwrap();
+        let mut fid = ctx.file_id(0).unwrap();
+        let mut punch_ok = true;
+        for (i, op) in ops.iter().enumerate() {
+            let check = |path: &std::path::Path, off: u64, got: &[u8], len: usize| {
+                let want = pread(path, off, len);
+                assert!(
+                    got == &want[..],
+                    "op {i} {op:?}: read {len} at {off}: {} bytes differ from pread ({} vs {} bytes)",
+                    got.iter().zip(&want).filter(|(a, b)| a != b).count(),
+                    got.len(),
+                    want.len()
+                );
+            };
+            match *op {
+                CohOp::Read { off, len } => {
+                    let got = cache_read(&cache, fid, off, len).await.unwrap();
+                    check(&path, off, &got, len);
+                }
+                CohOp::ReadPlain { off, len } => {
+                    let got = cache_read(&cache, fid.index(), off, len).await.unwrap();
+                    check(&path, off, &got, len);
+                }
+                CohOp::Write { off, len, byte } => {
+                    // A miss of the range, in flight before the write starts
+                    // (polled once), finished after the write completed.
+                    let mut early = vec![0u8; len];
+                    let mut read = Box::pin(cache.read(fid, off, &mut early));
+                    let first = poll_once_noop(read.as_mut());
+                    ctx.write_all(fid, off, &vec![byte; len]).await.unwrap();
+                    if first.is_pending() {
+                        read.await.unwrap(); // old or new bytes: it raced
+                    }
+                    let got = cache_read(&cache, fid, off, len).await.unwrap();
+                    check(&path, off, &got, len);
+                }
+                CohOp::WriteJoined { off, len, byte } => {
+                    let data = vec![byte; len];
+                    let (r, w) = tokio::join!(
+                        cache_read(&cache, fid, off, len),
+                        ctx.write_all(fid, off, &data)
+                    );
+                    r.unwrap();
+                    w.unwrap();
+                    let got = cache_read(&cache, fid, off, len).await.unwrap();
+                    check(&path, off, &got, len);
+                }
+                CohOp::Punch { off, len } => {
+                    if !punch_ok {
+                        continue;
+                    }
+                    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                    match ctx.fallocate(fid, mode, off, len).await {
+                        Ok(()) => {}
+                        Err(e) if os_error(&e) == Some(libc::EOPNOTSUPP) => {
+                            eprintln!("punch hole not supported here: {e}");
+                            punch_ok = false;
+                            continue;
+                        }
+                        Err(e) => panic!("punch: {e}"),
+                    }
+                    let got = cache_read(&cache, fid, off, len as usize).await.unwrap();
+                    check(&path, off, &got, len as usize);
+                }
+                CohOp::Extend { off, len } => {
+                    ctx.fallocate(fid, 0, off, len).await.unwrap();
+                    let got = cache_read(&cache, fid, off.saturating_sub(6000), 9000)
+                        .await
+                        .unwrap();
+                    check(&path, off.saturating_sub(6000), &got, 9000);
+                }
+                CohOp::Reregister => {
+                    let old = fid;
+                    ctx.unregister_file(old).unwrap();
+                    seed += 1;
+                    path = make_file(&dir_path, seed, FILE_LEN - seed % 3 * 1000).path;
+                    fid = ctx.register_file(rw(&path)).unwrap();
+                    // The old id never reads anything again.
+                    let e = cache_read(&cache, old, 0, 10).await.unwrap_err();
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                    if fid.index() == old.index() {
+                        // Same index, new file: no block of the old one.
+                        let got = cache_read(&cache, fid.index(), 0, 9000).await.unwrap();
+                        check(&path, 0, &got, 9000);
+                    }
+                }
+            }
+            assert!(cache.stats().resident_bytes <= cache.capacity_bytes());
+        }
+        // Everything once more, after all the ops.
+        for off in (0..FILE_LEN + 16 * BS as u64).step_by(3000) {
+            let got = cache_read(&cache, fid, off, 5000).await.unwrap();
+            check_eq(&path, off, &got, 5000);
+        }
+    });
+    drop(dir);
+}
+
+fn check_eq(path: &std::path::Path, off: u64, got: &[u8], len: usize) {
+    assert!(
+        got == &pread(path, off, len)[..],
+        "final read {len} at {off} differs from pread"
+    );
+}
+
+/// Writers and readers at once on a multi-thread runtime: every block holds
+/// its version (a `u64` repeated); a read started after a write of a block
+/// resolved never sees an older version of that block.
+fn concurrent_writes_never_stale(choice: BackendChoice) {
+    const BLOCKS: u64 = 64;
+    common::run("cache-concurrent", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("versions");
+        std::fs::write(&path, vec![0u8; BLOCKS as usize * BS]).unwrap();
+        let ctx = common::default_ctx(choice, vec![rw(&path)]);
+        // Smaller than the file: evictions and misses all along.
+        let cache = BlockCache::new(&ctx, opts(16 * BS as u64)).unwrap();
+        let done: Arc<Vec<AtomicU64>> = Arc::new((0..BLOCKS).map(|_| AtomicU64::new(0)).collect());
+        let mut tasks = Vec::new();
+        for w in 0..2u64 {
+            let (ctx, done) = (ctx.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(100 + w);
+                for _ in 0..300 {
+                    // Each writer owns half the blocks: versions rise per block.
+                    let b = rng.below(BLOCKS / 2) * 2 + w;
+                    let v = done[b as usize].load(Ordering::Relaxed) + 1;
+                    let bytes: Vec<u8> = (0..BS / 8).flat_map(|_| v.to_le_bytes()).collect();
+                    ctx.write_all(0u32, b * BS as u64, &bytes).await.unwrap();
+                    done[b as usize].store(v, Ordering::Release);
+                }
+            }));
+        }
+        for r in 0..4u64 {
+            let (cache, done) = (cache.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng::new(200 + r);
+                for _ in 0..300 {
+                    let off = rng.below(BLOCKS * BS as u64 - 8) & !7;
+                    let len = (rng.range(8, 3 * BS as u64) as usize) & !7;
+                    let len = len.min((BLOCKS * BS as u64 - off) as usize);
+                    let first = off / BS as u64;
+                    let last = (off + len as u64 - 1) / BS as u64;
+                    let floor: Vec<u64> = (first..=last)
+                        .map(|b| done[b as usize].load(Ordering::Acquire))
+                        .collect();
+                    let got = cache_read(&cache, 0u32, off, len).await.unwrap();
+                    assert_eq!(got.len(), len);
+                    for (k, word) in got.chunks_exact(8).enumerate() {
+                        let at = off + 8 * k as u64;
+                        let b = at / BS as u64;
+                        let v = u64::from_le_bytes(word.try_into().unwrap());
+                        let min = floor[(b - first) as usize];
+                        assert!(v >= min, "block {b} at {at}: version {v}, but {min} had completed before the read");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
+/// The race the epoch guards, alone and deterministic: a miss in flight
+/// (polled once) while a write of its block completes must not leave the
+/// old bytes cached.
+fn miss_in_flight_during_write(choice: BackendChoice) {
+    common::run(
+        "cache-miss-vs-write",
+        Flavor::Current,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = make_file(dir.path(), 7, 4 * BS as u64 + 904).path;
+            let ctx = common::build_ctx(choice, vec![rw(&path)], |b| b.inline_nowait(false));
+            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+            for round in 0..20u8 {
+                let mut get = pin!(cache.get(0, 1));
+                let first = poll_once_noop(get.as_mut());
+                // Time for the read to end in the kernel (old bytes) before
+                // the write starts; its future lands it after the write.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ctx.write_all(0, BS as u64 + 100, &[round; 10])
+                    .await
+                    .unwrap();
+                if first.is_pending() {
+                    get.await.unwrap();
+                }
+                let block = cache.get(0, 1).await.unwrap();
+                assert_eq!(
+                    &block[100..110],
+                    &[round; 10],
+                    "round {round}: old bytes cached"
+                );
+            }
+            // The block at the end of the file, in flight while a write
+            // beyond it extends the file: it must not stay cached short.
+            let mut at = 4 * BS as u64 + 904; // the end of the file
+            for round in 0..20u64 {
+                let last = at / BS as u64;
+                let mut get = pin!(cache.get(0, last));
+                let mut first = poll_once_noop(get.as_mut());
+                // Time for the read to end in the kernel (old bytes); a
+                // second poll sees its short count and issues the read of
+                // the rest, which ends too (0: the end of the file) before
+                // the write starts; the future lands the block after it.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if first.is_pending() {
+                    first = poll_once_noop(get.as_mut());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ctx.write_all(0, at + 2 * BS as u64, &[2u8; 10])
+                    .await
+                    .unwrap();
+                if first.is_pending() {
+                    get.await.unwrap();
+                }
+                at += 2 * BS as u64 + 10;
+                let block = cache.get(0, last).await.unwrap();
+                assert_eq!(
+                    block.len(),
+                    BS,
+                    "round {round}: the end-of-file block stayed short"
+                );
+                assert_eq!(&block[..], &pread(&path, last * BS as u64, BS)[..]);
+            }
+        },
+    );
+}
+
+/// unregister_file drops the file's blocks; a file registered under the
+/// same index never hits them.
+fn unregister_drops_blocks(choice: BackendChoice) {
+    common::run("cache-unregister", Flavor::Multi, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let a = make_file(dir.path(), 1, 8 * BS as u64);
+        let b = make_file(dir.path(), 2, 8 * BS as u64);
+        let ctx = common::default_ctx(choice, vec![a.open()]);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let fa = ctx.file_id(0).unwrap();
+        let got = cache_read(&cache, fa, 0, 8 * BS).await.unwrap();
+        check_pattern(a.seed, 0, &got).unwrap();
+        assert_eq!(cache.stats().resident_bytes, 8 * BS as u64);
+        ctx.unregister_file(fa).unwrap();
+        assert_eq!(cache.stats().resident_bytes, 0, "unregister left blocks");
+        let fb = ctx.register_file(b.open()).unwrap();
+        assert_eq!(fb.index(), fa.index(), "the index is reused");
+        for fid in [fb, uring_positioned_io::FileId::from(fb.index())] {
+            let got = cache_read(&cache, fid, 0, 8 * BS).await.unwrap();
+            check_pattern(b.seed, 0, &got).unwrap();
+        }
+        let e = cache.get(fa, 0).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    });
+}
+
+/// A file opened with `O_DIRECT`: misses are aligned reads into aligned
+/// buffers (the kernel refuses anything else), the end-of-file block is
+/// short, and an aligned write through the context is seen.
+fn o_direct(choice: BackendChoice) {
+    common::run("cache-o-direct", Flavor::Multi, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 21, 8 * BS as u64 + 904);
+        let Some(direct) = common::open_direct(&f.path) else {
+            return;
+        };
+        let ctx = common::default_ctx(choice, vec![direct]);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let got = cache_read(&cache, 0u32, 100, 9 * BS).await.unwrap();
+        assert_eq!(got.len(), 8 * BS + 804);
+        check_pattern(f.seed, 100, &got).unwrap();
+        assert_eq!(cache.get(0u32, 8).await.unwrap().len(), 904);
+        let many = cache.get_many(0u32, [3, 9, 1]).await;
+        assert_eq!(
+            many.iter()
+                .map(|b| b.as_ref().unwrap().len())
+                .collect::<Vec<_>>(),
+            [BS, 0, BS]
+        );
+        let mut block = uring_positioned_io::AlignedBuf::new(BS, BS);
+        block.fill(0x5A);
+        let (n, _) = ctx.write_owned(0u32, 2 * BS as u64, block).await;
+        assert_eq!(n.unwrap(), BS);
+        let got = cache_read(&cache, 0u32, 2 * BS as u64 - 1, 2)
+            .await
+            .unwrap();
+        assert_eq!((got[1], got.len()), (0x5A, 2));
+        assert_eq!(got[0], common::pattern_byte(f.seed, 2 * BS as u64 - 1));
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Coalescing, errors, hangs, cancellation
+// ---------------------------------------------------------------------------
+
+/// K concurrent misses of one block are one read.
+fn coalesced_misses(choice: BackendChoice) {
+    common::run("cache-coalesce", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 3, 16 * BS as u64);
+        let ctx = common::build_ctx(choice, vec![f.open()], |b| b.inline_nowait(false));
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let before = ctx.stats();
+        const K: usize = 16;
+        let blocks = futures::future::join_all((0..K).map(|_| cache.get(0, 5))).await;
+        let after = ctx.stats();
+        let first = blocks[0].as_ref().unwrap();
+        check_pattern(f.seed, 5 * BS as u64, first).unwrap();
+        for b in &blocks {
+            assert_eq!(
+                b.as_ref().unwrap().as_ptr(),
+                first.as_ptr(),
+                "one buffer for all"
+            );
+        }
+        let s = cache.stats();
+        assert_eq!(
+            (s.misses, s.coalesced, s.hits),
+            (1, K as u64 - 1, 0),
+            "{s:?}"
+        );
+        assert_eq!(
+            after.submitted + after.inline_completed - before.submitted - before.inline_completed,
+            1,
+            "reads issued: {before:?} -> {after:?}"
+        );
+        // get_many: its misses together, the ones in flight joined.
+        let before = ctx.stats();
+        let (many, one) = tokio::join!(cache.get_many(0, [8, 9, 10, 9, 5]), cache.get(0, 10));
+        let after = ctx.stats();
+        for (res, b) in many.iter().zip([8u64, 9, 10, 9, 5]) {
+            check_pattern(f.seed, b * BS as u64, res.as_ref().unwrap()).unwrap();
+        }
+        check_pattern(f.seed, 10 * BS as u64, &one.unwrap()).unwrap();
+        assert_eq!(
+            after.submitted - before.submitted,
+            3,
+            "blocks 8, 9, 10 once each"
+        );
+        if choice == BackendChoice::IoUring {
+            assert_eq!(
+                after.enters - before.enters,
+                1,
+                "one enter for get_many's misses"
+            );
+        }
+    });
+}
+
+const FLEN: u64 = 4 << 20;
+
+fn fuse_ctx(choice: BackendChoice, fs: &FaultFs) -> UringContext {
+    common::default_ctx(choice, vec![File::open(fs.path("f")).unwrap()])
+}
+
+/// An EIO reaches every coalesced waiter, once read, and caches nothing.
+fn eio_reaches_every_waiter(choice: BackendChoice) {
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("f", FLEN, 0xE10)], true) else {
+        return;
+    };
+    let fs = Arc::new(fs);
+    let block = 64u64;
+    let at = block * BS as u64;
+    fs.set_fault("f", at..at + BS as u64, Fault::Errno(libc::EIO));
+    common::run("cache-eio", Flavor::Multi, 60, move || async move {
+        let ctx = fuse_ctx(choice, &fs);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        const K: usize = 8;
+        let tasks: Vec<_> = (0..K)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move { cache.get(0, block).await })
+            })
+            .collect();
+        for t in tasks {
+            let e = t.await.unwrap().unwrap_err();
+            assert!(is_eio(&e), "{e}");
+            assert!(e.to_string().contains("block cache"), "{e}");
+        }
+        let s = cache.stats();
+        let served = fs.read_log().iter().filter(|r| r.offset == at).count();
+        // Tasks that came after the failed read made their own: never more
+        // reads than callers, and never a cached error.
+        assert_eq!(s.misses as usize, served, "{s:?}");
+        assert_eq!(s.misses + s.coalesced, K as u64, "{s:?}");
+        assert_eq!(s.resident_bytes, 0);
+        // All at once (one join): every one gets the EIO; a caller that
+        // comes after a failed read ended makes its own (errors are not
+        // cached), never more reads than callers. (That one read reaches
+        // every waiter is shown by the hung read below, which stays in
+        // flight until all have joined.)
+        fs.clear_read_log();
+        let before = cache.stats();
+        let all = futures::future::join_all((0..K).map(|_| cache.get(0, block))).await;
+        assert!(all.iter().all(|r| r.as_ref().is_err_and(is_eio)));
+        let s = cache.stats();
+        let served = fs.read_log().iter().filter(|r| r.offset == at).count() as u64;
+        assert_eq!(s.misses - before.misses, served, "{s:?}");
+        assert_eq!(
+            s.misses + s.coalesced - before.misses - before.coalesced,
+            K as u64
+        );
+        // Nothing was cached: once the fault is gone, the block is read.
+        fs.clear_faults();
+        let b = cache.get(0, block).await.unwrap();
+        check_pattern(0xE10, at, &b).unwrap();
+        assert_eq!(cache.stats().misses, s.misses + 1);
+    });
+}
+
+/// A hung read: every waiter stays pending, and all get its result when
+/// the harness answers it.
+fn hung_miss_reaches_every_waiter(choice: BackendChoice) {
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("f", FLEN, 0x4A6)], true) else {
+        return;
+    };
+    let fs = Arc::new(fs);
+    let block = 128u64;
+    let at = block * BS as u64;
+    fs.set_fault("f", at..at + BS as u64, Fault::Hang);
+    let fs2 = fs.clone();
+    common::run("cache-hang", Flavor::Multi, 60, move || async move {
+        let fs = fs2;
+        let ctx = fuse_ctx(choice, &fs);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        const K: u64 = 8;
+        let tasks: Vec<_> = (0..K)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move { cache.get(0, block).await })
+            })
+            .collect();
+        wait_until("every waiter to join the read", 20, || {
+            let s = cache.stats();
+            s.misses == 1 && s.coalesced == K - 1
+        })
+        .await;
+        let f2 = fs.clone();
+        wait_until("the read to hang", 20, move || f2.reads_hung_now() == 1).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            tasks.iter().all(|t| !t.is_finished()),
+            "a waiter finished while the read hangs"
+        );
+        assert_eq!(fs.reads_hung_now(), 1, "one read for all");
+        fs.release_hangs(); // EIO
+        for t in tasks {
+            let e = t.await.unwrap().unwrap_err();
+            assert!(is_eio(&e), "{e}");
+        }
+        assert_eq!(cache.stats().resident_bytes, 0);
+    });
+    drop(fs);
+}
+
+/// A leader whose future is dropped while its read is in flight hands the
+/// read on: the waiters get the bytes from that one read.
+fn cancelled_leader(choice: BackendChoice) {
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("f", FLEN, 0xCA4)], true) else {
+        return;
+    };
+    let fs = Arc::new(fs);
+    let block = 200u64;
+    let at = block * BS as u64;
+    fs.set_fault(
+        "f",
+        at..at + 2 * BS as u64,
+        Fault::Delay(Duration::from_millis(300)),
+    );
+    common::run(
+        "cache-cancelled-leader",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let ctx = fuse_ctx(choice, &fs);
+            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+            let mut leader = Box::pin(cache.get(0, block));
+            assert!(poll_once_noop(leader.as_mut()).is_pending());
+            const K: u64 = 6;
+            let tasks: Vec<_> = (0..K)
+                .map(|_| {
+                    let cache = cache.clone();
+                    tokio::spawn(async move { cache.get(0, block).await })
+                })
+                .collect();
+            wait_until("the waiters to join", 20, || cache.stats().coalesced == K).await;
+            drop(leader);
+            for t in tasks {
+                let b = t.await.unwrap().unwrap();
+                check_pattern(0xCA4, at, &b).unwrap();
+            }
+            let s = cache.stats();
+            assert_eq!(s.misses, 1, "{s:?}");
+            assert_eq!(fs.read_log().iter().filter(|r| r.offset == at).count(), 1);
+            // A leader dropped with no one waiting drops the read: the next
+            // caller reads again instead of waiting for nothing.
+            let next = block + 1;
+            let mut alone = Box::pin(cache.get(0, next));
+            assert!(poll_once_noop(alone.as_mut()).is_pending());
+            drop(alone);
+            let b = cache.get(0, next).await.unwrap();
+            check_pattern(0xCA4, next * BS as u64, &b).unwrap();
+            assert_eq!(cache.stats().misses, 3);
+            assert_eq!(cache.stats().in_flight_bytes, 0);
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Eviction and memory
+// ---------------------------------------------------------------------------
+
+/// A hot set read again and again survives one pass over a cold range four
+/// times the capacity.
+fn scan_resistance(choice: BackendChoice) {
+    common::run("cache-scan", Flavor::Current, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        const CAP_BLOCKS: u64 = 256;
+        let f = make_file(dir.path(), 9, 6 * CAP_BLOCKS * BS as u64);
+        let ctx = common::default_ctx(choice, vec![f.open()]);
+        let cache = BlockCache::new(&ctx, opts(CAP_BLOCKS * BS as u64)).unwrap();
+        let hot: Vec<u64> = (0..64).map(|i| i * 3).collect(); // spread over shards
+        for _ in 0..4 {
+            for &b in &hot {
+                cache.get(0, b).await.unwrap();
+            }
+        }
+        let cold = 2 * CAP_BLOCKS..6 * CAP_BLOCKS;
+        let mut buf = vec![0u8; 16 * BS];
+        for chunk in cold.step_by(16) {
+            let n = cache.read(0, chunk * BS as u64, &mut buf).await.unwrap();
+            assert_eq!(n, buf.len());
+        }
+        let before = cache.stats();
+        for &b in &hot {
+            cache.get(0, b).await.unwrap();
+        }
+        let after = cache.stats();
+        let hits = after.hits - before.hits;
+        assert!(after.evictions > 0);
+        assert!(
+            hits >= hot.len() as u64 * 9 / 10,
+            "only {hits} of {} hot blocks survived the scan ({after:?})",
+            hot.len()
+        );
+    });
+}
+
+/// Many random reads from concurrent tasks: resident bytes never exceed the
+/// capacity, and the buffer memory stays within capacity + pinned + in flight.
+fn memory_bound(choice: BackendChoice) {
+    common::run("cache-memory", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 11, 4 << 20);
+        let ctx = common::default_ctx(choice, vec![f.open()]);
+        const CAP: u64 = 64 * BS as u64;
+        let cache = BlockCache::new(&ctx, opts(CAP)).unwrap();
+        assert_eq!(cache.capacity_bytes(), CAP);
+        let peak = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (cache, peak, f) = (cache.clone(), peak.clone(), f.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(t);
+                    for _ in 0..400 {
+                        let off = rng.below(f.len);
+                        let len = rng.range(1, 3 * BS as u64) as usize;
+                        let got = cache_read(&cache, 0u32, off, len).await.unwrap();
+                        check_pattern(f.seed, off, &got).unwrap();
+                        let s = cache.stats();
+                        assert!(s.resident_bytes <= CAP, "{s:?}");
+                        peak.fetch_max(s.pool_bytes, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let s = cache.stats();
+        assert!(s.evictions > 0, "{s:?}");
+        assert_eq!((s.pinned_bytes, s.in_flight_bytes), (0, 0), "{s:?}");
+        // Eight tasks hold at most four blocks each (pinned or in flight)
+        // beyond the capacity; buffers are carved in regions.
+        let bound = CAP + 8 * 4 * BS as u64 + CAP;
+        assert!(
+            peak.load(Ordering::Relaxed) <= bound,
+            "pool grew to {peak:?}, bound {bound}"
+        );
+        // Pinned: a block held past its eviction is counted, then released.
+        let held = cache.get(0u32, 0).await.unwrap();
+        cache.invalidate(0u32, 0..1).unwrap();
+        assert_eq!(cache.stats().pinned_bytes, BS as u64);
+        drop(held);
+        assert_eq!(cache.stats().pinned_bytes, 0);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// The hit path
+// ---------------------------------------------------------------------------
+
+/// A hit is ready at its first poll, allocates nothing and makes no
+/// syscall; a task looping on hits spends the coop budget (and yields when
+/// it is gone) and the inline stretch (and yields when it is over).
+fn hit_path(choice: BackendChoice) {
+    common::run("cache-hits", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 12, 64 * BS as u64);
+        // A stretch no pass below outlasts: only the coop budget yields.
+        let ctx = common::build_ctx(choice, vec![f.open()], |b| {
+            b.inline_stretch(Duration::from_secs(1))
+        });
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let mut buf = vec![0u8; 64 * BS];
+        cache.read(0, 0, &mut buf).await.unwrap();
+        let before = ctx.stats();
+        // 32 reads and 32 gets: within one poll's coop budget (128).
+        let pass = |round: u64| {
+            let mut ready = 0;
+            let mut small = [0u8; 100];
+            for i in 0..32u64 {
+                let b = (i + round) % 64;
+                if let Poll::Ready(Ok(block)) = poll_once_noop(pin!(cache.get(0, b))) {
+                    assert_eq!(block.len(), BS);
+                    ready += 1;
+                }
+                // A read spanning two cached blocks.
+                let off = b * BS as u64 + BS as u64 - 50;
+                if let Poll::Ready(Ok(n)) = poll_once_noop(pin!(cache.read(0, off, &mut small))) {
+                    assert_eq!(n, if b == 63 { 50 } else { 100 });
+                    ready += 1;
+                }
+            }
+            ready
+        };
+        // The first pass may set up this thread's state (thread locals).
+        tokio::task::yield_now().await;
+        allocations(|| pass(0));
+        let (mut ready, mut allocs) = (0, 0);
+        for round in 1..20 {
+            tokio::task::yield_now().await; // a fresh budget
+            let (r, a) = allocations(|| pass(round));
+            ready += r;
+            allocs += a;
+        }
+        assert_eq!(allocs, 0, "hits allocated");
+        assert_eq!(ready, 19 * 64, "hits not ready at their first poll");
+        assert_eq!(
+            ctx.stats().submitted,
+            before.submitted,
+            "hits made syscalls"
+        );
+        // Past the budget, hits yield.
+        tokio::task::yield_now().await;
+        let pending = (0..200)
+            .filter(|_| poll_once_noop(pin!(cache.get(0, 1))).is_pending())
+            .count();
+        assert!(
+            pending >= 50,
+            "only {pending} of 200 hits yielded to the coop budget"
+        );
+
+        // A task looping on hits yields: the other task runs meanwhile.
+        let ticks = Arc::new(AtomicU64::new(0));
+        let looping = {
+            let cache = cache.clone();
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                for i in 0..20_000u64 {
+                    cache.get(0, i % 64).await.unwrap();
+                }
+                ticks.load(Ordering::Relaxed)
+            })
+        };
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let seen = looping.await.unwrap();
+        ticker.abort();
+        assert!(seen > 0, "the hit loop never yielded");
+    });
+}
+
+/// With a zero inline stretch, every hit after the first of a poll yields
+/// (the inline path's fairness, spent by hits as by page-cache reads).
+fn hit_stretch(choice: BackendChoice) {
+    common::run("cache-stretch", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 13, 4 * BS as u64);
+        let ctx = common::build_ctx(choice, vec![f.open()], |b| b.inline_stretch(Duration::ZERO));
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        cache.get(0, 0).await.unwrap();
+        tokio::task::yield_now().await;
+        let pending = (0..40)
+            .filter(|_| poll_once_noop(pin!(cache.get(0, 0))).is_pending())
+            .count();
+        assert!(
+            pending >= 19,
+            "only {pending} of 40 hits yielded to the stretch"
+        );
+    });
+}
+
+/// Bad input: clear errors, no panic.
+fn bad_input(choice: BackendChoice) {
+    common::run("cache-bad-input", Flavor::Current, 30, move || async move {
+        let ctx = common::default_ctx(choice, vec![tempfile::tempfile().unwrap()]);
+        for (cap, bs) in [(1 << 20, 1000), (1 << 20, 256), (100, 4096)] {
+            let e = BlockCache::new(
+                &ctx,
+                CacheOptions {
+                    capacity_bytes: cap,
+                    block_size: bs,
+                },
+            )
+            .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains("BlockCache::new"), "{e}");
+        }
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let e = cache.get(0, u64::MAX).await.unwrap_err();
+        assert!(e.to_string().contains("beyond i64::MAX"), "{e}");
+        let e = cache.get(5, 0).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let mut buf = [0u8; 10];
+        assert_eq!(cache.read(0, u64::MAX - 3, &mut buf).await.unwrap(), 0);
+        assert_eq!(cache.read(0, 0, &mut buf).await.unwrap(), 0); // empty file
+        cache.prefetch(0, 0..1 << 40).unwrap();
+        assert!(cache.invalidate(9, 0..1).is_err());
+        ctx.shutdown().await;
+        let e = cache.get(0, 0).await.unwrap_err();
+        assert!(e.to_string().contains("shut down"), "{e}");
+    });
+}
+
+/// The futures are `Send` (for `tokio::spawn`); blocks are `'static`,
+/// `Send` and `Sync`.
+#[test]
+fn send_and_sync() {
+    fn send<T: Send>(_: &T) {}
+    let _shared = common::shared();
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<uring_positioned_io::BlockRef>();
+    shared::<BlockCache>();
+    let rt = common::runtime(Flavor::Current);
+    rt.block_on(async {
+        let ctx = UringContext::new(vec![tempfile::tempfile().unwrap()]).unwrap();
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let mut b = [0u8; 1];
+        send(&cache.read(0u32, 0, &mut b));
+        send(&cache.get_many(0u32, [0]));
+        send(&cache.get(0u32, 0));
+    });
+}
+
+backend_tests!(
+    coherence,
+    miss_in_flight_during_write,
+    concurrent_writes_never_stale,
+    unregister_drops_blocks,
+    o_direct,
+    coalesced_misses,
+    eio_reaches_every_waiter,
+    hung_miss_reaches_every_waiter,
+    cancelled_leader,
+    scan_resistance,
+    memory_bound,
+    hit_path,
+    hit_stretch,
+    bad_input,
+);
