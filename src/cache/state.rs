@@ -1,0 +1,488 @@
+//! The cache's machinery behind [`BlockCache`](super::BlockCache): admitting
+//! a hit (coop budget and inline stretch), looking blocks up, starting or
+//! joining flights, inserting what lands, and dropping what a change
+//! through the context makes stale.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use futures::FutureExt;
+
+use super::{
+    file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
+    Outcome, State, HIT_SHARDS, MAX_SHORT,
+};
+use crate::error;
+use crate::id::FileId;
+use crate::inline;
+use crate::thread::thread_slot;
+use crate::util::lock;
+
+/// Spends one unit of tokio's coop budget and yields once the task has
+/// spent its inline stretch (`inline::turn_over`), as a page-cache read
+/// served inline does: a task looping on hits lets the others run.
+pub(super) fn admit(state: &State) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| poll_admit(state, cx))
+}
+
+pub(super) fn poll_admit(state: &State, cx: &mut Context<'_>) -> Poll<()> {
+    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+    if inline::turn_over(state.ctx.inner.inline_stretch) {
+        cx.waker().wake_by_ref();
+        return Poll::Pending;
+    }
+    coop.made_progress();
+    Poll::Ready(())
+}
+
+impl State {
+    /// The file `fid` names now, as the context's reads find it.
+    pub(super) fn resolve(&self, fid: FileId) -> io::Result<FileRef> {
+        let inner = &self.ctx.inner;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(error::shut_down_error());
+        }
+        let shard = inner.files.shard(thread_slot());
+        let entry = shard.lookup(fid)?;
+        let id = entry.id();
+        Ok(FileRef {
+            id,
+            key: file_key(id),
+            direct: entry.direct,
+        })
+    }
+
+    pub(super) fn hit(&self) {
+        self.hits[thread_slot() % HIT_SHARDS]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Block `block` of `file` if it is cached (a hit, counted).
+    pub(super) fn cached(&self, file: u64, block: u64) -> Option<BlockRef> {
+        let b = self.map.get(&Key { file, block })?;
+        self.hit();
+        Some(b)
+    }
+
+    /// Copies what block `block` holds of a read at `offset` into `dst`
+    /// (the rest of the read): the bytes copied, and whether the file ends
+    /// in this block.
+    pub(super) fn copy_out(
+        &self,
+        data: &[u8],
+        block: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> (usize, bool) {
+        let start = block << self.shift;
+        let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        let avail = data.len().saturating_sub(skip);
+        let n = avail.min(dst.len());
+        if n > 0 {
+            dst[..n].copy_from_slice(&data[skip..skip + n]);
+        }
+        (n, data.len() < self.block)
+    }
+
+    /// The blocks of `file`, each from the cache, an existing flight, or
+    /// one new flight for all the others; waits for all of them.
+    pub(super) async fn fetch(
+        self: &Arc<Self>,
+        file: FileRef,
+        blocks: &[u64],
+    ) -> Vec<io::Result<BlockRef>> {
+        if let Some(&b) = blocks
+            .iter()
+            .find(|&&b| b > i64::MAX.unsigned_abs() >> self.shift)
+        {
+            let e = beyond_max(file.id, b);
+            return blocks.iter().map(|_| Err(clone_io(&e))).collect();
+        }
+        let mut unique: Vec<u64> = Vec::with_capacity(blocks.len());
+        let mut at: HashMap<u64, usize, KeyHash> = HashMap::default();
+        let mut found: Vec<Option<BlockRef>> = Vec::new();
+        for &b in blocks {
+            at.entry(b).or_insert_with(|| {
+                unique.push(b);
+                found.push(self.cached(file.key, b));
+                unique.len() - 1
+            });
+        }
+        let missing: Vec<u64> = unique
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(b, _)| *b)
+            .collect();
+        if !missing.is_empty() {
+            let (lookups, _) = self.join_or_start(file, &missing, true);
+            let waits = lookups.into_iter().map(|l| async move {
+                match l {
+                    Lookup::Hit(b) => Ok(b),
+                    Lookup::Wait(mut flight, slot) => {
+                        let outcomes =
+                            std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
+                        outcomes[slot].clone().map_err(|e| e.to_io())
+                    }
+                }
+            });
+            let mut results = futures::future::join_all(waits).await.into_iter();
+            let mut failed: HashMap<u64, io::Error, KeyHash> = HashMap::default();
+            for (b, f) in unique.iter().zip(found.iter_mut()) {
+                if f.is_none() {
+                    match results.next().expect("one result per missing block") {
+                        Ok(block) => *f = Some(block),
+                        Err(e) => {
+                            failed.insert(*b, e);
+                        }
+                    }
+                }
+            }
+            return blocks
+                .iter()
+                .map(|b| match &found[at[b]] {
+                    Some(block) => Ok(block.clone()),
+                    None => Err(clone_io(&failed[b])),
+                })
+                .collect();
+        }
+        blocks
+            .iter()
+            .map(|b| Ok(found[at[b]].clone().expect("every block was found")))
+            .collect()
+    }
+
+    /// Under the flights lock: each of `blocks` of `file` (none of which
+    /// was cached a moment ago) from the cache after all, from the flight
+    /// already reading it (counted as coalesced if `count`), or from one
+    /// new flight for all the others, which is returned too (not polled
+    /// yet: the caller drives it).
+    pub(super) fn join_or_start(
+        self: &Arc<Self>,
+        file: FileRef,
+        blocks: &[u64],
+        count: bool,
+    ) -> (Vec<Lookup>, Option<Flight>) {
+        let mut flights = lock(&self.flights);
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut new = Vec::new();
+        for &block in blocks {
+            let key = Key {
+                file: file.key,
+                block,
+            };
+            if let Some(flight) = flights.map.get(&key).and_then(|e| {
+                let slot = e.slot;
+                e.flight.upgrade().map(|f| (f, slot))
+            }) {
+                if count {
+                    self.coalesced.fetch_add(1, Ordering::Relaxed);
+                }
+                out.push(Some(Lookup::Wait(flight.0, flight.1)));
+                continue;
+            }
+            // A flight that ended between the caller's look and this lock
+            // inserted its block under this lock.
+            if let Some(b) = self.map.get(&key) {
+                self.hit();
+                out.push(Some(Lookup::Hit(b)));
+                continue;
+            }
+            out.push(None);
+            new.push(block);
+        }
+        let mut started = None;
+        if !new.is_empty() {
+            let id = flights.next_id;
+            flights.next_id += 1;
+            let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
+            self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
+            let flight: Flight = run_flight(self.clone(), (id, epoch), file, new.clone())
+                .boxed()
+                .shared();
+            let weak = flight.downgrade().expect("a flight not yet polled");
+            for (slot, &block) in new.iter().enumerate() {
+                flights.map.insert(
+                    Key {
+                        file: file.key,
+                        block,
+                    },
+                    Entry {
+                        id,
+                        flight: weak.clone(),
+                        slot,
+                    },
+                );
+            }
+            let mut slots = 0..;
+            for o in &mut out {
+                if o.is_none() {
+                    *o = Some(Lookup::Wait(flight.clone(), slots.next().unwrap_or(0)));
+                }
+            }
+            started = Some(flight);
+        }
+        (out.into_iter().flatten().collect(), started)
+    }
+
+    /// A flight's end: under the flights lock, each block whose entry is
+    /// still this flight's is cached (if it was read) and the entry
+    /// removed; an entry a change removed meanwhile means the bytes may be
+    /// older than the change: not cached. A short block is cached only if
+    /// the file saw no change at all since the flight started (`epoch`).
+    pub(super) fn land(
+        &self,
+        (id, epoch): (u64, u64),
+        file: u64,
+        blocks: &[u64],
+        outcomes: Option<&[Outcome]>,
+    ) {
+        let mut flights = lock(&self.flights);
+        let unchanged = flights.epochs.get(&file).copied().unwrap_or(0) == epoch;
+        for (i, &block) in blocks.iter().enumerate() {
+            let key = Key { file, block };
+            if flights.map.get(&key).is_none_or(|e| e.id != id) {
+                continue;
+            }
+            flights.map.remove(&key);
+            let Some(Ok(b)) = outcomes.map(|o| &o[i]) else {
+                continue;
+            };
+            if b.len() < self.block {
+                let short = flights.short.entry(file).or_default();
+                if !unchanged || (!short.contains(&block) && short.len() >= MAX_SHORT) {
+                    continue;
+                }
+                if !short.contains(&block) {
+                    short.push(block);
+                }
+            }
+            self.map.insert(key, b.clone());
+        }
+    }
+
+    /// Drops `len` bytes at `offset` of `file` (saturating): in-flight
+    /// reads of those blocks will not cache them, and cached ones go.
+    pub(super) fn drop_range(&self, file: u64, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = offset >> self.shift;
+        let last = (offset.saturating_add(len) - 1) >> self.shift;
+        let span = last - first;
+        let hit = |k: &Key| k.file == file && (first..=last).contains(&k.block);
+        let short = {
+            let mut flights = lock(&self.flights);
+            *flights.epochs.entry(file).or_default() += 1;
+            if span < flights.map.len() as u64 {
+                for block in first..=last {
+                    flights.map.remove(&Key { file, block });
+                }
+            } else {
+                flights.map.retain(|k, _| !hit(k));
+            }
+            flights.short.remove(&file).unwrap_or_default()
+        };
+        // The file may have grown over its short blocks.
+        for block in short {
+            self.map.remove(&Key { file, block });
+        }
+        if span < self.capacity_blocks.min(4096) {
+            for block in first..=last {
+                self.map.remove(&Key { file, block });
+            }
+        } else {
+            self.map.retain(|k, _| !hit(k));
+        }
+    }
+}
+
+impl Invalidate for State {
+    fn invalidate(&self, file: FileId, offset: u64, len: u64) {
+        self.drop_range(file_key(file), offset, len);
+    }
+}
+
+/// Polls a flight; a task about to wait for one ends its inline stretch
+/// (`inline::end_stretch`), so that its hits after the wait start a new one
+/// instead of yielding first.
+pub(super) fn poll_flight(flight: &mut Flight, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
+    let res = Pin::new(flight).poll(cx);
+    if res.is_pending() {
+        inline::end_stretch();
+    }
+    res
+}
+
+pub(super) fn beyond_max(fid: FileId, block: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("block cache: block {block} of {fid} starts beyond i64::MAX"),
+    )
+}
+
+/// The same error again (kind, errno, words).
+pub(super) fn clone_io(e: &io::Error) -> io::Error {
+    FlightError::new(e, None).to_io()
+}
+
+/// Unregisters a flight's blocks if it is dropped before it lands (every
+/// caller gave up): a later miss starts a new read.
+pub(super) struct Abandon<'a> {
+    state: &'a State,
+    id: (u64, u64),
+    file: u64,
+    blocks: &'a [u64],
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.land(self.id, self.file, self.blocks, None);
+        }
+    }
+}
+
+/// One flight: reads `blocks` of `file` into pool buffers, in one batch,
+/// continuing short reads (not on `O_DIRECT` files, whose short reads end
+/// the file) until a block is full or the file ends, then lands.
+async fn run_flight(
+    state: Arc<State>,
+    id: (u64, u64),
+    file: FileRef,
+    blocks: Vec<u64>,
+) -> Arc<[Outcome]> {
+    let mut abandon = Abandon {
+        state: &state,
+        id,
+        file: file.key,
+        blocks: &blocks,
+        armed: true,
+    };
+    let bs = state.block;
+    let what = |b: u64| {
+        format!(
+            "block cache: read of block {b} of {} ({bs} bytes at offset {})",
+            file.id,
+            b << state.shift
+        )
+    };
+    let mut bufs = Vec::with_capacity(blocks.len());
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(blocks.len());
+    for &b in &blocks {
+        match state.pool.take() {
+            Ok(buf) => bufs.push((file.id, b << state.shift, buf)),
+            Err(e) => {
+                let e = Arc::new(FlightError::new(&e, Some(what(b))));
+                outcomes = blocks.iter().map(|_| Err(e.clone())).collect();
+                break;
+            }
+        }
+    }
+    if outcomes.is_empty() {
+        let results = state.ctx.read_batch(bufs).await;
+        for ((res, mut buf), &b) in results.into_iter().zip(&blocks) {
+            let mut res = res;
+            while let Ok(n) = res {
+                if file.direct || n == 0 || buf.filled() >= bs {
+                    break;
+                }
+                let at = (b << state.shift) + buf.filled() as u64;
+                let (r, back) = state.ctx.read_owned(file.id, at, buf).await;
+                buf = back;
+                res = r;
+            }
+            outcomes.push(match res {
+                Ok(_) => Ok(BlockRef::new(buf, &state.pool)),
+                Err(e) => Err(Arc::new(FlightError::new(&e, Some(what(b))))),
+            });
+        }
+    }
+    let outcomes: Arc<[Outcome]> = outcomes.into();
+    state.land(id, file.key, &blocks, Some(&outcomes));
+    abandon.armed = false;
+    outcomes
+}
+
+/// The future of [`BlockCache::get`]: ready at its first poll on a hit;
+/// on a miss it starts (or joins) the block's read and waits for it.
+/// Dropping it leaves a read it started to the other callers waiting for
+/// it (or drops the read if there are none).
+///
+/// ```
+/// # use std::io::Write;
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll};
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[6u8; 4096])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// cache.get(0, 0).await?;
+/// // A hit: ready at the first poll (unless the task is to yield first:
+/// // its coop budget or its inline stretch is spent).
+/// let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+/// if let Poll::Ready(block) = pin!(cache.get(0, 0)).poll(&mut cx) {
+///     assert_eq!(block?[0], 6);
+/// }
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct GetBlock<'a> {
+    pub(super) state: &'a Arc<State>,
+    pub(super) fid: FileId,
+    pub(super) block: u64,
+    pub(super) wait: Option<(Flight, usize)>,
+}
+
+impl fmt::Debug for GetBlock<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetBlock")
+            .field("fid", &self.fid)
+            .field("block", &self.block)
+            .field("waiting", &self.wait.is_some())
+            .finish()
+    }
+}
+
+impl Future for GetBlock<'_> {
+    type Output = io::Result<BlockRef>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.wait.is_none() {
+            let state = this.state;
+            ready!(poll_admit(state, cx));
+            let file = state.resolve(this.fid)?;
+            if this.block > i64::MAX.unsigned_abs() >> state.shift {
+                return Poll::Ready(Err(beyond_max(file.id, this.block)));
+            }
+            if let Some(b) = state.cached(file.key, this.block) {
+                return Poll::Ready(Ok(b));
+            }
+            match state.join_or_start(file, &[this.block], true).0.pop() {
+                Some(Lookup::Hit(b)) => return Poll::Ready(Ok(b)),
+                Some(Lookup::Wait(flight, slot)) => this.wait = Some((flight, slot)),
+                None => unreachable!("one lookup per block"),
+            }
+        }
+        let (flight, slot) = this.wait.as_mut().expect("waiting for a flight");
+        let outcomes = ready!(poll_flight(flight, cx));
+        let res = outcomes[*slot].clone().map_err(|e| e.to_io());
+        this.wait = None;
+        Poll::Ready(res)
+    }
+}
