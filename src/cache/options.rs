@@ -1,6 +1,6 @@
-//! The settings of a [`BlockCache`](super::BlockCache) and its counters.
+//! The settings of a [`BlockCache`](crate::BlockCache) and its counters.
 
-/// Settings of a [`BlockCache`].
+/// Settings of a [`BlockCache`](crate::BlockCache).
 ///
 /// ```
 /// use uring_positioned_io::CacheOptions;
@@ -28,7 +28,7 @@ impl Default for CacheOptions {
     }
 }
 
-/// Counters of a [`BlockCache`] (a snapshot; see [`BlockCache::stats`]).
+/// Counters of a [`BlockCache`](crate::BlockCache) (a snapshot; see [`BlockCache::stats`](crate::BlockCache::stats)).
 ///
 /// ```
 /// # use std::io::Write;
@@ -62,7 +62,7 @@ pub struct CacheStats {
     /// Bytes of the blocks in the cache (at most the capacity).
     pub resident_bytes: u64,
     /// Bytes of blocks no longer in the cache (evicted, invalidated, or
-    /// never admitted) that live [`BlockRef`]s still hold.
+    /// never admitted) that live [`BlockRef`](crate::BlockRef)s still hold.
     pub pinned_bytes: u64,
     /// Bytes of buffers that reads are filling now (or that a dropped
     /// read's kernel op still holds).

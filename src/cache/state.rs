@@ -412,7 +412,7 @@ async fn run_flight(
     outcomes
 }
 
-/// The future of [`BlockCache::get`]: ready at its first poll on a hit;
+/// The future of [`BlockCache::get`](crate::BlockCache::get): ready at its first poll on a hit;
 /// on a miss it starts (or joins) the block's read and waits for it.
 /// Dropping it leaves a read it started to the other callers waiting for
 /// it (or drops the read if there are none).
