@@ -119,6 +119,7 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 ///
 /// A batch's reads skip it; the batch calls it once, before its first read
 /// (`batch::Core::turn_over`), so that its reads' inline time counts too.
+#[inline]
 pub(crate) fn turn_over(stretch: Duration) -> bool {
     let task = tokio::task::try_id();
     thread::with_stretch(|s| {

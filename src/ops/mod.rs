@@ -377,6 +377,7 @@ impl<'a, O: Op> Core<'a, O> {
 
     /// The `Start` state: checks, then the inline path or a slot for the
     /// next piece. `Ready(None)`: the piece started (or waits for a slot).
+    #[inline]
     fn start_piece(
         &mut self,
         cx: &mut Context<'_>,

@@ -229,6 +229,7 @@ impl<D: Dest> Op for Read<D> {
         Some((at, self.piece, self.dest.addr(self.done)))
     }
 
+    #[inline]
     fn inline(&mut self, fd: RawFd) -> Inline {
         let start = self.done;
         let at = self.offset + start as u64;
