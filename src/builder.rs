@@ -438,7 +438,7 @@ impl Builder {
             shutdown_timeout: self.shutdown_timeout,
             info,
             #[cfg(feature = "cache")]
-            invalidation: crate::cache::Listeners::default(),
+            invalidation: crate::changes::Listeners::default(),
         });
         if let Backend::Uring(rings) = &inner.backend {
             for ring in rings {

@@ -96,6 +96,8 @@ mod buf;
 mod builder;
 #[cfg(feature = "cache")]
 mod cache;
+#[cfg(feature = "cache")]
+mod changes;
 mod context;
 mod error;
 mod files;

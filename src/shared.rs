@@ -75,9 +75,9 @@ pub(crate) struct Inner {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) info: BackendInfo,
     /// The block caches over this context, told of every change made
-    /// through it (feature `cache`, see `cache/listen.rs`).
+    /// through it (feature `cache`, see `changes.rs`).
     #[cfg(feature = "cache")]
-    pub(crate) invalidation: crate::cache::Listeners,
+    pub(crate) invalidation: crate::changes::Listeners,
 }
 
 impl Inner {

@@ -36,12 +36,11 @@ use crate::context::UringContext;
 use crate::error::{self, os_error};
 use crate::id::FileId;
 
-mod listen;
 mod options;
 mod pool;
 mod state;
 
-pub(crate) use listen::{Invalidate, Listeners};
+pub(crate) use crate::changes::Invalidate;
 pub use options::{CacheOptions, CacheStats};
 use pool::{Pool, PoolBuf};
 use state::admit;
