@@ -457,6 +457,7 @@ fn saturated_rate(ds: &Dataset, files: u32, regime: Regime) -> Result<f64, Strin
         fio_jobs: 1,
         mmap_populate: false,
         probes: engines::ProbeOpts::OFF,
+        cache_bytes: None,
     })?;
     Ok(m.reads as f64 / m.elapsed.as_secs_f64())
 }
