@@ -99,6 +99,9 @@ impl EngineKind {
 #[serde(rename_all = "kebab-case")]
 pub enum OpenEngine {
     Uring,
+    /// `uring` through a `BlockCache` (copy-out `cache.read`; filled first
+    /// when hot).
+    UringCache,
     TokioFs,
     TokioPread,
     Pread,
@@ -109,6 +112,7 @@ impl OpenEngine {
     pub fn name(self) -> &'static str {
         match self {
             OpenEngine::Uring => "uring",
+            OpenEngine::UringCache => "uring-cache",
             OpenEngine::TokioFs => "tokio-fs",
             OpenEngine::TokioPread => "tokio-pread",
             OpenEngine::Pread => "pread",

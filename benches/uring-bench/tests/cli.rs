@@ -383,7 +383,7 @@ fn open_loop_rounds_and_medians() {
             "-r",
             "hot,cold",
             "-e",
-            "uring,tokio-pread,mmap,pread,tokio-fs",
+            "uring,tokio-pread,mmap,pread,tokio-fs,uring-cache",
             "--rate",
             "2000",
             "-t",
@@ -418,8 +418,15 @@ fn open_loop_rounds_and_medians() {
     let rows: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(run.join("open-loop.json")).unwrap())
             .unwrap();
-    // Hot: 5 engines × 2 rounds + 5 medians; cold: 4 × 2 + 4.
-    assert_eq!(rows.len(), 15 + 12, "{rows:?}");
+    // Hot: 6 engines × 2 rounds + 6 medians; cold: 5 × 2 + 5.
+    assert_eq!(rows.len(), 18 + 15, "{rows:?}");
+    // uring-cache: every hot read a hit (the cache was filled first).
+    assert_eq!(
+        out.matches("cache hit ratio 100.00% over the run").count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(out.matches("started empty").count(), 2, "{out}");
     for r in &rows {
         assert_eq!(r["errors"], 0, "{r}");
         assert!(r["lookups"].as_u64().unwrap() > 0, "{r}");

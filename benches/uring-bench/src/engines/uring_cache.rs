@@ -135,7 +135,7 @@ fn window_note(
 
 /// Reads every block of files `0..files` through the cache (`FILL_TASKS`
 /// tasks, `FILL_BATCH` blocks per `get_many`), verifying each.
-async fn fill(
+pub async fn fill(
     cache: &BlockCache,
     files: u32,
     blocks: u64,
