@@ -206,6 +206,14 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub tokio_global_queue_interval: Option<u32>,
 
+    /// Capacity of the `uring-cache` and `uring-cache-ref` engines'
+    /// `BlockCache`, in MiB. Default: the cell's working set plus 1/16 —
+    /// large enough for the whole hot set (which is read into the cache
+    /// before each hot cell's measured window) and for every block a
+    /// direct or cold cell reads (those start with an empty cache).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cache_mib: Option<u64>,
+
     /// Path of the fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,

@@ -59,6 +59,7 @@ fn cell(
         mmap_populate: false,
         // printed figures as before: no probe perturbs these cells
         probes: engines::ProbeOpts::OFF,
+        cache_bytes: None,
     })?;
     let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);
     if let Some(why) = c.notes.iter().find(|n| n.starts_with("backend reason")) {

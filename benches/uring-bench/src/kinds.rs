@@ -53,12 +53,20 @@ pub enum EngineKind {
     UringRaw,
     /// fio, ioengine=io_uring, on the same files.
     Fio,
-    /// Every engine above.
+    /// `BlockCache` over the `uring` context, copying each block out
+    /// (`cache.read`); `--cache-mib`; hot: filled before the window.
+    UringCache,
+    /// `BlockCache` over the `uring` context, zero-copy (`cache.get` gives a
+    /// `BlockRef`, verified in place); `--cache-mib`; hot: filled before the
+    /// window.
+    UringCacheRef,
+    /// Every engine above (uring, mmap, pread, tokio-fs, tokio-uring,
+    /// uring-raw, fio, uring-cache, uring-cache-ref).
     All,
 }
 
 impl EngineKind {
-    pub const ALL: [EngineKind; 7] = [
+    pub const ALL: [EngineKind; 9] = [
         EngineKind::Uring,
         EngineKind::Mmap,
         EngineKind::Pread,
@@ -66,6 +74,8 @@ impl EngineKind {
         EngineKind::TokioUring,
         EngineKind::UringRaw,
         EngineKind::Fio,
+        EngineKind::UringCache,
+        EngineKind::UringCacheRef,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +87,8 @@ impl EngineKind {
             EngineKind::TokioUring => "tokio-uring",
             EngineKind::UringRaw => "uring-raw",
             EngineKind::Fio => "fio",
+            EngineKind::UringCache => "uring-cache",
+            EngineKind::UringCacheRef => "uring-cache-ref",
             EngineKind::All => "all",
         }
     }
@@ -87,6 +99,9 @@ impl EngineKind {
 #[serde(rename_all = "kebab-case")]
 pub enum OpenEngine {
     Uring,
+    /// `uring` through a `BlockCache` (copy-out `cache.read`; filled first
+    /// when hot).
+    UringCache,
     TokioFs,
     TokioPread,
     Pread,
@@ -97,6 +112,7 @@ impl OpenEngine {
     pub fn name(self) -> &'static str {
         match self {
             OpenEngine::Uring => "uring",
+            OpenEngine::UringCache => "uring-cache",
             OpenEngine::TokioFs => "tokio-fs",
             OpenEngine::TokioPread => "tokio-pread",
             OpenEngine::Pread => "pread",

@@ -10,6 +10,10 @@
 //! arrival time:
 //! - `uring`: this crate on a 2-worker tokio runtime; one task per lookup,
 //!   a point lookup one `ctx.read`, a batch one `ctx.read_batch`;
+//! - `uring-cache`: `uring` through a `BlockCache` (capacity: the working
+//!   set plus 1/16; filled with the working set before hot runs, empty
+//!   otherwise), each read a `cache.read` (a batch's under `join_all`:
+//!   `get_many` takes one file); its hit ratio is printed under its row;
 //! - `tokio-fs`: the same runtime, each read a `spawn_blocking` + `pread`;
 //! - `tokio-pread`: the same runtime, each read a plain `pread` on the
 //!   worker (blocking it): the crate's page-cache path without the crate,
@@ -34,7 +38,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-use uring_positioned_io::UringContext;
+use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
 
 /// Tokio workers of the runtime-based engines.
 const WORKERS: usize = 2;
@@ -94,6 +98,8 @@ struct Outcome {
     cpu: f64,
     late_at_end: u64,
     errors: u64,
+    /// The block cache's counters over the run (`uring-cache`).
+    cache_note: Option<String>,
 }
 
 /// What a run's row reports (latencies in ns).
@@ -279,10 +285,14 @@ fn run_engine(
     let (t0, rec);
     let total = lookups.len() as u64;
     let (cpu0, late_at_end);
+    let mut cache_note = None;
     match engine {
-        OpenEngine::Uring | OpenEngine::TokioFs | OpenEngine::TokioPread => {
+        OpenEngine::Uring
+        | OpenEngine::UringCache
+        | OpenEngine::TokioFs
+        | OpenEngine::TokioPread => {
             let rt = engines::tokio_runtime(Some(WORKERS), 512)?;
-            let ctx = if engine == OpenEngine::Uring {
+            let ctx = if matches!(engine, OpenEngine::Uring | OpenEngine::UringCache) {
                 let _g = rt.enter();
                 Some(
                     UringContext::builder()
@@ -293,16 +303,45 @@ fn run_engine(
             } else {
                 None
             };
+            let cache = match (&ctx, engine) {
+                (Some(ctx), OpenEngine::UringCache) => {
+                    let blocks = ds.blocks_per_file();
+                    let set = u64::from(files) * blocks * BLOCK as u64;
+                    let c = BlockCache::new(
+                        ctx,
+                        CacheOptions {
+                            capacity_bytes: engines::uring_cache::default_capacity(set),
+                            block_size: BLOCK,
+                        },
+                    )
+                    .map_err(|e| format!("uring-cache: {e}"))?;
+                    if regime == Regime::Hot {
+                        rt.block_on(engines::uring_cache::fill(
+                            &c,
+                            files,
+                            blocks,
+                            seed,
+                            VerifyMode::Checksum,
+                        ))
+                        .map_err(|e| format!("uring-cache: warming the cache: {e}"))?;
+                    }
+                    Some(c)
+                }
+                _ => None,
+            };
+            let cache_s0 = cache.as_ref().map(BlockCache::stats);
             let files: Arc<Vec<std::fs::File>> = Arc::new(opened);
             (t0, rec) = start(())?;
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(Instant, Lookup)>>();
-            let (rec2, ctx2) = (rec.clone(), ctx.clone());
+            let (rec2, ctx2, cache2) = (rec.clone(), ctx.clone(), cache.clone());
             let dispatcher = rt.spawn(async move {
                 while let Some(arrivals) = rx.recv().await {
                     for (arrived, l) in arrivals {
-                        let (rec, ctx, files) = (rec2.clone(), ctx2.clone(), files.clone());
+                        let (rec, ctx, files, cache) =
+                            (rec2.clone(), ctx2.clone(), files.clone(), cache2.clone());
                         tokio::spawn(async move {
-                            if let (Some(c), true) = (&ctx, l.reads.len() > 1 && !join_all) {
+                            let batch = l.reads.len() > 1 && !join_all && cache.is_none();
+                            if let (Some(c), true) = (&ctx, batch) {
                                 // A multi_get: the crate's batch call.
                                 let got = c
                                     .read_batch(l.reads.iter().map(|&(f, b)| {
@@ -316,15 +355,18 @@ fn run_engine(
                                 return;
                             }
                             let reads = l.reads.iter().map(|&(f, b)| {
-                                let (ctx, files) = (ctx.clone(), files.clone());
+                                let (ctx, files, cache) = (ctx.clone(), files.clone(), &cache);
                                 async move {
                                     let mut buf = vec![0u8; BLOCK];
-                                    let n = match &ctx {
-                                        Some(ctx) => ctx.read(f, b * BLOCK as u64, &mut buf).await,
-                                        None if engine == OpenEngine::TokioPread => {
+                                    let n = match (&ctx, cache) {
+                                        (_, Some(c)) => c.read(f, b * BLOCK as u64, &mut buf).await,
+                                        (Some(ctx), None) => {
+                                            ctx.read(f, b * BLOCK as u64, &mut buf).await
+                                        }
+                                        (None, None) if engine == OpenEngine::TokioPread => {
                                             files[f as usize].read_at(&mut buf, b * BLOCK as u64)
                                         }
-                                        None => {
+                                        (None, None) => {
                                             let (r, back) =
                                                 tokio::task::spawn_blocking(move || {
                                                     let r = files[f as usize]
@@ -359,6 +401,24 @@ fn run_engine(
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             });
+            if let (Some(c), Some(s0)) = (&cache, cache_s0) {
+                let s1 = c.stats();
+                let ratio = engines::uring_cache::hit_ratio(&s0, &s1)
+                    .map_or("-".into(), |r| format!("{:.2}%", r * 100.0));
+                cache_note = Some(format!(
+                    "cache hit ratio {ratio} over the run ({} hits, {} misses, {} coalesced, {} evictions); {}",
+                    s1.hits - s0.hits,
+                    s1.misses - s0.misses,
+                    s1.coalesced - s0.coalesced,
+                    s1.evictions - s0.evictions,
+                    if regime == Regime::Hot {
+                        "filled with the working set before the run"
+                    } else {
+                        "started empty"
+                    }
+                ));
+            }
+            drop(cache);
             if let Some(ctx) = ctx {
                 rt.block_on(ctx.shutdown());
             }
@@ -437,6 +497,7 @@ fn run_engine(
         cpu,
         late_at_end,
         errors: rec.errors.load(Ordering::Relaxed),
+        cache_note,
     })
 }
 
@@ -457,6 +518,7 @@ fn saturated_rate(ds: &Dataset, files: u32, regime: Regime) -> Result<f64, Strin
         fio_jobs: 1,
         mmap_populate: false,
         probes: engines::ProbeOpts::OFF,
+        cache_bytes: None,
     })?;
     Ok(m.reads as f64 / m.elapsed.as_secs_f64())
 }
@@ -588,6 +650,9 @@ pub fn run(a: &OpenLoopArgs) -> Result<bool, String> {
                 let o = run_engine(engine, &ds, files, regime, &lookups, a.threads, a.join_all)?;
                 let s = Summary::of(&o, a.batch);
                 println!("{}", s.row(engine, regime, rate));
+                if let Some(n) = &o.cache_note {
+                    println!("  {n}");
+                }
                 ok &= o.errors == 0;
                 rows.push(s.json(engine, regime, rate, a.batch, serde_json::json!(round)));
                 per_engine[k].push(s);

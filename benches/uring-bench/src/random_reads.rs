@@ -56,6 +56,28 @@ fn median_cell(mut reps: Vec<Cell>) -> Cell {
     c
 }
 
+/// The cache engines' hit-ratio notes, one line per cell (the markdown
+/// report has them under "Engine notes").
+fn cache_notes(r: &Report) -> Vec<String> {
+    r.cells
+        .iter()
+        .filter(|c| c.ok())
+        .flat_map(|c| {
+            c.notes
+                .iter()
+                .filter(|n| n.starts_with("cache hit ratio"))
+                .map(move |n| {
+                    format!(
+                        "{:<15} {:<6} depth {:>4}: {n}",
+                        c.engine,
+                        c.regime.name(),
+                        c.depth
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Runs the comparison; `Ok(false)` when a cell failed.
 pub fn run(args: &Args) -> Result<bool, String> {
     args.validate()?;
@@ -212,6 +234,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
                 syscall_window: (args.syscall_window > 0.0)
                     .then(|| Duration::from_secs_f64(args.syscall_window)),
             },
+            cache_bytes: args.cache_mib.map(|m| m << 20),
             fio_jobs: args.fio_jobs.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
             }),
@@ -308,6 +331,13 @@ pub fn run(args: &Args) -> Result<bool, String> {
     print!("{}", report::side_by_side(&report, Style::Text));
     println!();
     print!("{}", report::details(&report, Style::Text));
+    let cache_lines = cache_notes(&report);
+    if !cache_lines.is_empty() {
+        println!("\nblock cache (uring-cache, uring-cache-ref), per cell:");
+        for l in cache_lines {
+            println!("  {l}");
+        }
+    }
     for l in report::skipped(&report) {
         println!("  {l}");
     }

@@ -150,6 +150,57 @@ fn engine_uring_raw() {
 }
 
 #[test]
+fn engine_uring_cache() {
+    engine_end_to_end("uring-cache");
+}
+
+#[test]
+fn engine_uring_cache_ref() {
+    engine_end_to_end("uring-cache-ref");
+}
+
+/// The cache engines fill the cache before hot cells (every read of the
+/// window a hit), start cold cells empty, and print each cell's counters.
+#[test]
+fn cache_engines_report_hit_ratios() {
+    let dir = tmp();
+    let o = bench(
+        dir.path(),
+        &[
+            "-e",
+            "uring-cache,uring-cache-ref",
+            "-d",
+            "4",
+            "-r",
+            "hot,cold",
+            "-t",
+            "0.2",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("cache hit ratio"))
+        .collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for engine in ["uring-cache ", "uring-cache-ref "] {
+        let hot = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with(engine) && l.contains(" hot "))
+            .unwrap_or_else(|| panic!("no hot line for {engine}: {out}"));
+        assert!(hot.contains("cache hit ratio 100.00% ("), "{hot}");
+        assert!(hot.contains(" 0 misses, "), "{hot}");
+        assert!(hot.contains("filled with the working set"), "{hot}");
+        let cold = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with(engine) && l.contains(" cold "))
+            .unwrap_or_else(|| panic!("no cold line for {engine}: {out}"));
+        assert!(cold.contains("started empty"), "{cold}");
+    }
+}
+
+#[test]
 fn engine_fio() {
     if Command::new("fio").arg("--version").output().is_err() {
         println!("note: fio is not installed; skipping the fio engine test");
@@ -332,7 +383,7 @@ fn open_loop_rounds_and_medians() {
             "-r",
             "hot,cold",
             "-e",
-            "uring,tokio-pread,mmap,pread,tokio-fs",
+            "uring,tokio-pread,mmap,pread,tokio-fs,uring-cache",
             "--rate",
             "2000",
             "-t",
@@ -367,8 +418,15 @@ fn open_loop_rounds_and_medians() {
     let rows: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(run.join("open-loop.json")).unwrap())
             .unwrap();
-    // Hot: 5 engines × 2 rounds + 5 medians; cold: 4 × 2 + 4.
-    assert_eq!(rows.len(), 15 + 12, "{rows:?}");
+    // Hot: 6 engines × 2 rounds + 6 medians; cold: 5 × 2 + 5.
+    assert_eq!(rows.len(), 18 + 15, "{rows:?}");
+    // uring-cache: every hot read a hit (the cache was filled first).
+    assert_eq!(
+        out.matches("cache hit ratio 100.00% over the run").count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(out.matches("started empty").count(), 2, "{out}");
     for r in &rows {
         assert_eq!(r["errors"], 0, "{r}");
         assert!(r["lookups"].as_u64().unwrap() > 0, "{r}");

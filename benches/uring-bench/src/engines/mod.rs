@@ -18,6 +18,7 @@ pub mod pread;
 pub mod tokio_fs;
 pub mod tokio_uring;
 pub mod uring;
+pub mod uring_cache;
 pub mod uring_raw;
 
 use crate::buf::AlignedBlock;
@@ -84,6 +85,9 @@ pub struct CellSpec<'a> {
     pub mmap_populate: bool,
     /// Which probes to run (timer lateness, syscall count).
     pub probes: ProbeOpts,
+    /// Capacity of the cache engines' `BlockCache` (None: the working set
+    /// plus 1/16, see [`uring_cache::default_capacity`]).
+    pub cache_bytes: Option<u64>,
 }
 
 /// The per-cell probes of issue #8 (see [`crate::probes`]).
@@ -554,6 +558,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         EngineKind::TokioUring => tokio_uring::run(spec),
         EngineKind::UringRaw => uring_raw::run(spec),
         EngineKind::Fio => fio::run(spec),
+        EngineKind::UringCache | EngineKind::UringCacheRef => uring_cache::run(spec),
         EngineKind::All => Err("`all` is not an engine".into()),
     }));
     match r {

@@ -7,30 +7,40 @@ use crate::kinds::OnOff;
 use std::sync::{Arc, Mutex, PoisonError};
 use uring_positioned_io::UringContext;
 
+/// The `uring` engine's context over `files` (its options from
+/// `spec.uring`), built inside `rt`; `name` prefixes the error.
+pub fn build_context(
+    spec: &CellSpec<'_>,
+    rt: &tokio::runtime::Runtime,
+    files: Vec<std::fs::File>,
+    name: &str,
+) -> Result<UringContext, String> {
+    let o = &spec.uring;
+    let _guard = rt.enter();
+    let mut b = UringContext::builder()
+        .ring_entries(o.entries)
+        .max_in_flight(o.max_in_flight.unwrap_or(spec.depth.max(1024)));
+    if let Some(r) = o.rings {
+        b = b.rings(r);
+    }
+    if let Some(i) = o.inline {
+        b = b.inline_nowait(i == OnOff::On);
+    }
+    if let Some(s) = o.inline_stretch {
+        b = b.inline_stretch(s);
+    }
+    if let Some(n) = o.shallow_batch {
+        b = b.shallow_batch(n);
+    }
+    b.build(files)
+        .map_err(|e| format!("{name}: cannot build UringContext: {e}"))
+}
+
 pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = spec.open_files()?;
     let o = &spec.uring;
     let rt = tokio_runtime((!o.current_thread).then_some(spec.workers), 64)?;
-    let ctx = {
-        let _guard = rt.enter();
-        let mut b = UringContext::builder()
-            .ring_entries(o.entries)
-            .max_in_flight(o.max_in_flight.unwrap_or(spec.depth.max(1024)));
-        if let Some(r) = o.rings {
-            b = b.rings(r);
-        }
-        if let Some(i) = o.inline {
-            b = b.inline_nowait(i == OnOff::On);
-        }
-        if let Some(s) = o.inline_stretch {
-            b = b.inline_stretch(s);
-        }
-        if let Some(n) = o.shallow_batch {
-            b = b.shallow_batch(n);
-        }
-        b.build(files)
-            .map_err(|e| format!("uring: cannot build UringContext: {e}"))?
-    };
+    let ctx = build_context(spec, &rt, files, "uring")?;
     let backend = ctx.backend().clone();
     let s0 = ctx.stats();
     // the context's counters when the measured window ends (taken by the
