@@ -461,6 +461,8 @@ fn o_direct(choice: BackendChoice) {
         let Some(direct) = common::open_direct(&f.path) else {
             return;
         };
+        let len = 9 * BS;
+        common::drop_cache_until_gone(&f.open(), 0, len);
         let ctx = common::default_ctx(choice, vec![direct]);
         let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
         let got = cache_read(&cache, 0u32, 100, 9 * BS).await.unwrap();
@@ -483,6 +485,12 @@ fn o_direct(choice: BackendChoice) {
             .unwrap();
         assert_eq!((got[1], got.len()), (0x5A, 2));
         assert_eq!(got[0], common::pattern_byte(f.seed, 2 * BS as u64 - 1));
+        // The bytes are in memory once: the cache's, not the page cache.
+        assert_eq!(
+            common::resident_pages(&f.open(), 0, len),
+            0,
+            "reads through the cache of an O_DIRECT file filled the page cache"
+        );
     });
 }
 

@@ -1,6 +1,7 @@
 //! Tests that account for the whole process, in a test binary of their own:
 //! `memory` installs a global allocator that records every allocation, and
-//! `fd_leak` counts the process's file descriptors. Tests running beside
+//! `fd_leak` counts the process's file descriptors, `cache_memory` its
+//! resident memory under the block cache. Tests running beside
 //! them would change what they count, so every test here takes
 //! `common::serial()` and runs alone.
 
@@ -10,5 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(feature = "cache")]
+mod cache_memory;
 mod fd_leak;
 mod memory;
