@@ -1,9 +1,12 @@
-//! Positioned file reads through io_uring for ordinary tokio runtimes.
+//! Positioned file I/O through io_uring for ordinary tokio runtimes.
 //!
 //! `uring-positioned-io` lets async code on a stock tokio runtime
 //! (`multi_thread` or `current_thread`) await random reads of files —
 //! `ctx.read(fid, offset, &mut buf).await` — with thousands in flight, without
-//! blocking worker threads and without a hop to the blocking pool per read.
+//! blocking worker threads and without a hop to the blocking pool per read;
+//! and the rest of a storage engine's file I/O (writes, syncs, `fallocate`,
+//! `statx`, `open`) on the same rings, with the same backpressure and the
+//! same sound cancellation.
 //!
 //! # Getting started
 //!
@@ -22,6 +25,8 @@
 //!     let mut buf = [0u8; 10];
 //!     let n = ctx.read(0, 7, &mut buf).await?;
 //!     assert_eq!(&buf[..n], b"positioned");
+//!     // All of the buffer, or `UnexpectedEof`:
+//!     ctx.read_exact(0, 0, &mut buf[..5]).await?;
 //!
 //!     // Owned buffers avoid the copy: the kernel writes straight into
 //!     // their spare capacity, and they come back grown by the bytes read.
@@ -33,6 +38,144 @@
 //! # }
 //! ```
 //!
+//! # What it does
+//!
+//! | capability | methods | example in |
+//! |---|---|---|
+//! | reads into borrowed buffers | [`read`](UringContext::read), [`read_exact`](UringContext::read_exact) | above |
+//! | reads into owned buffers, no copy | [`read_owned`](UringContext::read_owned), [`read_exact_owned`](UringContext::read_exact_owned), their `_static` forms for `tokio::spawn` | above, [`IoBufMut`] |
+//! | vectored reads (`preadv`) | [`read_vectored`](UringContext::read_vectored), [`read_vectored_owned`](UringContext::read_vectored_owned) | [`read_vectored`](UringContext::read_vectored) |
+//! | many reads at once | [`read_batch`](UringContext::read_batch), [`ReadBatch::merge_gap`], [`ReadBatch::unordered`] | [below](#batches-and-scans) |
+//! | sequential scans | [`ScanOptions::scan`] → a `Stream` of [`Chunk`]s | [below](#batches-and-scans) |
+//! | writes | [`write`](UringContext::write), [`write_all`](UringContext::write_all), [`write_owned`](UringContext::write_owned), [`write_all_owned`](UringContext::write_all_owned) | [below](#writes-durability-and-files) |
+//! | durability | [`fsync`](UringContext::fsync), [`fdatasync`](UringContext::fdatasync), [`sync_file_range`](UringContext::sync_file_range) (writeback only, not durable) | [below](#writes-durability-and-files) |
+//! | space and metadata | [`fallocate`](UringContext::fallocate), [`statx`](UringContext::statx) ([`FileStat`]), [`file_size`](UringContext::file_size) | [below](#writes-durability-and-files) |
+//! | files | [`open`](UringContext::open) ([`OpenOptions`]), [`register_file`](UringContext::register_file), [`unregister_file`](UringContext::unregister_file), [`FileId`] | [below](#writes-durability-and-files), [`FileId`] |
+//! | settings | [`UringContext::builder`] → [`Builder`] | [below](#settings-stats-and-backends) |
+//! | counters | [`stats`](UringContext::stats) → [`Stats`] | above |
+//! | backends | [`backend`](UringContext::backend) → [`BackendInfo`]; [`BackendChoice`] | [below](#settings-stats-and-backends) |
+//! | block cache (feature `cache`) | `BlockCache`, `CacheOptions`, `BlockRef` | `BlockCache` |
+//! | errors | `std::io::Error` throughout; [`os_error`] for the errno behind one | [`os_error`] |
+//!
+//! # Batches and scans
+//!
+//! [`UringContext::read_batch`] reads many `(file, offset, buffer)` with one
+//! `io_uring_enter` per ring; [`ReadBatch::merge_gap`] merges reads of
+//! nearby ranges into one, and [`ReadBatch::unordered`] yields the results
+//! in completion order ([`ReadBatchStream`]). A scan reads a range of a file
+//! in order, keeping reads in flight ahead of the consumer and recycling
+//! buffers as chunks are dropped (memory: chunk size × reads in flight).
+//!
+//! ```
+//! use futures::StreamExt;
+//! use uring_positioned_io::{ScanOptions, UringContext};
+//! # use std::io::Write;
+//! # fn main() -> std::io::Result<()> {
+//! # let mut file = tempfile::tempfile()?;
+//! # file.write_all(&[b'\n'; 65536])?;
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let ctx = UringContext::new(vec![file])?;
+//!
+//! // Four 4 KiB blocks, merged into one read because they are adjacent.
+//! let reads = (0..4u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
+//! for (res, block) in ctx.read_batch(reads).merge_gap(0).await {
+//!     assert_eq!((res?, block.len()), (4096, 4096));
+//! }
+//!
+//! // The whole file, 16 KiB at a time.
+//! let mut chunks = ScanOptions::new().chunk_size(16 << 10).scan(&ctx, 0, ..)?;
+//! let mut lines = 0;
+//! while let Some(chunk) = chunks.next().await {
+//!     lines += chunk?.iter().filter(|&&b| b == b'\n').count(); // Chunk derefs to [u8]
+//! }
+//! assert_eq!(lines, 65536);
+//! # Ok(())
+//! # })
+//! # }
+//! ```
+//!
+//! # Writes, durability and files
+//!
+//! A write that completes `Ok` is in the page cache (or, `O_DIRECT`, on the
+//! device); [`fsync`](UringContext::fsync) and
+//! [`fdatasync`](UringContext::fdatasync) make every write that completed
+//! before they started durable. [`open`](UringContext::open) opens and
+//! registers a file and resolves to a checked [`FileId`], which another
+//! context, or this one after the file is unregistered, refuses with
+//! `InvalidInput` instead of touching another file. What a dropped or failed
+//! write leaves behind is in [the design document](design), "Writes and
+//! durability".
+//!
+//! ```
+//! use uring_positioned_io::{OpenOptions, UringContext};
+//! # fn main() -> std::io::Result<()> {
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let dir = tempfile::tempdir()?;
+//! let ctx = UringContext::new(vec![])?;
+//! let opts = OpenOptions::new().read(true).write(true).create(true).clone();
+//! let log = ctx.open(dir.path().join("log"), &opts).await?;
+//!
+//! ctx.fallocate(log, 0, 0, 1 << 20).await?; // reserve 1 MiB
+//! ctx.write_all(log, 0, b"record 1\n").await?;
+//! ctx.sync_file_range(log, 0, 0, libc::SYNC_FILE_RANGE_WRITE).await?; // start writeback
+//! ctx.fdatasync(log).await?; // durable from here on
+//! assert_eq!(ctx.file_size(log).await?, 1 << 20);
+//! assert!(ctx.statx(log).await?.blocks > 0);
+//!
+//! // A file opened elsewhere joins the same context.
+//! let other = ctx.register_file(tempfile::tempfile()?)?;
+//! ctx.write_all(other, 0, b"x").await?;
+//! ctx.unregister_file(other)?;
+//! # Ok(())
+//! # })
+//! # }
+//! ```
+//!
+//! # Settings, stats and backends
+//!
+//! [`UringContext::new`] uses defaults: one ring per two runtime workers,
+//! 512 reads in flight per worker, the inline page-cache path on.
+//! [`UringContext::builder`] sets the rest ([`Builder`]: rings, ring size,
+//! in-flight limits overall and per file, SQPOLL, the inline path and its
+//! fairness stretch, the backend, shutdown timeout, routing of FUSE and
+//! network file systems). [`UringContext::stats`] counts submissions,
+//! completions, enters and inline hits.
+//!
+//! Two backends run the same API: io_uring (Linux 5.19 or newer), and, where
+//! io_uring cannot be set up (an old kernel, seccomp, `io_uring_disabled`,
+//! memlock limits), `pread` on tokio's blocking pool — correct and as safe
+//! to cancel, but a hop per read. [`UringContext::backend`] says which runs
+//! and why; [`BackendChoice::IoUring`] makes a missing io_uring an error.
+//! Files on FUSE and network file systems go to the blocking pool by default
+//! ([`UringContext::file_route`] says).
+//!
+//! ```
+//! use uring_positioned_io::{BackendChoice, BackendKind, UringContext};
+//! # fn main() -> std::io::Result<()> {
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let ctx = UringContext::builder()
+//!     .max_in_flight(256)
+//!     .backend(BackendChoice::Auto)
+//!     .build(vec![tempfile::tempfile()?])?;
+//! if ctx.backend().kind == BackendKind::Fallback {
+//!     eprintln!("{}", ctx.backend()); // says why
+//! }
+//! # Ok(())
+//! # })
+//! # }
+//! ```
+//!
+//! # Errors
+//!
+//! Every call returns [`std::io::Error`]: the kernel's errno where it gave
+//! one (explained against the file where the crate can, e.g. an unaligned
+//! `O_DIRECT` read names what is misaligned; [`os_error`] recovers the
+//! errno), `InvalidInput` for bad arguments (an unknown or stale
+//! [`FileId`], a setting out of range), never a panic or a hang.
+//! `shutdown()` returns within `Builder::shutdown_timeout` even if storage
+//! never answers. The full failure model is in [the design
+//! document](design), "Failure model".
+//!
 //! # How it works
 //!
 //! A [`UringContext`] owns io_uring rings (by default one per two runtime
@@ -42,8 +185,9 @@
 //! and either submits it itself (the driver is idle) or wakes the driver,
 //! which submits everything queued with one `io_uring_enter`, reaps every
 //! completion and wakes the reading tasks. An idle driver sleeps in tokio's
-//! reactor on the ring's own file descriptor: an idle context costs no CPU. See [the design document](design) for the full design, the
-//! failure model and measurements.
+//! reactor on the ring's own file descriptor: an idle context costs no CPU.
+//! See [the design document](design) for the full design, the failure model
+//! and measurements.
 //!
 //! # Ownership and cancellation
 //!
@@ -54,36 +198,26 @@
 //! *ignored* and its buffer is recycled only when its completion arrives.
 //! [`UringContext::read_owned`] takes the buffer by value instead (no copy)
 //! and fills its spare capacity — a `Vec`'s `len()..capacity()`, an
-//! [`AlignedBuf`]'s, a `BytesMut`'s with the `bytes` feature, or a window of
-//! any of them ([`IoBufMut::slice`]); [`UringContext::read_exact_owned`]
-//! fills all of it. A dropped owned read parks the buffer in the context
-//! until the kernel is done with it. Dropping a read the kernel holds also
-//! sends it a cancel (`IORING_OP_ASYNC_CANCEL`): a read the kernel can still
-//! stop (queued for a blocked io-wq worker) comes back at once and frees its
-//! in-flight slot; one the device already has completes as usual.
+//! [`AlignedBuf`]'s (aligned, for `O_DIRECT`), a `BytesMut`'s with the
+//! `bytes` feature, or a window of any of them ([`IoBufMut::slice`]);
+//! [`UringContext::read_exact_owned`] fills all of it. A dropped owned read
+//! parks the buffer in the context until the kernel is done with it.
+//! Dropping a read the kernel holds also sends it a cancel
+//! (`IORING_OP_ASYNC_CANCEL`): a read the kernel can still stop comes back at
+//! once and frees its in-flight slot. The read futures borrow the context;
+//! the `*_static` forms ([`UringContext::read_owned_static`],
+//! [`UringContext::read_exact_owned_static`]) hold a handle to it instead and
+//! are `'static`, for `tokio::spawn`.
 //!
-//! # Batches and vectored reads
+//! # Features
 //!
-//! [`UringContext::read_batch`] reads many `(file, offset, buffer)` with one
-//! `io_uring_enter` per ring; [`ReadBatch::merge_gap`] merges reads of
-//! nearby ranges into one, and [`ReadBatch::unordered`] yields the results
-//! in completion order ([`ReadBatchStream`]).
-//! [`UringContext::read_vectored`] and [`UringContext::read_vectored_owned`]
-//! are `preadv` at an offset, into borrowed slices or owned buffers.
-//!
-//! # `'static` futures
-//!
-//! The read futures borrow the context, which costs nothing per read. To
-//! pass an owned read to `tokio::spawn` as it is, use
-//! [`UringContext::read_owned_static`] or
-//! [`UringContext::read_exact_owned_static`]: their futures hold a handle to
-//! the context (a reference count per read) and are `'static`.
-//!
-//! # Fallback
-//!
-//! Where io_uring is unavailable (old kernel, seccomp, `io_uring_disabled`,
-//! memlock limits) the same API runs on `pread` in tokio's blocking pool;
-//! [`UringContext::backend`] says which backend runs and why.
+//! - `cache`: `BlockCache`, a cache of fixed-size blocks read through the
+//!   context, with concurrent misses of a block coalesced into one read and
+//!   writes through the context kept coherent.
+//! - `bytes`: `IoBufMut` for `bytes::BytesMut`.
+//! - `tracing`: the context's one-time decisions (the fallback and why, a
+//!   file routed to the blocking pool, a ring that broke) as `tracing`
+//!   events.
 #![deny(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 // The workspace lint set ([workspace.lints] in Cargo.toml) applies too; the
 // library is also held to all of clippy's pedantic lints, with each
