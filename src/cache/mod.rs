@@ -624,6 +624,12 @@ impl BlockCache {
         if next > last {
             return Ok(done);
         }
+        if next == last {
+            // One block missing (most reads): join or start its flight.
+            let block = self.state.one(file, next).await?;
+            let (n, _) = state.copy_out(&block, next, offset, &mut buf[done..len]);
+            return Ok(done + n);
+        }
         // The rest, cached or not, up to `READ_WINDOW` blocks at a time in
         // one batch: a large read holds only a window of blocks at once.
         while next <= last {

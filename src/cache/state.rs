@@ -159,6 +159,22 @@ impl State {
             .collect()
     }
 
+    /// Block `block` of `file`, which was not cached a moment ago: from
+    /// the cache after all, the flight reading it, or a new flight.
+    pub(super) async fn one(self: &Arc<Self>, file: FileRef, block: u64) -> io::Result<BlockRef> {
+        if block > i64::MAX.unsigned_abs() >> self.shift {
+            return Err(beyond_max(file.id, block));
+        }
+        match self.join_or_start(file, &[block], true).0.pop() {
+            Some(Lookup::Hit(b)) => Ok(b),
+            Some(Lookup::Wait(mut flight, slot)) => {
+                let outcomes = std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
+                outcomes[slot].clone().map_err(|e| e.to_io())
+            }
+            None => unreachable!("one lookup per block"),
+        }
+    }
+
     /// Under the flights lock: each of `blocks` of `file` (none of which
     /// was cached a moment ago) from the cache after all, from the flight
     /// already reading it (counted as coalesced if `count`), or from one
@@ -388,7 +404,13 @@ async fn run_flight(
         }
     }
     if outcomes.is_empty() {
-        let results = state.ctx.read_batch(bufs).await;
+        let results = if let [(fid, offset, _)] = bufs[..] {
+            // One block (most misses): one read, without a batch's planning.
+            let (_, _, buf) = bufs.pop().expect("one buffer");
+            vec![state.ctx.read_owned(fid, offset, buf).await]
+        } else {
+            state.ctx.read_batch(bufs).await
+        };
         for ((res, mut buf), &b) in results.into_iter().zip(&blocks) {
             let mut res = res;
             while let Ok(n) = res {
