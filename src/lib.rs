@@ -101,6 +101,7 @@ mod changes;
 mod context;
 mod error;
 mod files;
+mod flags;
 mod id;
 mod inline;
 mod ops;
@@ -128,6 +129,7 @@ pub use cache::{BlockCache, BlockRef, CacheOptions, CacheStats, GetBlock};
 pub use context::{Stats, UringContext};
 pub use error::os_error;
 pub use files::FileRoute;
+pub use flags::{FallocateMode, SyncRange};
 pub use id::FileId;
 pub use ops::open::{OpenOptions, UringOpenFuture};
 pub use ops::read::{
