@@ -138,7 +138,9 @@ impl Op for Sync {
 /// The future of [`fsync`](crate::UringContext::fsync),
 /// [`fdatasync`](crate::UringContext::fdatasync),
 /// [`sync_file_range`](crate::UringContext::sync_file_range) and
-/// [`fallocate`](crate::UringContext::fallocate).
+/// [`fallocate`](crate::UringContext::fallocate), and of the
+/// [`UringFile`](crate::UringFile) methods that make them (`'static`
+/// there).
 #[must_use = "futures do nothing unless polled"]
 pub struct UringSyncFuture<'a> {
     pub(crate) core: Core<'a, Sync>,
