@@ -26,7 +26,7 @@ use crate::id::FileId;
 use crate::inline;
 use crate::ops::read::{Owned, Read, ReadCore, UringReadOwnedFuture};
 use crate::ring::Deferral;
-use crate::shared::{Backend, Ctx};
+use crate::shared::{Backend, Ctx, Inner};
 
 /// Default bound of a merged read's length ([`ReadBatch::max_merged_len`]).
 const DEFAULT_MAX_MERGED_LEN: usize = 128 * 1024;
@@ -48,7 +48,7 @@ enum Unit<'a, B: IoBufMut> {
 
 /// Reads whose ranges were merged into one.
 struct Merged<'a, B: IoBufMut> {
-    ctx: &'a UringContext,
+    ctx: Ctx<'a>,
     start: u64,
     /// Sorted by offset; each with its spare capacity measured at planning.
     members: Vec<(Request<B>, usize)>,
@@ -109,11 +109,11 @@ impl<B: IoBufMut> Merged<'_, B> {
                 }
                 return true;
             }
-            let ctx = self.ctx;
+            let ctx = &self.ctx;
             let reads = self
                 .members
                 .drain(..)
-                .map(|(r, _)| Some((r.index, ctx.read_owned(r.fid, r.offset, r.buf))))
+                .map(|(r, _)| Some((r.index, read_owned(ctx, r))))
                 .collect();
             self.state = MergedState::Split(reads);
         }
@@ -135,6 +135,11 @@ impl<B: IoBufMut> Merged<'_, B> {
     }
 }
 
+/// The owned read of request `r`, holding the context as the batch does.
+fn read_owned<'a, B: IoBufMut>(ctx: &Ctx<'a>, r: Request<B>) -> UringReadOwnedFuture<'a, B> {
+    UringReadOwnedFuture::new(ctx.share(), r.fid, r.offset, r.buf)
+}
+
 /// How a batch merges nearby reads.
 #[derive(Debug, Clone, Copy)]
 struct Merge {
@@ -145,7 +150,7 @@ struct Merge {
 /// What [`ReadBatch`] and [`ReadBatchStream`] share: the requests, then the
 /// reads made of them.
 struct BatchCore<'a, B: IoBufMut> {
-    ctx: &'a UringContext,
+    ctx: Ctx<'a>,
     requests: Vec<Request<B>>,
     merge: Option<Merge>,
     max_len: usize,
@@ -165,7 +170,7 @@ struct BatchCore<'a, B: IoBufMut> {
 }
 
 impl<'a, B: IoBufMut> BatchCore<'a, B> {
-    fn new(ctx: &'a UringContext, requests: Vec<Request<B>>) -> Self {
+    fn new(ctx: Ctx<'a>, requests: Vec<Request<B>>) -> Self {
         BatchCore {
             ctx,
             left: requests.len(),
@@ -188,7 +193,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
     /// them would split its submission), and never yields twice (DESIGN,
     /// "Batches").
     fn turn_over(&mut self) -> bool {
-        let inner = &self.ctx.inner;
+        let inner: &Inner = &self.ctx;
         if self.left == 0 || !inner.inline_nowait || matches!(inner.backend, Backend::Fallback) {
             return false;
         }
@@ -214,7 +219,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         if end > i64::MAX.unsigned_abs() {
             return false;
         }
-        let Ok(file) = self.ctx.inner.files.get(r.fid) else {
+        let Ok(file) = self.ctx.files.get(r.fid) else {
             return false;
         };
         if file.route != FileRoute::Ring {
@@ -235,7 +240,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         let Some(merge) = self.merge else {
             self.units = requests
                 .into_iter()
-                .map(|r| Unit::Single(r.index, self.ctx.read_owned(r.fid, r.offset, r.buf)))
+                .map(|r| Unit::Single(r.index, read_owned(&self.ctx, r)))
                 .collect();
             return;
         };
@@ -249,7 +254,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
             .partition(|(r, room)| self.mergeable(r, *room, max_len));
         self.units = singles
             .into_iter()
-            .map(|(r, _)| Unit::Single(r.index, self.ctx.read_owned(r.fid, r.offset, r.buf)))
+            .map(|(r, _)| Unit::Single(r.index, read_owned(&self.ctx, r)))
             .collect();
         cands.sort_by_key(|(r, _)| (r.fid, r.offset));
         let mut group: Vec<(Request<B>, usize)> = Vec::new();
@@ -273,13 +278,10 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
 
     /// Makes a unit of `group`: a single read, or a merged one.
     fn flush(&mut self, group: &mut Vec<(Request<B>, usize)>) {
-        let ctx = self.ctx;
+        let ctx = &self.ctx;
         if group.len() == 1 {
             let (r, _) = group.pop().expect("one request");
-            self.units.push(Unit::Single(
-                r.index,
-                ctx.read_owned(r.fid, r.offset, r.buf),
-            ));
+            self.units.push(Unit::Single(r.index, read_owned(ctx, r)));
             return;
         }
         if group.is_empty() {
@@ -297,12 +299,12 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         match AlignedBuf::try_with_capacity(len, BOUNCE_ALIGN) {
             Ok(buf) => {
                 let core = ReadCore::new(
-                    Ctx::Borrowed(&ctx.inner),
+                    ctx.share(),
                     fid,
                     Read::new(fid, start, Owned::new(buf)).exact(),
                 );
                 self.units.push(Unit::Merged(Merged {
-                    ctx,
+                    ctx: ctx.share(),
                     start,
                     members,
                     state: MergedState::Reading(core),
@@ -312,7 +314,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
             Err(_) => self.units.extend(
                 members
                     .into_iter()
-                    .map(|(r, _)| Unit::Single(r.index, ctx.read_owned(r.fid, r.offset, r.buf))),
+                    .map(|(r, _)| Unit::Single(r.index, read_owned(ctx, r))),
             ),
         }
     }
@@ -368,7 +370,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
             return self.left == 0;
         }
         // Submits the queued reads together on drop (even on a panic).
-        let _together = match &self.ctx.inner.backend {
+        let _together = match &self.ctx.backend {
             Backend::Uring(rings) => Some(Deferral::new(rings)),
             Backend::Fallback => None,
         };
@@ -452,7 +454,10 @@ impl<B: IoBufMut> fmt::Debug for BatchCore<'_, B> {
 }
 
 /// The future of [`UringContext::read_batch`]: every read's result and
-/// buffer, in the order the reads were given.
+/// buffer, in the order the reads were given. A `ReadBatch<'static, _>`,
+/// from [`UringContext::read_batch_static`] or
+/// [`UringFile::read_batch`](crate::UringFile::read_batch), holds the
+/// context and can be spawned.
 ///
 /// Before it is first polled it can be configured: [`merge_gap`](Self::merge_gap)
 /// merges reads of nearby ranges into one, [`unordered`](Self::unordered)
@@ -475,7 +480,7 @@ pub struct ReadBatch<'a, B: IoBufMut> {
 }
 
 impl<'a, B: IoBufMut> ReadBatch<'a, B> {
-    pub(crate) fn new(ctx: &'a UringContext, reads: Vec<(FileId, u64, B)>) -> Self {
+    pub(crate) fn new(ctx: Ctx<'a>, reads: Vec<(FileId, u64, B)>) -> Self {
         let requests: Vec<Request<B>> = reads
             .into_iter()
             .enumerate()
@@ -690,7 +695,47 @@ impl UringContext {
         I: IntoIterator<Item = (F, u64, B)>,
     {
         ReadBatch::new(
-            self,
+            Ctx::Borrowed(&self.inner),
+            reads
+                .into_iter()
+                .map(|(fid, offset, buf)| (fid.into(), offset, buf))
+                .collect(),
+        )
+    }
+
+    /// [`read_batch`](Self::read_batch) as a `'static` batch, which holds
+    /// a handle to the context instead of borrowing it: pass it (or its
+    /// [`unordered`](ReadBatch::unordered) stream) to `tokio::spawn` as it
+    /// is. Its requests are owned already; it keeps the context alive until
+    /// it is done or dropped, at the cost of a reference-count update per
+    /// read (see [`read_owned_static`](Self::read_owned_static)).
+    ///
+    /// ```
+    /// # use std::io::Write;
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # let mut file = tempfile::tempfile()?;
+    /// # file.write_all(&[6u8; 16384])?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![file])?;
+    /// let reads = (0..4u64).map(|i| (0, i * 4096, Vec::with_capacity(4096)));
+    /// let batch = tokio::spawn(ctx.read_batch_static(reads).merge_gap(0));
+    /// drop(ctx); // the batch keeps the context alive
+    /// for (res, block) in batch.await? {
+    ///     assert_eq!((res?, block[0]), (4096, 6));
+    /// }
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn read_batch_static<F, B, I>(&self, reads: I) -> ReadBatch<'static, B>
+    where
+        F: Into<FileId>,
+        B: IoBufMut,
+        I: IntoIterator<Item = (F, u64, B)>,
+    {
+        ReadBatch::new(
+            Ctx::Shared(self.inner.clone()),
             reads
                 .into_iter()
                 .map(|(fid, offset, buf)| (fid.into(), offset, buf))

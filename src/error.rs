@@ -82,6 +82,15 @@ pub(crate) fn unknown_fid(fid: FileId) -> io::Error {
 /// generation registered at its index, if any. A plain index is simply not
 /// registered; a checked id is of another context, or stale.
 pub(crate) fn bad_fid(fid: FileId, table: u64, found: Option<u32>) -> io::Error {
+    if fid.is_out_of_range() {
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{fid} is no file index: indices are u32 (0..={}), so no file is registered there",
+                u32::MAX
+            ),
+        );
+    }
     if !fid.is_tagged() {
         return unknown_fid(fid);
     }

@@ -20,9 +20,15 @@ use std::fmt;
 ///   now holds another file), every call taking it fails with `InvalidInput`
 ///   saying so; it never reads another file.
 /// - **Plain indices**, made with `FileId::from(index)` (every API takes
-///   `impl Into<FileId>`, so `ctx.read(0u32, ..)` works): the index in
-///   whichever context you pass it to, whatever is registered there now —
-///   the origin of a plain index is not checked.
+///   `impl Into<FileId>`, so `ctx.read(0u32, ..)`, `ctx.read(i, ..)` with
+///   `i: usize` — an index into the `Vec` of files — and `ctx.read(0, ..)`
+///   work): the index in whichever context you pass it to, whatever is
+///   registered there now — the origin of a plain index is not checked.
+///   Indices are `u32`: a `usize` beyond `u32::MAX` (or a negative `i32`,
+///   the type of an unsuffixed literal) converts without a panic to an id
+///   that names no file, and every call taking it fails with
+///   `InvalidInput` naming the value; it is never truncated to another
+///   index.
 ///
 /// The check costs two integer compares per read, on the entry the read
 /// looks up anyway. A checked and a plain id for the same file are not
@@ -49,6 +55,30 @@ use std::fmt;
 /// # })
 /// # }
 /// ```
+///
+/// Indices of any integer type a `Vec` index comes in:
+///
+/// ```
+/// use std::io::ErrorKind;
+/// use uring_positioned_io::{FileId, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let files = vec![tempfile::tempfile()?, tempfile::tempfile()?];
+/// let ctx = UringContext::new(files)?;
+/// let mut buf = [0u8; 8];
+/// for i in 0..2usize {
+///     assert_eq!(ctx.read(i, 0, &mut buf).await?, 0); // usize: file #i
+/// }
+/// // Not truncated to file #0: an error naming the index.
+/// let huge = FileId::from(1usize << 32);
+/// let err = ctx.read(huge, 0, &mut buf).await.unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidInput);
+/// assert!(err.to_string().contains("4294967296"), "{err}");
+/// assert!(ctx.read(-1, 0, &mut buf).await.is_err());
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId {
     index: u32,
@@ -59,10 +89,15 @@ pub struct FileId {
 }
 
 impl FileId {
-    /// The raw index.
+    /// The raw index; `u32::MAX` for an id made from an integer that is no
+    /// `u32` (see [`is_out_of_range`](Self::is_out_of_range)).
     #[must_use]
     pub fn index(self) -> u32 {
-        self.index
+        if self.is_out_of_range() {
+            u32::MAX
+        } else {
+            self.index
+        }
     }
 
     /// Whether this id was handed out by a context and is checked against
@@ -70,7 +105,34 @@ impl FileId {
     /// `FileId::from(index)`.
     #[must_use]
     pub fn is_tagged(self) -> bool {
-        self.ctx != 0
+        self.ctx != 0 && !self.is_out_of_range()
+    }
+
+    /// Whether this id was made from an integer that is no file index: a
+    /// `usize` beyond `u32::MAX` or a negative `i32`. It names no file;
+    /// every call taking it fails with `InvalidInput`.
+    ///
+    /// ```
+    /// use uring_positioned_io::FileId;
+    /// assert!(FileId::from(u64::MAX as usize).is_out_of_range());
+    /// assert!(FileId::from(-1).is_out_of_range());
+    /// assert!(!FileId::from(7usize).is_out_of_range());
+    /// assert_eq!(FileId::from(7usize), FileId::from(7u32));
+    /// ```
+    #[must_use]
+    pub fn is_out_of_range(self) -> bool {
+        self.ctx == TOO_LARGE || self.ctx == NEGATIVE
+    }
+
+    /// The integer an out-of-range id was made from, as it was given.
+    fn raw(self) -> i128 {
+        let bits = (u64::from(self.gen) << 32) | u64::from(self.index);
+        if self.ctx == NEGATIVE {
+            // The bits of an i64 (sign-extended from the i32 given).
+            i128::from(i64::from_ne_bytes(bits.to_ne_bytes()))
+        } else {
+            i128::from(bits)
+        }
     }
 
     /// A checked id: file `index`, registration `gen`, of context `ctx` (≠ 0).
@@ -101,15 +163,67 @@ impl From<u32> for FileId {
     }
 }
 
+/// Tags of the ids made from integers that are no `u32`, which no context
+/// ever has (contexts are numbered up from 1); the integer's bits are kept
+/// in `gen` (high half) and `index` (low half), to name it in errors.
+const TOO_LARGE: u64 = u64::MAX;
+const NEGATIVE: u64 = u64::MAX - 1;
+
+impl FileId {
+    fn out_of_range(bits: u64, tag: u64) -> FileId {
+        FileId {
+            index: u32::try_from(bits & u64::from(u32::MAX)).unwrap_or(u32::MAX),
+            gen: u32::try_from(bits >> 32).unwrap_or(u32::MAX),
+            ctx: tag,
+        }
+    }
+}
+
+impl From<usize> for FileId {
+    /// A plain index, as [`From<u32>`](#impl-From%3Cu32%3E-for-FileId): the
+    /// position of a file in the `Vec` given to the context. A value beyond
+    /// `u32::MAX` makes an id that names no file (see
+    /// [`is_out_of_range`](FileId::is_out_of_range)): calls taking it fail
+    /// with `InvalidInput`; it does not panic and is not truncated.
+    fn from(index: usize) -> Self {
+        match u32::try_from(index) {
+            Ok(index) => FileId::from(index),
+            Err(_) => FileId::out_of_range(index as u64, TOO_LARGE),
+        }
+    }
+}
+
+impl From<i32> for FileId {
+    /// A plain index given as an `i32`, the type an unsuffixed literal
+    /// falls back to (`ctx.read(0, ..)`, with `FileId` implementing
+    /// `From` for more than one integer type). A negative value makes an
+    /// id that names no file (see
+    /// [`is_out_of_range`](FileId::is_out_of_range)).
+    fn from(index: i32) -> Self {
+        match u32::try_from(index) {
+            Ok(index) => FileId::from(index),
+            Err(_) => {
+                FileId::out_of_range(u64::from_ne_bytes(i64::from(index).to_ne_bytes()), NEGATIVE)
+            }
+        }
+    }
+}
+
 impl fmt::Display for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file #{}", self.index)
+        if self.is_out_of_range() {
+            write!(f, "file #{}", self.raw())
+        } else {
+            write!(f, "file #{}", self.index)
+        }
     }
 }
 
 impl fmt::Debug for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_tagged() {
+        if self.is_out_of_range() {
+            write!(f, "FileId({}, out of range)", self.raw())
+        } else if self.is_tagged() {
             write!(
                 f,
                 "FileId({}, context {}, generation {})",

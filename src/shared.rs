@@ -119,6 +119,15 @@ impl Deref for Ctx<'_> {
 }
 
 impl<'a> Ctx<'a> {
+    /// Another hold on the same context, for another op: the borrow
+    /// copied, or the handle cloned (a reference count).
+    pub(crate) fn share(&self) -> Ctx<'a> {
+        match self {
+            Ctx::Borrowed(inner) => Ctx::Borrowed(inner),
+            Ctx::Shared(inner) => Ctx::Shared(inner.clone()),
+        }
+    }
+
     /// The ring an op issued from thread slot `slot` goes to, as the op
     /// holds it; `None` on the fallback backend.
     pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {

@@ -69,6 +69,48 @@ impl Stats {
 /// I/O on a set of files. Cheap to clone; every clone serves the same files.
 ///
 /// See the [crate documentation](crate) for an example.
+///
+/// # Borrowing futures, `'static` futures and file handles
+///
+/// The futures of the context's methods borrow the context (no reference
+/// count touched per op): they live no longer than `&self`. Every op also
+/// has a `'static` form, for `tokio::spawn` without cloning the context by
+/// hand, by one rule: **a `'static` future holds the context itself** — it
+/// comes from a [`UringFile`](crate::UringFile) or from a `*_static`
+/// method, and it keeps the context alive until it is done or dropped (one
+/// reference-count update per op).
+///
+/// - Every op on one file: through its handle, [`file`](Self::file) (or
+///   [`open_file`](Self::open_file)) — `read_at_owned`,
+///   `read_exact_at_owned`, `read_vectored_at_owned`, `write_at_owned`,
+///   `write_all_at_owned`, `sync_all`, `sync_data`, `sync_range`,
+///   `fallocate`, `allocate`, `metadata`, `len`, `scan`, `read_batch` are
+///   all `'static`; its borrowed-buffer methods (`read_at`, `write_at`, …)
+///   borrow only the buffer.
+/// - Opening: [`open_file`](Self::open_file), which resolves to a handle.
+/// - Batches over several files: [`read_batch_static`](Self::read_batch_static).
+/// - The context's older `'static` forms stay:
+///   [`read_owned_static`](Self::read_owned_static),
+///   [`read_exact_owned_static`](Self::read_exact_owned_static),
+///   [`read_vectored_owned_static`](Self::read_vectored_owned_static),
+///   [`write_all_owned_static`](Self::write_all_owned_static).
+///
+/// ```
+/// use uring_positioned_io::UringContext;
+/// # fn main() -> std::io::Result<()> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+/// let file = ctx.file(0)?;
+/// let write = tokio::spawn(file.write_all_at_owned(b"spawned".to_vec(), 0));
+/// write.await?.0?;
+/// tokio::spawn(file.sync_data()).await??;
+/// let reads = (0..2u64).map(|i| (0, i * 4, Vec::with_capacity(3)));
+/// let batch = tokio::spawn(ctx.read_batch_static(reads)).await?;
+/// assert_eq!(batch[1].1, b"ned");
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct UringContext {
     pub(crate) inner: Arc<Inner>,
@@ -299,12 +341,6 @@ impl UringContext {
             }
             Backend::Uring(_) => file.route,
         })
-    }
-
-    /// Whether file `fid` was opened with `O_DIRECT`; for an id this
-    /// context refuses, the `InvalidInput` every call taking it gives.
-    pub(crate) fn file_is_direct(&self, fid: FileId) -> io::Result<bool> {
-        self.inner.files.get(fid).map(|f| f.direct)
     }
 
     /// Whether the bounce buffers are registered with the kernel (io_uring

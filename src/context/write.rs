@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::UringContext;
 use crate::buf::IoBuf;
+use crate::flags::{FallocateMode, SyncRange};
 use crate::id::FileId;
 use crate::ops::open::{OpenOptions, UringOpenFuture};
 use crate::ops::statx::{Statx, UringStatxFuture};
@@ -201,32 +202,57 @@ impl UringContext {
     }
 
     /// `sync_file_range(2)` of `len` bytes at `offset` (`len` 0: to the end
-    /// of the file) with `flags` (`libc::SYNC_FILE_RANGE_*`). It starts or
+    /// of the file) with `flags` (see [`SyncRange`]). It starts or
     /// waits for writeback of data only — no metadata, no device cache
     /// flush — so it **does not make writes durable**; use it to pace
     /// writeback, and [`fdatasync`](Self::fdatasync) to commit.
+    ///
+    /// ```
+    /// use uring_positioned_io::{SyncRange, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// ctx.write_all(0, 0, &[1u8; 4096]).await?;
+    /// ctx.sync_file_range(0, 0, 4096, SyncRange::WRITE).await?;
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn sync_file_range(
         &self,
         fid: impl Into<FileId>,
         offset: u64,
         len: u32,
-        flags: u32,
+        flags: SyncRange,
     ) -> UringSyncFuture<'_> {
-        self.sync_op(fid.into(), Sync::Range { offset, len, flags })
+        self.sync_op(fid.into(), Sync::range(offset, len, flags))
     }
 
-    /// `fallocate(2)` of `len` bytes at `offset` with `mode` (0 allocates
-    /// and extends the file; `libc::FALLOC_FL_*` for the others). Errors
-    /// as the kernel's (`EOPNOTSUPP` where the file system has no such
-    /// mode), `InvalidInput` for a range beyond `i64::MAX`.
+    /// `fallocate(2)` of `len` bytes at `offset` with `mode` (see
+    /// [`FallocateMode`]; [`FallocateMode::ALLOCATE`] allocates and extends
+    /// the file). Errors as the kernel's (`EOPNOTSUPP` where the file
+    /// system has no such mode, `EINVAL` for a `len` of 0),
+    /// `InvalidInput` for a range beyond `i64::MAX`.
+    ///
+    /// ```
+    /// use uring_positioned_io::{FallocateMode, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// ctx.fallocate(0, FallocateMode::ALLOCATE, 0, 1 << 20).await?;
+    /// assert_eq!(ctx.file_size(0).await?, 1 << 20);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
     pub fn fallocate(
         &self,
         fid: impl Into<FileId>,
-        mode: i32,
+        mode: FallocateMode,
         offset: u64,
         len: u64,
     ) -> UringSyncFuture<'_> {
-        self.sync_op(fid.into(), Sync::Fallocate { mode, offset, len })
+        self.sync_op(fid.into(), Sync::fallocate(mode, offset, len))
     }
 
     /// `statx(2)` of file `fid` (`IORING_OP_STATX`): its size, allocation

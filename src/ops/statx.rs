@@ -119,7 +119,9 @@ impl Op for Statx {
     }
 }
 
-/// The future of [`UringContext::statx`](crate::UringContext::statx).
+/// The future of [`UringContext::statx`](crate::UringContext::statx) and
+/// of [`UringFile::metadata`](crate::UringFile::metadata) (`'static`
+/// there).
 #[must_use = "futures do nothing unless polled"]
 pub struct UringStatxFuture<'a> {
     pub(crate) core: Core<'a, Statx>,

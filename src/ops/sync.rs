@@ -14,6 +14,7 @@ use super::{Core, Op, Piece};
 use crate::blocking::BlockingPool;
 use crate::error;
 use crate::files::FileEntry;
+use crate::flags::{FallocateMode, SyncRange};
 use crate::id::FileId;
 use crate::permit::Permit;
 use crate::ring::RingOp;
@@ -26,6 +27,24 @@ pub(crate) enum Sync {
     Fsync { datasync: bool },
     Range { offset: u64, len: u32, flags: u32 },
     Fallocate { mode: i32, offset: u64, len: u64 },
+}
+
+impl Sync {
+    pub(crate) fn range(offset: u64, len: u32, flags: SyncRange) -> Sync {
+        Sync::Range {
+            offset,
+            len,
+            flags: flags.bits(),
+        }
+    }
+
+    pub(crate) fn fallocate(mode: FallocateMode, offset: u64, len: u64) -> Sync {
+        Sync::Fallocate {
+            mode: mode.bits(),
+            offset,
+            len,
+        }
+    }
 }
 
 impl Op for Sync {
@@ -119,7 +138,9 @@ impl Op for Sync {
 /// The future of [`fsync`](crate::UringContext::fsync),
 /// [`fdatasync`](crate::UringContext::fdatasync),
 /// [`sync_file_range`](crate::UringContext::sync_file_range) and
-/// [`fallocate`](crate::UringContext::fallocate).
+/// [`fallocate`](crate::UringContext::fallocate), and of the
+/// [`UringFile`](crate::UringFile) methods that make them (`'static`
+/// there).
 #[must_use = "futures do nothing unless polled"]
 pub struct UringSyncFuture<'a> {
     pub(crate) core: Core<'a, Sync>,

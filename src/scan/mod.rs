@@ -66,6 +66,7 @@ use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::context::UringContext;
 use crate::id::FileId;
 use crate::ops::read::UringReadOwnedFuture;
+use crate::shared::Ctx;
 
 mod options;
 mod pool;
@@ -99,7 +100,7 @@ fn copies_ring_reads_itself() -> bool {
 
 /// Reads the rest of `slot` (from `read_from`) into `buf`.
 fn read_rest<'a>(
-    ctx: &'a UringContext,
+    ctx: &Ctx<'a>,
     fid: FileId,
     slot: &Slot<'a>,
     buf: SlotBuf,
@@ -107,7 +108,8 @@ fn read_rest<'a>(
 ) -> UringReadOwnedFuture<'a, Slice<SlotBuf>> {
     // read_from <= want <= buf.len() (all initialised): the window fits.
     let win = buf.slice(slot.read_from..slot.want);
-    let read = ctx.read_owned(fid, slot.offset + slot.read_from as u64, win);
+    let read =
+        UringReadOwnedFuture::new(ctx.share(), fid, slot.offset + slot.read_from as u64, win);
     if ring_only {
         read.ring_only()
     } else {
@@ -131,9 +133,12 @@ struct Slot<'a> {
 }
 
 /// A scan in progress: a [`Stream`] of the range's [`Chunk`]s in file order.
-/// Made by [`ScanOptions::scan`] or [`Scan::new`].
+/// Made by [`ScanOptions::scan`] or [`Scan::new`] (borrowing the context),
+/// or by [`UringFile::scan`](crate::UringFile::scan) and
+/// [`UringFile::scan_with`](crate::UringFile::scan_with) (a `Scan<'static>`,
+/// holding it: a scan to move into a task).
 pub struct Scan<'a> {
-    ctx: &'a UringContext,
+    ctx: Ctx<'a>,
     fid: FileId,
     opts: ScanOptions,
     start: u64,
@@ -238,7 +243,8 @@ impl<'a> Scan<'a> {
                     .next_multiple_of(align)
             };
             // want <= chunk, the buffer's length.
-            let fut = self.ctx.read_owned(self.fid, self.next, buf.slice(..want));
+            let fut =
+                UringReadOwnedFuture::new(self.ctx.share(), self.fid, self.next, buf.slice(..want));
             let mut consumer = false;
             let fut = if self.opts.ring_only() {
                 let turn = (self.next / chunk as u64) % CONSUMER_SHARE == CONSUMER_SHARE - 1;
@@ -296,7 +302,7 @@ impl<'a> Scan<'a> {
                             // Short read before the end: read the rest.
                             slot.read_from = slot.done;
                             slot.state = SlotState::Reading(read_rest(
-                                self.ctx,
+                                &self.ctx,
                                 self.fid,
                                 slot,
                                 buf,
@@ -315,7 +321,7 @@ impl<'a> Scan<'a> {
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                         slot.state = SlotState::Reading(read_rest(
-                            self.ctx,
+                            &self.ctx,
                             self.fid,
                             slot,
                             buf,
@@ -368,9 +374,12 @@ impl<'a> Scan<'a> {
                 // reads were whole): ask the file before saying it goes on.
                 let len = self.opts.align.min(PROBE);
                 self.held = match AlignedBuf::try_with_capacity(len, len) {
-                    Ok(buf) => {
-                        Held::Probing(Box::new(self.ctx.read_owned(self.fid, self.next, buf)))
-                    }
+                    Ok(buf) => Held::Probing(Box::new(UringReadOwnedFuture::new(
+                        self.ctx.share(),
+                        self.fid,
+                        self.next,
+                        buf,
+                    ))),
                     Err(_) => Held::GoesOn,
                 };
                 Poll::Ready(None)

@@ -12,6 +12,7 @@ use super::{Cache, Held, Scan};
 use crate::context::UringContext;
 use crate::error::{invalid, shut_down_error};
 use crate::id::FileId;
+use crate::shared::Ctx;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
 /// Default chunk of a scan of an `O_DIRECT` file: a transparent huge page,
@@ -193,11 +194,21 @@ impl ScanOptions {
         fid: impl Into<FileId>,
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
-        let fid = fid.into();
-        if ctx.inner.closed.load(Ordering::Acquire) {
+        self.scan_in(Ctx::Borrowed(&ctx.inner), fid.into(), range)
+    }
+
+    /// [`scan`](Self::scan) holding the context as `ctx` does (borrowed, or
+    /// a handle for a `'static` scan).
+    pub(crate) fn scan_in<'a>(
+        &self,
+        ctx: Ctx<'a>,
+        fid: FileId,
+        range: impl RangeBounds<u64>,
+    ) -> io::Result<Scan<'a>> {
+        if ctx.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
-        let direct = ctx.file_is_direct(fid)?;
+        let direct = ctx.files.get(fid)?.direct;
         let mut opts = *self;
         if direct {
             if !opts.chunk_set {

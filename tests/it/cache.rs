@@ -20,7 +20,9 @@ use std::time::Duration;
 use common::fuse::{Fault, FaultFs, FileSpec};
 use common::{check_pattern, make_file, poll_once_noop, Flavor, Rng};
 use proptest::prelude::*;
-use uring_positioned_io::{os_error, BackendChoice, BlockCache, CacheOptions, UringContext};
+use uring_positioned_io::{
+    os_error, BackendChoice, BlockCache, CacheOptions, FallocateMode, UringContext,
+};
 
 // ---------------------------------------------------------------------------
 // Allocation counting (for the hit path), per thread and only when asked.
@@ -245,7 +247,7 @@ fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
                     if !punch_ok {
                         continue;
                     }
-                    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                    let mode = FallocateMode::PUNCH_HOLE | FallocateMode::KEEP_SIZE;
                     match ctx.fallocate(fid, mode, off, len).await {
                         Ok(()) => {}
                         Err(e) if os_error(&e) == Some(libc::EOPNOTSUPP) => {
@@ -259,7 +261,9 @@ fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
                     check(&path, off, &got, len as usize);
                 }
                 CohOp::Extend { off, len } => {
-                    ctx.fallocate(fid, 0, off, len).await.unwrap();
+                    ctx.fallocate(fid, FallocateMode::ALLOCATE, off, len)
+                        .await
+                        .unwrap();
                     let got = cache_read(&cache, fid, off.saturating_sub(6000), 9000)
                         .await
                         .unwrap();

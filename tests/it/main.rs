@@ -36,6 +36,9 @@ mod errors;
 mod fairness;
 /// The fault-injecting FUSE harness itself (`tests/common/fuse.rs`).
 mod fuse_harness;
+/// `UringFile`, the file handle, against `std` and `libc`; `'static` ops,
+/// `usize` ids, typed flags.
+mod handle;
 /// Shutdown, drop, runtimes that die, contexts used from other runtimes.
 mod lifecycle;
 /// Builder options: valid ones keep results, invalid ones are errors.

@@ -24,7 +24,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use uring_positioned_io::{
-    AlignedBuf, BackendChoice, IoBufMut, OpenOptions, UringContext, BORROWED_CHUNK,
+    AlignedBuf, BackendChoice, FallocateMode, IoBufMut, OpenOptions, SyncRange, UringContext,
+    BORROWED_CHUNK,
 };
 
 fn rw(path: &Path) -> File {
@@ -138,9 +139,7 @@ fn syncs_fallocate_statx(choice: BackendChoice) {
             0u32,
             0,
             0,
-            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                | libc::SYNC_FILE_RANGE_WRITE
-                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            SyncRange::WAIT_BEFORE | SyncRange::WRITE | SyncRange::WAIT_AFTER,
         )
         .await
         .unwrap();
@@ -152,13 +151,15 @@ fn syncs_fallocate_statx(choice: BackendChoice) {
         assert_eq!(u64::from(st.block_size), md.blksize());
 
         // Mode 0 allocates and extends.
-        ctx.fallocate(0u32, 0, 0, 1 << 20).await.unwrap();
+        ctx.fallocate(0u32, FallocateMode::ALLOCATE, 0, 1 << 20)
+            .await
+            .unwrap();
         let md = std::fs::metadata(&path).unwrap();
         assert_eq!(md.len(), 1 << 20);
         assert_eq!(ctx.file_size(0u32).await.unwrap(), 1 << 20);
         // KEEP_SIZE allocates beyond without growing the size.
         match ctx
-            .fallocate(0u32, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20)
+            .fallocate(0u32, FallocateMode::KEEP_SIZE, 1 << 20, 1 << 20)
             .await
         {
             Ok(()) => assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20),
@@ -168,7 +169,7 @@ fn syncs_fallocate_statx(choice: BackendChoice) {
         match ctx
             .fallocate(
                 0u32,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                FallocateMode::PUNCH_HOLE | FallocateMode::KEEP_SIZE,
                 4096,
                 4096,
             )
@@ -188,13 +189,26 @@ fn syncs_fallocate_statx(choice: BackendChoice) {
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}"),
         }
         // Bad modes and ranges are the kernel's (or our) clear errors.
-        let e = ctx.fallocate(0u32, -1, 0, 4096).await.unwrap_err();
-        assert!(e.raw_os_error().is_some(), "{e}");
-        let e = ctx.fallocate(0u32, 0, u64::MAX, 1).await.unwrap_err();
+        // PUNCH_HOLE without KEEP_SIZE is a mode the kernel refuses.
+        let e = ctx
+            .fallocate(0u32, FallocateMode::PUNCH_HOLE, 0, 4096)
+            .await
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
+        let e = ctx
+            .fallocate(0u32, FallocateMode::ALLOCATE, u64::MAX, 1)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        let e = ctx.fallocate(0u32, 0, 0, 0).await.unwrap_err();
+        let e = ctx
+            .fallocate(0u32, FallocateMode::ALLOCATE, 0, 0)
+            .await
+            .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
-        let e = ctx.sync_file_range(0u32, u64::MAX, 1, 0).await.unwrap_err();
+        let e = ctx
+            .sync_file_range(0u32, u64::MAX, 1, SyncRange::empty())
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         // Unknown files.
         for e in [
@@ -312,7 +326,10 @@ fn hostile_writes(choice: BackendChoice) {
         let (r, buf) = ctx.write_owned(1u32, 0, b"xx".to_vec()).await;
         assert_eq!(r.unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         assert_eq!(buf, b"xx");
-        let e = ctx.fallocate(1u32, 0, 0, 100).await.unwrap_err();
+        let e = ctx
+            .fallocate(1u32, FallocateMode::ALLOCATE, 0, 100)
+            .await
+            .unwrap_err();
         assert!(e.raw_os_error().is_some() || e.kind() == io::ErrorKind::PermissionDenied);
         // Offsets beyond i64::MAX, and writes that would end beyond it.
         for (off, len) in [
