@@ -42,6 +42,7 @@
 //!
 //! | capability | methods | example in |
 //! |---|---|---|
+//! | a file as a value: std's names and argument order, `'static` futures | [`UringFile`] from [`file`](UringContext::file) or [`open_file`](UringContext::open_file): `read_at`, `read_exact_at`, `write_all_at`, `sync_data`, `len`, `scan`, `read_batch`, … | [`UringFile`] |
 //! | reads into borrowed buffers | [`read`](UringContext::read), [`read_exact`](UringContext::read_exact) | above |
 //! | reads into owned buffers, no copy | [`read_owned`](UringContext::read_owned), [`read_exact_owned`](UringContext::read_exact_owned), their `_static` forms for `tokio::spawn` | above, [`IoBufMut`] |
 //! | vectored reads (`preadv`) | [`read_vectored`](UringContext::read_vectored), [`read_vectored_owned`](UringContext::read_vectored_owned) | [`read_vectored`](UringContext::read_vectored) |
@@ -204,10 +205,13 @@
 //! parks the buffer in the context until the kernel is done with it.
 //! Dropping a read the kernel holds also sends it a cancel
 //! (`IORING_OP_ASYNC_CANCEL`): a read the kernel can still stop comes back at
-//! once and frees its in-flight slot. The read futures borrow the context;
-//! the `*_static` forms ([`UringContext::read_owned_static`],
-//! [`UringContext::read_exact_owned_static`]) hold a handle to it instead and
-//! are `'static`, for `tokio::spawn`.
+//! once and frees its in-flight slot. The context's methods borrow it; a
+//! future that holds the context instead is `'static`, for `tokio::spawn`:
+//! every method of a [`UringFile`] with owned buffers, its syncs, `metadata`,
+//! scans and batches, [`UringContext::open_file`],
+//! [`UringContext::read_batch_static`] and the `*_static` forms
+//! ([`UringContext::read_owned_static`],
+//! [`UringContext::read_exact_owned_static`]).
 //!
 //! # Features
 //!
