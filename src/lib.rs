@@ -108,7 +108,7 @@
 //! durability".
 //!
 //! ```
-//! use uring_positioned_io::{OpenOptions, UringContext};
+//! use uring_positioned_io::{FallocateMode, OpenOptions, SyncRange, UringContext};
 //! # fn main() -> std::io::Result<()> {
 //! # tokio::runtime::Runtime::new()?.block_on(async {
 //! let dir = tempfile::tempdir()?;
@@ -116,9 +116,9 @@
 //! let opts = OpenOptions::new().read(true).write(true).create(true).clone();
 //! let log = ctx.open(dir.path().join("log"), &opts).await?;
 //!
-//! ctx.fallocate(log, 0, 0, 1 << 20).await?; // reserve 1 MiB
+//! ctx.fallocate(log, FallocateMode::ALLOCATE, 0, 1 << 20).await?; // reserve 1 MiB
 //! ctx.write_all(log, 0, b"record 1\n").await?;
-//! ctx.sync_file_range(log, 0, 0, libc::SYNC_FILE_RANGE_WRITE).await?; // start writeback
+//! ctx.sync_file_range(log, 0, 0, SyncRange::WRITE).await?; // start writeback
 //! ctx.fdatasync(log).await?; // durable from here on
 //! assert_eq!(ctx.file_size(log).await?, 1 << 20);
 //! assert!(ctx.statx(log).await?.blocks > 0);
