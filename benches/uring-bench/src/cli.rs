@@ -410,10 +410,17 @@ pub struct MemFairArgs {
     #[arg(short = 't', long, default_value = "2", value_parser = parse_secs)]
     pub secs: f64,
 
-    /// Seconds of the same reads before the measured window of `zipf` and
-    /// `uniform4x` (from a cold start, so the caches fill first).
-    #[arg(long, default_value = "3", value_parser = parse_secs_or_zero)]
+    /// `zipf` and `uniform4x` start cold and run the same reads, not
+    /// measured, until the engine's cache is full (its cgroup hit the
+    /// limit, or the `BlockCache` evicted), then this many seconds more,
+    /// before the measured window (`uring-raw`, with no cache: just this).
+    #[arg(long, default_value = "2", value_parser = parse_secs_or_zero)]
     pub warmup: f64,
+
+    /// Longest warm-up waiting for the cache to fill (the table says when
+    /// a cache was not full).
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    pub max_warmup: f64,
 
     /// Seconds of the `fill` workload (sampled every 100 ms).
     #[arg(long, default_value = "20", value_parser = parse_secs)]

@@ -62,6 +62,7 @@ fn cell(
         cache_bytes: None,
         keys: engines::Keys::Uniform,
         warmup: Duration::ZERO,
+        warm_full: None,
         direct_files: false,
     })?;
     let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);

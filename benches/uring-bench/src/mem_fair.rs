@@ -62,7 +62,10 @@ pub struct ChildSpec {
     workload: MemWorkload,
     depth: usize,
     secs: f64,
+    /// Warm-up seconds (after the cache is full, when `max_warmup` > 0).
     warmup: f64,
+    /// Longest warm-up waiting for the cache to fill (0: a plain warm-up).
+    max_warmup: f64,
     workers: usize,
     data_dir: PathBuf,
     files: u32,
@@ -96,6 +99,9 @@ pub struct ChildResult {
     /// Seconds from the child's start to the engine's start (joining the
     /// cgroup, opening, warming the page cache for hot).
     prep_secs: f64,
+    /// Length of the warm-up, and when the cache was full in it.
+    warm_secs: Option<f64>,
+    full_after: Option<f64>,
     /// `fill`: reads completed in each 100 ms sample.
     samples: Vec<u64>,
     /// `fill`: the first sample in which the engine's cache was full
@@ -181,6 +187,7 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
     let spec: ChildSpec =
         serde_json::from_str(&a.spec).map_err(|e| format!("mem-fair-child --spec: {e}"))?;
     MemCgroup::join_self(&spec.cgroup)?;
+    let _ = CGROUP.set((spec.cgroup.clone(), spec.cgroup_version));
     engines::LEAN_HISTOGRAMS.store(true, Ordering::Relaxed);
     let engine = <EngineKind as clap::ValueEnum>::from_str(&spec.engine, false)
         .map_err(|e| format!("mem-fair-child: engine {:?}: {e}", spec.engine))?;
@@ -229,6 +236,10 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
         cache_bytes: Some(spec.cache_bytes),
         keys,
         warmup: Duration::from_secs_f64(spec.warmup),
+        warm_full: (spec.max_warmup > 0.0).then(|| engines::WarmFull {
+            full: cache_full,
+            max: Duration::from_secs_f64(spec.max_warmup),
+        }),
         direct_files: cache_engine,
     };
     let prep_secs = t_start.elapsed().as_secs_f64();
@@ -236,8 +247,7 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
         engines::SAMPLING.store(true, Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
-        let (dir, version) = (spec.cgroup.clone(), spec.cgroup_version);
-        let h = std::thread::spawn(move || sample(&d, &dir, version));
+        let h = std::thread::spawn(move || sample(&d));
         (done, h)
     });
     let m = engines::run(&cell);
@@ -264,6 +274,8 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
         verified: m.verified,
         cached_set,
         prep_secs,
+        warm_secs: m.warmed.map(|w| w.secs),
+        full_after: m.warmed.and_then(|w| w.full_after),
         samples,
         evict_start,
         notes: m.notes,
@@ -273,10 +285,27 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
     Ok(true)
 }
 
+/// The child's cgroup (set when it joins).
+static CGROUP: std::sync::OnceLock<(PathBuf, Version)> = std::sync::OnceLock::new();
+
+/// Whether the engine's cache is full: its cgroup hit the limit (page
+/// cache, or the process as a whole), or the `BlockCache` evicted.
+fn cache_full() -> bool {
+    let limit = CGROUP
+        .get()
+        .is_some_and(|(dir, v)| MemCgroup::limit_hits(dir, *v).unwrap_or(0) > 0);
+    limit
+        || engines::uring_cache::SAMPLED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|c| c.stats().evictions > 0)
+}
+
 /// `fill`'s sampler: every 100 ms (on a fixed schedule) the reads completed
 /// since the last sample, until `done`; and the first sample in which the
 /// cgroup had hit its limit or the block cache had evicted.
-fn sample(done: &AtomicBool, cg: &std::path::Path, version: Version) -> (Vec<u64>, Option<usize>) {
+fn sample(done: &AtomicBool) -> (Vec<u64>, Option<usize>) {
     let t0 = Instant::now();
     let mut last = engines::COMPLETED.load(Ordering::Relaxed);
     let mut out = Vec::new();
@@ -288,16 +317,8 @@ fn sample(done: &AtomicBool, cg: &std::path::Path, version: Version) -> (Vec<u64
         let now = engines::COMPLETED.load(Ordering::Relaxed);
         out.push(now - last);
         last = now;
-        if evict_start.is_none() {
-            let limit = MemCgroup::limit_hits(cg, version).unwrap_or(0) > 0;
-            let evicted = engines::uring_cache::SAMPLED
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .as_ref()
-                .is_some_and(|c| c.stats().evictions > 0);
-            if limit || evicted {
-                evict_start = Some(out.len() - 1);
-            }
+        if evict_start.is_none() && cache_full() {
+            evict_start = Some(out.len() - 1);
         }
         k += 1;
     }
@@ -338,7 +359,7 @@ struct FillSummary {
     per_second: Vec<f64>,
 }
 
-fn fill_summary(r: &ChildResult) -> Option<FillSummary> {
+fn fill_summary(r: &ChildResult, no_cache: bool) -> Option<FillSummary> {
     let s = &r.samples;
     if s.len() < 8 {
         return None;
@@ -348,7 +369,10 @@ fn fill_summary(r: &ChildResult) -> Option<FillSummary> {
     let mut last: Vec<u64> = s[s.len() - tail..].to_vec();
     last.sort_unstable();
     let steady = per_sec(last[last.len() / 2]);
-    let (min_after, below, after) = match r.evict_start {
+    // no cache to fill (uring-raw): the whole run after its first second,
+    // the device's own variation
+    let first = (1.0 / SAMPLE.as_secs_f64()) as usize;
+    let (min_after, below, after) = match r.evict_start.or(no_cache.then_some(first)) {
         Some(e) => {
             let from = &s[e..];
             let min = from.iter().copied().min().map(per_sec);
@@ -457,10 +481,13 @@ fn run_one(
             cold * 100.0
         ));
     }
-    let (secs, warmup) = match workload {
-        MemWorkload::Hot => (a.secs, 0.0),
-        MemWorkload::Zipf | MemWorkload::Uniform4x => (a.secs, a.warmup),
-        MemWorkload::Fill => (a.fill_secs, 0.0),
+    let (secs, warmup, max_warmup) = match workload {
+        MemWorkload::Hot => (a.secs, 0.0, 0.0),
+        MemWorkload::Zipf | MemWorkload::Uniform4x if engine == EngineKind::UringRaw => {
+            (a.secs, a.warmup, 0.0)
+        }
+        MemWorkload::Zipf | MemWorkload::Uniform4x => (a.secs, a.warmup, a.max_warmup),
+        MemWorkload::Fill => (a.fill_secs, 0.0, 0.0),
     };
     let out = s.tmp.join(format!("result-{n}.json"));
     let _ = std::fs::remove_file(&out);
@@ -475,6 +502,7 @@ fn run_one(
         depth,
         secs,
         warmup,
+        max_warmup,
         workers: a.workers as usize,
         data_dir: s.ds.dir.clone(),
         files: s.ds.files,
@@ -502,7 +530,7 @@ fn run_one(
         .spawn()
         .map_err(|e| format!("start {}: {e}", s.exe.display()))?;
     // generous: the window, the warm-up and the fill of a slow device
-    let limit = Duration::from_secs_f64(secs + warmup + 120.0);
+    let limit = Duration::from_secs_f64(secs + warmup + max_warmup + 120.0);
     let t0 = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -599,15 +627,24 @@ fn table(runs: &[Run], workload: MemWorkload) -> String {
     let mut s = String::new();
     let rows: Vec<&Run> = runs.iter().filter(|r| r.workload == workload).collect();
     let raw_col = workload == MemWorkload::Uniform4x;
+    let warm_col = matches!(workload, MemWorkload::Zipf | MemWorkload::Uniform4x);
     s += "| depth | engine | reads/s (runs) | × mmap | × pread | CPU/read | CPU × mmap | CPU × pread | hit ratio | misses/s |";
     if raw_col {
         s += " misses × uring-raw |";
     }
-    s += " VmHWM MiB | cgroup peak MiB | Cached Δ MiB |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|";
+    s += " VmHWM MiB | cgroup peak MiB | Cached Δ MiB |";
+    if warm_col {
+        s += " cache full after |";
+    }
+    s += "\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|";
     if raw_col {
         s += "---:|";
     }
-    s += "---:|---:|---:|\n";
+    s += "---:|---:|---:|";
+    if warm_col {
+        s += "---:|";
+    }
+    s.push('\n');
     for r in &rows {
         let same = |e: &str| {
             rows.iter()
@@ -665,7 +702,16 @@ fn table(runs: &[Run], workload: MemWorkload) -> String {
             (Some(b), Some(a)) => format!("{:+.0}", (a as f64 - b as f64) / f64::from(1 << 20)),
             _ => "-".into(),
         };
-        let _ = writeln!(s, " {} | {} | {delta} |", mib(r.vm_hwm), mib(r.cgroup_peak));
+        let _ = write!(s, " {} | {} | {delta} |", mib(r.vm_hwm), mib(r.cgroup_peak));
+        if warm_col {
+            let w = match (r.result.full_after, r.result.warm_secs) {
+                (Some(f), _) => format!("{f:.1} s"),
+                (None, Some(w)) if r.engine != "uring-raw" => format!("not full in {w:.0} s"),
+                _ => "-".into(),
+            };
+            let _ = write!(s, " {w} |");
+        }
+        s.push('\n');
     }
     s
 }
@@ -676,7 +722,8 @@ fn fill_table(runs: &[Run]) -> String {
         "| engine | steady reads/s | cache full at | lowest 100 ms after | × steady | samples < 0.8× | reads/s each second |\n|---|---:|---:|---:|---:|---:|---|\n",
     );
     for r in runs.iter().filter(|r| r.workload == MemWorkload::Fill) {
-        let Some(f) = r.ok().then(|| fill_summary(&r.result)).flatten() else {
+        let no_cache = r.engine == EngineKind::UringRaw.name();
+        let Some(f) = r.ok().then(|| fill_summary(&r.result, no_cache)).flatten() else {
             let _ = writeln!(
                 s,
                 "| `{}` | {} |",
@@ -690,7 +737,11 @@ fn fill_table(runs: &[Run]) -> String {
             "| `{}` | {} | {} | {} | {} | {} | {} |",
             r.engine,
             rate(f.steady),
-            f.evict_at.map_or("never".into(), |t| format!("{t:.1} s")),
+            match f.evict_at {
+                Some(t) => format!("{t:.1} s"),
+                None if no_cache => "no cache (from 1 s)".into(),
+                None => "never".into(),
+            },
             f.min_after.map_or("-".into(), rate),
             f.min_ratio.map_or("-".into(), |v| format!("{v:.2}×")),
             if f.after > 0 {
@@ -765,7 +816,8 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         "memory limit {} MiB per engine (cgroup {:?} under {}); cache engines: BlockCache of {} MiB \
          (budget - {} MiB allowance for the process), files O_DIRECT; dataset {} files x {} MiB = {:.2} GiB \
          ({}); hot set {} files = {} MiB ({:.2}x the budget); {} workers, 4 KiB reads, every block verified; \
-         {} s per cell ({} s warm-up for zipf and uniform4x), fill {} s; zipf theta {}",
+         {} s per cell (zipf and uniform4x after a warm-up until the cache is full, then {} s more, \
+         at most {} s), fill {} s; zipf theta {}",
         a.budget >> 20,
         parent.version,
         parent.dir.display(),
@@ -781,6 +833,7 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         a.workers,
         a.secs,
         a.warmup,
+        a.max_warmup,
         a.fill_secs,
         a.theta
     );
@@ -891,7 +944,7 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         "regime": regime,
         "runs": runs,
         "fill": runs.iter().filter(|r| r.workload == MemWorkload::Fill)
-            .map(|r| (r.engine, fill_summary(&r.result))).collect::<Vec<_>>(),
+            .map(|r| (r.engine, fill_summary(&r.result, r.engine == "uring-raw"))).collect::<Vec<_>>(),
     });
     std::fs::write(
         out_dir.join("report.json"),
@@ -928,7 +981,7 @@ mod tests {
             evict_start: Some(10),
             ..ChildResult::default()
         };
-        let f = fill_summary(&r).unwrap();
+        let f = fill_summary(&r, false).unwrap();
         assert_eq!(f.steady, 1000.0);
         assert_eq!(f.min_after, Some(400.0));
         assert_eq!(f.min_ratio, Some(0.4));

@@ -157,6 +157,7 @@ pub fn parse(stdout: &str, jobs: usize, iodepth: usize) -> Result<Measured, Stri
         driver_polls: None,
         read_bytes: None,
         cache_hit_ratio: None,
+        warmed: None,
     };
     if reads == 0 {
         m.notes.push("fio completed no reads".into());

@@ -93,11 +93,22 @@ pub struct CellSpec<'a> {
     /// Which blocks of the working set are read (uniform or Zipf).
     pub keys: Keys,
     /// The same work before the measured window, not counted (the window,
-    /// CPU and device counters start after it).
+    /// CPU and device counters start after it): this long, or with
+    /// `warm_full` this long after the engine's cache is full.
     pub warmup: Duration,
+    /// Warm up until `full()` says the engine's cache is full (then
+    /// `warmup` more), for at most `max`.
+    pub warm_full: Option<WarmFull>,
     /// Open the files `O_DIRECT` whatever the regime (the cache engines of
     /// `mem-fair`: filled when hot, but never through the page cache).
     pub direct_files: bool,
+}
+
+/// A warm-up that lasts until the engine's cache is full.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmFull {
+    pub full: fn() -> bool,
+    pub max: Duration,
 }
 
 /// How a worker picks the block of its next read.
@@ -442,6 +453,8 @@ pub struct Measured {
     pub read_bytes: Option<u64>,
     /// The block cache's hit ratio over the measured window (cache engines).
     pub cache_hit_ratio: Option<f64>,
+    /// The warm-up before the window, if any.
+    pub warmed: Option<Warmed>,
 }
 
 /// The windows of a cell. [`Clock::start`] starts the cell and a watchdog
@@ -462,7 +475,17 @@ struct WindowEnd {
     elapsed: Duration,
     cpu: Cpu,
     read_bytes: Option<u64>,
+    warmed: Option<Warmed>,
     syscalls: Option<Result<probes::SyscallCounts, String>>,
+}
+
+/// How the warm-up went.
+#[derive(Debug, Clone, Copy)]
+pub struct Warmed {
+    /// Its length.
+    pub secs: f64,
+    /// When the cache was full (with [`WarmFull`]; None: not full by the end).
+    pub full_after: Option<f64>,
 }
 
 /// Run by the watchdog thread the moment the measured window starts or ends.
@@ -487,20 +510,35 @@ impl Clock {
     ) -> Clock {
         let duration = spec.duration;
         let warmup = spec.warmup;
+        let warm_full = spec.warm_full;
         let syscall_window = spec.probes.syscall_window;
         let stop = stop.clone();
-        if !warmup.is_zero() {
+        if !warmup.is_zero() || warm_full.is_some() {
             stop.set_phase(Phase::Between);
         }
         let watchdog = std::thread::spawn(move || {
             let w0 = Instant::now();
+            let mut full_at = None;
             while !stop.stopped() {
-                let left = warmup.saturating_sub(w0.elapsed());
+                let left = match warm_full {
+                    None => warmup.saturating_sub(w0.elapsed()),
+                    Some(w) => {
+                        if full_at.is_none() && (w.full)() {
+                            full_at = Some(w0.elapsed());
+                        }
+                        let until = full_at.map_or(w.max, |t| (t + warmup).min(w.max));
+                        until.saturating_sub(w0.elapsed())
+                    }
+                };
                 if left.is_zero() {
                     break;
                 }
                 std::thread::sleep(left.min(Duration::from_millis(20)));
             }
+            let warmed = (!warmup.is_zero() || warm_full.is_some()).then(|| Warmed {
+                secs: w0.elapsed().as_secs_f64(),
+                full_after: full_at.map(|t| t.as_secs_f64()),
+            });
             if let Some(f) = hooks.at_start {
                 f();
             }
@@ -534,6 +572,7 @@ impl Clock {
                     sys: cpu1.sys - cpu0.sys,
                 },
                 read_bytes,
+                warmed,
                 syscalls,
             }
         });
@@ -582,6 +621,7 @@ impl Clock {
             driver_polls: None,
             read_bytes: end.read_bytes,
             cache_hit_ratio: None,
+            warmed: end.warmed,
         })
     }
 }

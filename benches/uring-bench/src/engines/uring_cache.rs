@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 use uring_positioned_io::{BlockCache, CacheOptions, CacheStats};
 
-/// The cache of the running cell while [`super::SAMPLING`] is set, for the
-/// sampler of `mem-fair`'s fill workload (its eviction count).
+/// The cache of the running cell, for `mem-fair`'s warm-up and fill
+/// sampler (which watch its eviction count).
 pub static SAMPLED: Mutex<Option<BlockCache>> = Mutex::new(None);
 
 /// Blocks one `get_many` of the warm-up asks for.
@@ -72,9 +72,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     } else {
         None
     };
-    if super::SAMPLING.load(std::sync::atomic::Ordering::Relaxed) {
-        *SAMPLED.lock().unwrap_or_else(PoisonError::into_inner) = Some(cache.clone());
-    }
+    *SAMPLED.lock().unwrap_or_else(PoisonError::into_inner) = Some(cache.clone());
     // the counters when the measured window starts (after any warm-up)
     let at_window_start = Arc::new(Mutex::new(None));
     let at_start: AtEnd = {
