@@ -374,7 +374,7 @@ fn fill_summary(r: &ChildResult, no_cache: bool) -> Option<FillSummary> {
     let first = (1.0 / SAMPLE.as_secs_f64()) as usize;
     let (min_after, below, after) = match r.evict_start.or(no_cache.then_some(first)) {
         Some(e) => {
-            let from = &s[e..];
+            let from = &s[e.min(s.len() - 1)..];
             let min = from.iter().copied().min().map(per_sec);
             let below = from.iter().filter(|&&v| per_sec(v) < 0.8 * steady).count();
             (min, below, from.len())
@@ -987,5 +987,12 @@ mod tests {
         assert_eq!(f.min_ratio, Some(0.4));
         assert_eq!((f.below, f.after), (1, 30));
         assert_eq!(f.per_second.len(), 4);
+        // no cache, fewer samples than the first second: the last one
+        let r = ChildResult {
+            samples: vec![100; 8],
+            ..ChildResult::default()
+        };
+        let f = fill_summary(&r, true).unwrap();
+        assert_eq!((f.min_ratio, f.after), (Some(1.0), 1));
     }
 }
