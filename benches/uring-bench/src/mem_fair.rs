@@ -552,6 +552,10 @@ fn run_one(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        // the child got the terminal's Ctrl-C too
+        return Err("interrupted".into());
+    }
     let cgroup_peak = cg.peak();
     let oom = cg.oom_killed();
     drop(cg);
