@@ -298,6 +298,169 @@ pub enum Mode {
     /// cell is repeated (`--repeat`) and the medians reported with
     /// same-run ratios.
     Write(WriteArgs),
+
+    /// Engines under the same memory limit: each engine runs in its own
+    /// child process, in its own memory cgroup (v2 `memory.max`, else v1
+    /// `memory.limit_in_bytes`) limited to `--budget`, after the dataset's
+    /// pages were dropped from the page cache. `mmap`, `pread` and `uring`
+    /// get the budget as page cache; `uring-cache` and `uring-cache-ref`
+    /// open the files O_DIRECT and get a `BlockCache` of the budget minus
+    /// `--allowance`; `uring-raw` reads O_DIRECT with no cache (the
+    /// device's ceiling for misses). Workloads: `hot` (uniform over a
+    /// working set of ~0.8x the budget, filled first), `zipf` (Zipf over
+    /// the dataset, 4x the budget), `uniform4x` (uniform over the dataset,
+    /// the largest depth), `fill` (from cold, reads/s every 100 ms). Needs
+    /// root and a memory cgroup controller; otherwise it says why and exits
+    /// with success.
+    MemFair(MemFairArgs),
+
+    /// One engine run of `mem-fair` (started by it, in its cgroup).
+    #[command(hide = true)]
+    MemFairChild(MemFairChildArgs),
+}
+
+/// The workloads of `uring-bench mem-fair`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemWorkload {
+    /// Uniform over a working set that fits the budget, filled before the
+    /// window.
+    Hot,
+    /// Zipf (`--theta`) over the whole dataset, ranks scattered.
+    Zipf,
+    /// Uniform over the whole dataset at the largest depth (mostly misses).
+    Uniform4x,
+    /// From a cold start: reads/s in 100 ms samples while the cache fills
+    /// and then evicts (uniform over the dataset, the largest depth).
+    Fill,
+}
+
+impl MemWorkload {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemWorkload::Hot => "hot",
+            MemWorkload::Zipf => "zipf",
+            MemWorkload::Uniform4x => "uniform4x",
+            MemWorkload::Fill => "fill",
+        }
+    }
+}
+
+/// A Zipf exponent: finite, > 0 and <= 10.
+fn parse_theta(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= 10.0 => Ok(t),
+        _ => Err(format!("invalid theta {s:?}: > 0 and <= 10")),
+    }
+}
+
+/// A fraction in (0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("invalid fraction {s:?}: > 0 and <= 1")),
+    }
+}
+
+/// Flags of `uring-bench mem-fair`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MemFairArgs {
+    /// Memory limit of every engine's cgroup (page cache, heap and the
+    /// engine's own cache together).
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub budget: u64,
+
+    /// What the cache engines leave of the budget for their process (heap,
+    /// runtime, buffers, binary): their `BlockCache` capacity is the budget
+    /// minus this.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub allowance: u64,
+
+    /// Dataset size (default: 4x the budget); `zipf`, `uniform4x` and
+    /// `fill` read all of it.
+    #[arg(long, value_parser = parse_size)]
+    pub dataset_size: Option<u64>,
+
+    /// Size of each dataset file (the hot working set is whole files).
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub file_size: u64,
+
+    /// The hot working set, as a fraction of the budget (rounded down to
+    /// whole files).
+    #[arg(long, default_value_t = 0.8, value_parser = parse_fraction)]
+    pub hot_fraction: f64,
+
+    /// Workloads to run.
+    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "zipf", "uniform4x", "fill"])]
+    pub workloads: Vec<MemWorkload>,
+
+    /// Engines to compare (of mmap, pread, uring, uring-cache,
+    /// uring-cache-ref, uring-raw).
+    #[arg(short, long, value_delimiter = ',', default_values = ["mmap", "pread", "uring", "uring-cache", "uring-cache-ref", "uring-raw"])]
+    pub engines: Vec<EngineKind>,
+
+    /// Reads in flight of `hot` and `zipf`; `uniform4x` and `fill` use the
+    /// largest.
+    #[arg(short, long, value_delimiter = ',', default_values = ["8", "32", "512"], value_parser = parse_depth)]
+    pub depths: Vec<usize>,
+
+    /// Measured seconds per cell (`hot`, `zipf`, `uniform4x`).
+    #[arg(short = 't', long, default_value = "2", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// `zipf` and `uniform4x` start cold and run the same reads, not
+    /// measured, until the engine's cache is full (its cgroup hit the
+    /// limit, or the `BlockCache` evicted), then this many seconds more,
+    /// before the measured window (`uring-raw`, with no cache: just this).
+    #[arg(long, default_value = "2", value_parser = parse_secs_or_zero)]
+    pub warmup: f64,
+
+    /// Longest warm-up waiting for the cache to fill (the table says when
+    /// a cache was not full).
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    pub max_warmup: f64,
+
+    /// Seconds of the `fill` workload (sampled every 100 ms).
+    #[arg(long, default_value = "20", value_parser = parse_secs)]
+    pub fill_secs: f64,
+
+    /// Zipf exponent of `zipf`.
+    #[arg(long, default_value_t = 0.99, value_parser = parse_theta)]
+    pub theta: f64,
+
+    /// Runs of every cell (engines interleaved); the median is reported.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+
+    /// Tokio worker threads of the async engines.
+    #[arg(short, long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub workers: u64,
+
+    /// Directory holding the dataset (created and reused).
+    #[arg(long, default_value = "bench-data/mem-fair")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the dataset contents.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+
+    /// Where the run directory (mem-fair-<time>) is created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
+
+    /// Fewer messages (no per-run lines).
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Flags of the hidden `mem-fair-child`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MemFairChildArgs {
+    /// The run, as JSON (see `mem_fair::ChildSpec`).
+    #[arg(long)]
+    pub spec: String,
 }
 
 /// Flags of `uring-bench write`.

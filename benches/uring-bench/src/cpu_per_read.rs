@@ -60,6 +60,10 @@ fn cell(
         // printed figures as before: no probe perturbs these cells
         probes: engines::ProbeOpts::OFF,
         cache_bytes: None,
+        keys: engines::Keys::Uniform,
+        warmup: Duration::ZERO,
+        warm_full: None,
+        direct_files: false,
     })?;
     let c = Cell::from_measured(engine.name(), Regime::Hot, depth, m, cached);
     if let Some(why) = c.notes.iter().find(|n| n.starts_with("backend reason")) {

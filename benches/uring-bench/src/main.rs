@@ -12,6 +12,7 @@
 //! and the reports; `machine` describes the machine a run is measured on.
 
 mod buf;
+mod cgroup;
 mod charts;
 mod cli;
 mod cpu_per_read;
@@ -20,6 +21,7 @@ mod engines;
 mod kinds;
 mod lines;
 mod machine;
+mod mem_fair;
 mod open_loop;
 mod probes;
 mod random_reads;
@@ -41,6 +43,8 @@ fn main() -> ExitCode {
         Some(Mode::Lines(a)) => lines::run(a),
         Some(Mode::OpenLoop(a)) => open_loop::run(a),
         Some(Mode::Write(a)) => write_bench::run(a),
+        Some(Mode::MemFair(a)) => mem_fair::run(a),
+        Some(Mode::MemFairChild(a)) => mem_fair::child(a),
         None => random_reads::run(&args),
     };
     match result {

@@ -519,6 +519,10 @@ fn saturated_rate(ds: &Dataset, files: u32, regime: Regime) -> Result<f64, Strin
         mmap_populate: false,
         probes: engines::ProbeOpts::OFF,
         cache_bytes: None,
+        keys: engines::Keys::Uniform,
+        warmup: Duration::ZERO,
+        warm_full: None,
+        direct_files: false,
     })?;
     Ok(m.reads as f64 / m.elapsed.as_secs_f64())
 }

@@ -235,6 +235,10 @@ pub fn run(args: &Args) -> Result<bool, String> {
                     .then(|| Duration::from_secs_f64(args.syscall_window)),
             },
             cache_bytes: args.cache_mib.map(|m| m << 20),
+            keys: engines::Keys::Uniform,
+            warmup: Duration::ZERO,
+            warm_full: None,
+            direct_files: false,
             fio_jobs: args.fio_jobs.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
             }),

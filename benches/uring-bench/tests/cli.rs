@@ -622,3 +622,107 @@ fn wal_end_to_end() {
     );
     assert!(!dir.path().join("wal.log").exists(), "the log is removed");
 }
+
+/// `mem-fair` on a tiny dataset (a 64 MiB budget: the cache engines' hot
+/// fill needs ~20 MiB beyond their capacity): every engine in its own
+/// memory cgroup, hot, zipf and fill, every block verified; or a clean skip (exit 0, the
+/// reason printed) without root or a memory cgroup controller.
+#[test]
+fn mem_fair_small() {
+    let dir = tmp();
+    if !direct_io_works(dir.path()) {
+        println!("note: no O_DIRECT under {}; skipping", dir.path().display());
+        return;
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "mem-fair",
+        "--quiet",
+        "--budget",
+        "64MiB",
+        "--allowance",
+        "40MiB",
+        "--file-size",
+        "1MiB",
+        "--dataset-size",
+        "80MiB",
+        "--workloads",
+        "hot,zipf,fill",
+        "-d",
+        "4",
+        "-t",
+        "0.1",
+        "--warmup",
+        "0",
+        "--max-warmup",
+        "1",
+        "--fill-secs",
+        "1",
+        "--data-dir",
+    ])
+    .arg(dir.path().join("data"))
+    .arg("--output-dir")
+    .arg(dir.path().join("results"));
+    let o = cmd.output().expect("run uring-bench mem-fair");
+    eprintln!("--- stdout\n{}", stdout(&o));
+    eprintln!("--- stderr\n{}", stderr(&o));
+    assert!(o.status.success(), "mem-fair failed: {}", stderr(&o));
+    let out = stdout(&o);
+    if out.contains("mem-fair skipped:") {
+        println!("note: {}", out.trim());
+        return;
+    }
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs[0].join("report.json")).unwrap())
+            .unwrap();
+    let all = v["runs"].as_array().unwrap();
+    // hot: 5 engines + uring-raw n/a; zipf and fill: 6 each
+    assert_eq!(all.len(), 18, "{v}");
+    for r in all {
+        if r["workload"] == "hot" && r["engine"] == "uring-raw" {
+            assert_eq!(r["status"], "n/a", "{r}");
+            continue;
+        }
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(r["result"]["verified"].as_bool().unwrap(), "{r}");
+        assert!(r["result"]["reads"].as_u64().unwrap() > 0, "{r}");
+        // each run started cold
+        assert!(r["cold_residency"].as_f64().unwrap() <= 0.01, "{r}");
+        if r["workload"] == "fill" {
+            assert!(r["result"]["samples"].as_array().unwrap().len() >= 8, "{r}");
+        }
+        if r["engine"] == "uring-cache" || r["engine"] == "uring-cache-ref" {
+            assert!(r["hit_ratio"].as_f64().is_some(), "{r}");
+        }
+    }
+    assert!(out.contains("#### fill"), "{out}");
+    assert!(out.contains("machine: "), "{out}");
+}
+
+/// Bad `mem-fair` flags are errors with a message, not panics.
+#[test]
+fn mem_fair_bad_flags() {
+    for bad in [
+        &["--budget", "1MiB"][..],
+        &["--budget", "64MiB", "--allowance", "64MiB"],
+        &["--engines", "fio"],
+        &["--file-size", "1000"],
+        &["--theta", "0"],
+        &["--hot-fraction", "1.5"],
+        &["--depths", "0"],
+        &["--budget", "12Q"],
+    ] {
+        let mut args = vec!["mem-fair"];
+        args.extend(bad);
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.contains("error"), "{args:?}: {err}");
+    }
+}

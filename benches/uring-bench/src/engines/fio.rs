@@ -155,6 +155,9 @@ pub fn parse(stdout: &str, jobs: usize, iodepth: usize) -> Result<Measured, Stri
         timer_lateness: None,
         enters: None,
         driver_polls: None,
+        read_bytes: None,
+        cache_hit_ratio: None,
+        warmed: None,
     };
     if reads == 0 {
         m.notes.push("fio completed no reads".into());

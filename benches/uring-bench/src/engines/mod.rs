@@ -28,9 +28,11 @@ use crate::probes;
 use crate::stop::{new_histogram, Phase, Stop};
 use crate::verify::{verify_block, VerifyMode, BLOCK};
 use hdrhistogram::Histogram;
+use rand_distr::Distribution;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -88,6 +90,60 @@ pub struct CellSpec<'a> {
     /// Capacity of the cache engines' `BlockCache` (None: the working set
     /// plus 1/16, see [`uring_cache::default_capacity`]).
     pub cache_bytes: Option<u64>,
+    /// Which blocks of the working set are read (uniform or Zipf).
+    pub keys: Keys,
+    /// The same work before the measured window, not counted (the window,
+    /// CPU and device counters start after it): this long, or with
+    /// `warm_full` this long after the engine's cache is full.
+    pub warmup: Duration,
+    /// Warm up until `full()` says the engine's cache is full (then
+    /// `warmup` more), for at most `max`.
+    pub warm_full: Option<WarmFull>,
+    /// Open the files `O_DIRECT` whatever the regime (the cache engines of
+    /// `mem-fair`: filled when hot, but never through the page cache).
+    pub direct_files: bool,
+}
+
+/// A warm-up that lasts until the engine's cache is full.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmFull {
+    pub full: fn() -> bool,
+    pub max: Duration,
+}
+
+/// How a worker picks the block of its next read.
+#[derive(Debug, Clone, Copy)]
+pub enum Keys {
+    /// Uniformly random over the working set.
+    Uniform,
+    /// Zipf over the working set's blocks (rank 1 the most frequent), with
+    /// ranks scattered over the set: rank `r` is global block
+    /// `(r - 1) * scramble mod n` (`scramble` coprime with `n`), so that hot
+    /// blocks are not adjacent.
+    Zipf {
+        zipf: rand_distr::Zipf<f64>,
+        scramble: u64,
+    },
+}
+
+impl Keys {
+    /// Zipf with exponent `theta` over `n` blocks.
+    pub fn zipf(n: u64, theta: f64) -> Result<Keys, String> {
+        let zipf = rand_distr::Zipf::new(n as f64, theta)
+            .map_err(|e| format!("Zipf over {n} blocks, theta {theta}: {e}"))?;
+        // an odd multiplier near n times the golden ratio, coprime with n
+        let gcd = |mut a: u64, mut b: u64| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        let mut scramble = ((n as f64 * 0.618_033_988_75) as u64) | 1;
+        while n > 1 && gcd(scramble, n) != 1 {
+            scramble += 2;
+        }
+        Ok(Keys::Zipf { zipf, scramble })
+    }
 }
 
 /// The per-cell probes of issue #8 (see [`crate::probes`]).
@@ -120,12 +176,13 @@ impl CellSpec<'_> {
             seed: self.dataset.seed,
             verify: self.verify,
             engine: self.engine.name(),
+            keys: self.keys,
         }
     }
 
     pub fn open_files(&self) -> Result<Vec<std::fs::File>, String> {
         self.dataset
-            .open_for_random_reads(self.set_files, self.direct())
+            .open_for_random_reads(self.set_files, self.direct() || self.direct_files)
             .map_err(|e| format!("{}: open dataset: {e}", self.engine.name()))
     }
 }
@@ -138,6 +195,7 @@ pub struct Workload {
     pub seed: u64,
     pub verify: VerifyMode,
     pub engine: &'static str,
+    pub keys: Keys,
 }
 
 /// One read: a block of a file.
@@ -187,7 +245,11 @@ impl Worker {
         Worker {
             rng,
             wl,
-            hist: new_histogram(),
+            hist: if LEAN_HISTOGRAMS.load(Ordering::Relaxed) {
+                lean_histogram()
+            } else {
+                new_histogram()
+            },
             pending: [0; PENDING],
             npending: 0,
             reads: 0,
@@ -232,9 +294,19 @@ impl Worker {
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    /// A uniformly random block of the working set.
+    /// The next block to read: uniformly random over the working set, or
+    /// drawn from its Zipf distribution.
     #[inline]
     pub fn next(&mut self) -> Target {
+        if let Keys::Zipf { zipf, scramble } = self.wl.keys {
+            let n = u64::from(self.wl.files) * self.wl.blocks;
+            let rank = (zipf.sample(&mut WorkerRng(self)) as u64).clamp(1, n) - 1;
+            let g = ((u128::from(rank) * u128::from(scramble)) % u128::from(n)) as u64;
+            return Target {
+                file: (g / self.wl.blocks) as u32,
+                block: g % self.wl.blocks,
+            };
+        }
         let a = self.rand();
         let b = self.rand();
         let file = ((u128::from(a) * u128::from(self.wl.files)) >> 64) as u32;
@@ -276,8 +348,62 @@ impl Worker {
             Phase::Syscalls => self.syscall_window_reads += 1,
             Phase::Between => {}
         }
+        if SAMPLING.load(Ordering::Relaxed) {
+            COMPLETED.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
+}
+
+/// The worker's xorshift as a `rand` generator (for `rand_distr`).
+struct WorkerRng<'a>(&'a mut Worker);
+
+impl rand_core::TryRng for WorkerRng<'_> {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok((self.0.rand() >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(self.0.rand())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        for c in dst.chunks_mut(8) {
+            let v = self.0.rand().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// When set, workers record latencies in [`lean_histogram`]s: `mem-fair`
+/// runs up to 512 workers in a process whose memory is limited, where 512
+/// full histograms (~230 KiB each, partly touched) would take tens of MiB
+/// from the engine's budget.
+pub static LEAN_HISTOGRAMS: AtomicBool = AtomicBool::new(false);
+
+/// A latency histogram in nanoseconds with microsecond resolution and 2
+/// significant digits (~20 KiB).
+pub fn lean_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1000, 100_000_000_000, 2).expect("valid histogram bounds")
+}
+
+/// When set, every verified read of every worker also counts in
+/// [`COMPLETED`] (`mem-fair`'s fill workload samples it every 100 ms; off
+/// elsewhere, so no other mode pays for the shared counter).
+pub static SAMPLING: AtomicBool = AtomicBool::new(false);
+/// Reads completed by all workers while [`SAMPLING`] is set.
+pub static COMPLETED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes this process has caused to be read from the storage layer
+/// (`read_bytes` of `/proc/self/io`: every thread, io_uring's workers
+/// included), if readable.
+pub fn proc_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let line = text.lines().find(|l| l.starts_with("read_bytes:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// User and system CPU seconds of this process so far.
@@ -322,46 +448,104 @@ pub struct Measured {
     /// window (uring).
     pub enters: Option<u64>,
     pub driver_polls: Option<u64>,
+    /// Bytes read from the device over the measured window
+    /// ([`proc_read_bytes`]; None for fio, a separate process).
+    pub read_bytes: Option<u64>,
+    /// The block cache's hit ratio over the measured window (cache engines).
+    pub cache_hit_ratio: Option<f64>,
+    /// The warm-up before the window, if any.
+    pub warmed: Option<Warmed>,
 }
 
-/// The windows of a cell. [`Clock::start`] starts the measured window and a
-/// watchdog thread which, after the cell's duration, ends it (the reads in
-/// flight then no longer count), takes the time and CPU, runs the engine's
-/// `at_end` hook, then — when syscalls are counted — runs the syscall window
+/// The windows of a cell. [`Clock::start`] starts the cell and a watchdog
+/// thread which, after the warm-up (if any: the same work, not counted),
+/// runs the `at_start` hook and opens the measured window; after the cell's
+/// duration it ends it (the reads in flight then no longer count), takes
+/// the time, CPU and device reads, runs the engine's `at_end` hook, then —
+/// when syscalls are counted — runs the syscall window
 /// ([`probes::count_syscalls`]: per-thread counters are opened only then,
 /// so their cost stays out of the measured window), and finally raises the
 /// stop flag.
 pub struct Clock {
-    cpu0: Cpu,
     watchdog: std::thread::JoinHandle<WindowEnd>,
 }
 
-/// What the watchdog saw when the measured window ended.
+/// What the watchdog saw over the measured window.
 struct WindowEnd {
     elapsed: Duration,
     cpu: Cpu,
+    read_bytes: Option<u64>,
+    warmed: Option<Warmed>,
     syscalls: Option<Result<probes::SyscallCounts, String>>,
 }
 
-/// Run by the watchdog thread the moment the measured window ends.
+/// How the warm-up went.
+#[derive(Debug, Clone, Copy)]
+pub struct Warmed {
+    /// Its length.
+    pub secs: f64,
+    /// When the cache was full (with [`WarmFull`]; None: not full by the end).
+    pub full_after: Option<f64>,
+}
+
+/// Run by the watchdog thread the moment the measured window starts or ends.
 pub type AtEnd = Box<dyn FnOnce() + Send>;
+
+/// Hooks the watchdog runs when the measured window starts and ends.
+#[derive(Default)]
+pub struct WindowHooks {
+    pub at_start: Option<AtEnd>,
+    pub at_end: Option<AtEnd>,
+}
 
 impl Clock {
     pub fn start(spec: &CellSpec<'_>, stop: &std::sync::Arc<Stop>) -> Clock {
-        Clock::start_with(spec, stop, None)
+        Clock::start_with(spec, stop, WindowHooks::default())
     }
 
     pub fn start_with(
         spec: &CellSpec<'_>,
         stop: &std::sync::Arc<Stop>,
-        at_end: Option<AtEnd>,
+        hooks: WindowHooks,
     ) -> Clock {
         let duration = spec.duration;
+        let warmup = spec.warmup;
+        let warm_full = spec.warm_full;
         let syscall_window = spec.probes.syscall_window;
         let stop = stop.clone();
-        let t0 = Instant::now();
-        let cpu0 = cpu_now();
+        if !warmup.is_zero() || warm_full.is_some() {
+            stop.set_phase(Phase::Between);
+        }
         let watchdog = std::thread::spawn(move || {
+            let w0 = Instant::now();
+            let mut full_at = None;
+            while !stop.stopped() {
+                let left = match warm_full {
+                    None => warmup.saturating_sub(w0.elapsed()),
+                    Some(w) => {
+                        if full_at.is_none() && (w.full)() {
+                            full_at = Some(w0.elapsed());
+                        }
+                        let until = full_at.map_or(w.max, |t| (t + warmup).min(w.max));
+                        until.saturating_sub(w0.elapsed())
+                    }
+                };
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(20)));
+            }
+            let warmed = (!warmup.is_zero() || warm_full.is_some()).then(|| Warmed {
+                secs: w0.elapsed().as_secs_f64(),
+                full_after: full_at.map(|t| t.as_secs_f64()),
+            });
+            if let Some(f) = hooks.at_start {
+                f();
+            }
+            let t0 = Instant::now();
+            let cpu0 = cpu_now();
+            let io0 = proc_read_bytes();
+            stop.set_phase(Phase::Measure);
             while !stop.stopped() {
                 let left = duration.saturating_sub(t0.elapsed());
                 if left.is_zero() {
@@ -371,8 +555,9 @@ impl Clock {
             }
             stop.set_phase(Phase::Between);
             let elapsed = t0.elapsed();
-            let cpu = cpu_now();
-            if let Some(f) = at_end {
+            let cpu1 = cpu_now();
+            let read_bytes = proc_read_bytes().zip(io0).map(|(b, a)| b.saturating_sub(a));
+            if let Some(f) = hooks.at_end {
                 f();
             }
             let syscalls = match syscall_window {
@@ -382,11 +567,16 @@ impl Clock {
             stop.stop();
             WindowEnd {
                 elapsed,
-                cpu,
+                cpu: Cpu {
+                    user: cpu1.user - cpu0.user,
+                    sys: cpu1.sys - cpu0.sys,
+                },
+                read_bytes,
+                warmed,
                 syscalls,
             }
         });
-        Clock { cpu0, watchdog }
+        Clock { watchdog }
     }
 
     /// Ends the cell (after every worker has finished) and merges the workers.
@@ -419,10 +609,7 @@ impl Clock {
             hist,
             reads,
             elapsed: end.elapsed,
-            cpu: Cpu {
-                user: end.cpu.user - self.cpu0.user,
-                sys: end.cpu.sys - self.cpu0.sys,
-            },
+            cpu: end.cpu,
             reads_per_enter: None,
             inline_completed: None,
             notes: Vec::new(),
@@ -432,6 +619,9 @@ impl Clock {
             timer_lateness: None,
             enters: None,
             driver_polls: None,
+            read_bytes: end.read_bytes,
+            cache_hit_ratio: None,
+            warmed: end.warmed,
         })
     }
 }
@@ -589,7 +779,7 @@ pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str
 pub fn run_tokio_tasks<S, Fut>(
     spec: &CellSpec<'_>,
     rt: &tokio::runtime::Runtime,
-    at_end: Option<AtEnd>,
+    hooks: WindowHooks,
     mut spawn_task: S,
 ) -> Result<Measured, String>
 where
@@ -598,7 +788,7 @@ where
 {
     let wl = spec.workload();
     let stop = std::sync::Arc::new(Stop::default());
-    let clock = Clock::start_with(spec, &stop, at_end);
+    let clock = Clock::start_with(spec, &stop, hooks);
     let probe = spec
         .probes
         .timer
@@ -663,6 +853,7 @@ mod tests {
             seed: 7,
             verify: VerifyMode::Checksum,
             engine: "test",
+            keys: Keys::Uniform,
         };
         let mut w = Worker::new(wl, 0);
         // not a multiple of the batch, one value past u32, and a zero

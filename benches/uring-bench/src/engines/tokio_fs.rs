@@ -9,7 +9,7 @@ use std::sync::Arc;
 pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let files = Arc::new(spec.open_files()?);
     let rt = tokio_runtime(Some(spec.workers), spec.depth)?;
-    let m = run_tokio_tasks(spec, &rt, None, |w, stop| {
+    let m = run_tokio_tasks(spec, &rt, super::WindowHooks::default(), |w, stop| {
         let files = files.clone();
         async move {
             let read = |t: super::Target, mut buf: crate::buf::AlignedBlock| {

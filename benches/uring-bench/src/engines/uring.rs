@@ -50,17 +50,25 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
         let (ctx, slot) = (ctx.clone(), at_window_end.clone());
         Box::new(move || *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx.stats()))
     };
-    let res = run_tokio_tasks(spec, &rt, Some(at_end), |w, stop| {
-        let ctx = ctx.clone();
-        async move {
-            let ctx = &ctx;
-            let read = |t: super::Target, mut buf: crate::buf::AlignedBlock| async move {
-                let r = ctx.read(t.file, t.offset(), &mut buf[..]).await;
-                (r, buf)
-            };
-            read_loop(read, w, &stop).await
-        }
-    });
+    let res = run_tokio_tasks(
+        spec,
+        &rt,
+        super::WindowHooks {
+            at_start: None,
+            at_end: Some(at_end),
+        },
+        |w, stop| {
+            let ctx = ctx.clone();
+            async move {
+                let ctx = &ctx;
+                let read = |t: super::Target, mut buf: crate::buf::AlignedBlock| async move {
+                    let r = ctx.read(t.file, t.offset(), &mut buf[..]).await;
+                    (r, buf)
+                };
+                read_loop(read, w, &stop).await
+            }
+        },
+    );
     rt.block_on(ctx.shutdown());
     drop(ctx);
     rt.shutdown_background();

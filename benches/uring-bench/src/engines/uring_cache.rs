@@ -17,13 +17,17 @@
 //! measured window (hit ratio, misses, coalesced, evictions) go into the
 //! cell's notes.
 
-use super::{run_tokio_tasks, tokio_runtime, AtEnd, CellSpec, Measured, Worker};
+use super::{run_tokio_tasks, tokio_runtime, AtEnd, CellSpec, Measured, WindowHooks, Worker};
 use crate::kinds::{EngineKind, Regime};
 use crate::stop::Stop;
 use crate::verify::{verify_block, BLOCK};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 use uring_positioned_io::{BlockCache, CacheOptions, CacheStats};
+
+/// The cache of the running cell, for `mem-fair`'s warm-up and fill
+/// sampler (which watch its eviction count).
+pub static SAMPLED: Mutex<Option<BlockCache>> = Mutex::new(None);
 
 /// Blocks one `get_many` of the warm-up asks for.
 const FILL_BATCH: u64 = 256;
@@ -68,7 +72,15 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     } else {
         None
     };
-    let s0 = cache.stats();
+    *SAMPLED.lock().unwrap_or_else(PoisonError::into_inner) = Some(cache.clone());
+    // the counters when the measured window starts (after any warm-up)
+    let at_window_start = Arc::new(Mutex::new(None));
+    let at_start: AtEnd = {
+        let (cache, slot) = (cache.clone(), at_window_start.clone());
+        Box::new(move || {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(cache.stats());
+        })
+    };
     let at_window_end = Arc::new(Mutex::new(None));
     let at_end: AtEnd = {
         let (cache, slot) = (cache.clone(), at_window_end.clone());
@@ -76,7 +88,11 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
             *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(cache.stats());
         })
     };
-    let res = run_tokio_tasks(spec, &rt, Some(at_end), |w, stop| {
+    let hooks = WindowHooks {
+        at_start: Some(at_start),
+        at_end: Some(at_end),
+    };
+    let res = run_tokio_tasks(spec, &rt, hooks, |w, stop| {
         let cache = cache.clone();
         async move {
             if zero_copy {
@@ -86,16 +102,26 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
             }
         }
     });
+    SAMPLED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
     drop(cache);
     rt.block_on(ctx.shutdown());
     drop(ctx);
     rt.shutdown_background();
     let mut m = res?;
+    let s0 = at_window_start
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .ok_or_else(|| format!("{name}: the measured window started without the cache's stats"))?;
     let s1 = at_window_end
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take()
         .ok_or_else(|| format!("{name}: the measured window ended without the cache's stats"))?;
+    m.cache_hit_ratio = hit_ratio(&s0, &s1);
     m.notes.push(window_note(&s0, &s1, capacity, fill));
     Ok(m)
 }
