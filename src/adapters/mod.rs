@@ -1,13 +1,17 @@
 //! Adapters from a [`UringFile`](crate::UringFile) to the I/O traits of the
 //! ecosystem: a cursor implementing `tokio::io::{AsyncRead, AsyncSeek,
-//! AsyncWrite}` ([`UringFileCursor`]).
+//! AsyncWrite}` ([`UringFileCursor`]), and, with the `bytes` feature,
+//! exact-length reads into `bytes::Bytes` without a copy.
 //!
 //! # Files
 //!
 //! | file | what |
 //! |---|---|
 //! | `cursor.rs` | [`UringFileCursor`]: one owned op in flight across polls, its buffer reused |
-//! 
+//! | `bytes_reads.rs` | `UringFile::read_exact_at_bytes` and `read_ranges_bytes` (feature `bytes`) |
+
+#[cfg(feature = "bytes")]
+mod bytes_reads;
 mod cursor;
 
 pub use cursor::UringFileCursor;

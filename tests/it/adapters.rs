@@ -1,5 +1,6 @@
 //! Adapters: `UringFileCursor` (tokio's `AsyncRead`, `AsyncSeek`,
-//! `AsyncWrite`) against `tokio::fs::File` and `std` as oracles.
+//! `AsyncWrite`) against `tokio::fs::File` and `std` as oracles, and
+//! (feature `bytes`) reads into `bytes::Bytes` against `std`.
 
 use crate::common;
 
@@ -383,3 +384,114 @@ backend_tests!(
     cursor_bufreader_lines,
     cursor_copy_and_writes,
 );
+
+#[cfg(feature = "bytes")]
+mod bytes_reads {
+    use super::*;
+    use futures::TryStreamExt;
+    use uring_positioned_io::ScanOptions;
+
+    /// Exact reads and batches of ranges into `Bytes` against std's bytes;
+    /// zero lengths, the end of the file, bad ranges.
+    fn bytes_against_std(choice: BackendChoice) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let data = bytes(21, 200_000);
+        std::fs::write(&path, &data).unwrap();
+        common::run("bytes_vs_std", Flavor::Multi, 60, move || async move {
+            let (_ctx, file) = open(choice, &path);
+            let mut rng = Rng::new(77);
+            for _ in 0..200 {
+                let off = rng.below(200_000);
+                let len = rng.below(200_000 - off + 1) as usize;
+                let b = file.read_exact_at_bytes(len, off).await.unwrap();
+                assert!(
+                    b[..] == data[off as usize..off as usize + len],
+                    "{len} @ {off}"
+                );
+            }
+            // Zero lengths, anywhere.
+            for off in [0, 200_000, 300_000] {
+                assert!(file.read_exact_at_bytes(0, off).await.unwrap().is_empty());
+            }
+            // Ending past the end, or starting there.
+            for (len, off) in [(1, 200_000), (2, 199_999), (200_001, 0), (5, 1 << 40)] {
+                let err = file.read_exact_at_bytes(len, off).await.unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::UnexpectedEof, "{len} @ {off}: {err}");
+            }
+            // Too long to allocate: an error, not an abort.
+            let err = file.read_exact_at_bytes(usize::MAX, 0).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::OutOfMemory, "{err}");
+
+            // Batches of random ranges, overlapping, empty, to the very end.
+            for _ in 0..50 {
+                let count = rng.below(40) as usize;
+                let ranges: Vec<_> = (0..count)
+                    .map(|_| {
+                        let a = rng.below(200_001);
+                        let b = a + rng.below(200_001 - a).min(70_000);
+                        a..b
+                    })
+                    .chain([199_990..200_000, 5..5])
+                    .collect();
+                let got = file.read_ranges_bytes(ranges.clone()).await.unwrap();
+                assert_eq!(got.len(), ranges.len());
+                for (r, b) in ranges.iter().zip(&got) {
+                    assert!(b[..] == data[r.start as usize..r.end as usize], "{r:?}");
+                }
+            }
+            assert!(file.read_ranges_bytes([]).await.unwrap().is_empty());
+            let err = file
+                .read_ranges_bytes([0..10, 199_999..200_001])
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::UnexpectedEof, "{err}");
+            #[allow(clippy::reversed_empty_ranges, reason = "the bad input under test")]
+            let err = file.read_ranges_bytes([0..10, 20..10]).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains("20..10"), "{err}");
+        });
+    }
+
+    /// `Bytes` outlive the handle, the context and (for chunks) the scan;
+    /// a chunk becomes `Bytes` without a copy.
+    fn bytes_outlive_their_context(choice: BackendChoice) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let data = bytes(22, 100_000);
+        std::fs::write(&path, &data).unwrap();
+        common::run("bytes_outlive", Flavor::Multi, 60, move || async move {
+            let (ctx, file) = open(choice, &path);
+            let one = tokio::spawn(file.read_exact_at_bytes(1000, 5))
+                .await
+                .unwrap()
+                .unwrap();
+            let many = file
+                .read_ranges_bytes([0..10, 50_000..100_000])
+                .await
+                .unwrap();
+            let mut scan = file
+                .scan_with(&ScanOptions::new().chunk_size(16 << 10), ..)
+                .unwrap();
+            let chunk = scan.try_next().await.unwrap().unwrap();
+            let second = scan.try_next().await.unwrap().unwrap();
+            let (ptr, len) = (chunk.as_ptr(), chunk.len());
+            let from_chunk = bytes::Bytes::from(chunk);
+            assert_eq!(
+                (from_chunk.as_ptr(), from_chunk.len()),
+                (ptr, len),
+                "no copy"
+            );
+            let tail = bytes::Bytes::from(second).slice(100..);
+            drop((scan, file));
+            ctx.shutdown().await;
+            drop(ctx);
+            assert!(one[..] == data[5..1005]);
+            assert!(many[0][..] == data[..10] && many[1][..] == data[50_000..]);
+            assert!(from_chunk[..] == data[..16 << 10]);
+            assert!(tail[..] == data[(16 << 10) + 100..32 << 10]);
+        });
+    }
+
+    backend_tests!(bytes_against_std, bytes_outlive_their_context);
+}
