@@ -341,6 +341,21 @@ fn cursor_copy_and_writes(choice: BackendChoice) {
         assert_eq!(now.len(), 601_014);
         assert_eq!(&now[601_000..], b"\0\0\0\0\0\0\0\0\0\0tail");
 
+        // After a flush, no write of the cursor is in flight.
+        let mut c = file.cursor();
+        for i in 0..100u8 {
+            c.write_all(&[i; 40_000]).await.unwrap();
+            c.flush().await.unwrap();
+            let stats = ctx.stats();
+            assert_eq!(stats.in_flight, 0, "write {i} still in flight after flush");
+        }
+        drop(c);
+        let now = std::fs::read(&path).unwrap();
+        assert!(now[..4_000_000]
+            .chunks(40_000)
+            .enumerate()
+            .all(|(i, c)| c.iter().all(|&b| b == i as u8)));
+
         // A cursor dropped with a write in flight: the write still lands.
         let mut c = file.cursor();
         c.write_all(&[0xEE; 70_000]).await.unwrap();
