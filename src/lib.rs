@@ -253,6 +253,8 @@ mod sys;
 mod thread;
 mod util;
 
+#[cfg(feature = "parquet")]
+pub use adapters::ParquetFileReader;
 pub use adapters::UringFileCursor;
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};

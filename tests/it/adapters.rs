@@ -510,3 +510,162 @@ mod bytes_reads {
 
     backend_tests!(bytes_against_std, bytes_outlive_their_context);
 }
+
+#[cfg(feature = "parquet")]
+mod parquet_reads {
+    use super::*;
+    use std::sync::Arc;
+
+    use futures::TryStreamExt;
+    use parquet::arrow::async_reader::AsyncFileReader;
+    use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use uring_positioned_io::ParquetFileReader;
+
+    /// A Parquet file of `groups` row groups of `rows` rows: an `int64`
+    /// column and a string column, both derived from the row number.
+    fn write_parquet(path: &Path, groups: i64, rows: i64) {
+        let schema = parquet::schema::parser::parse_message_type(
+            "message m { required int64 n; required binary s (UTF8); }",
+        )
+        .unwrap();
+        let props = Arc::new(WriterProperties::default());
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
+        for g in 0..groups {
+            let ns: Vec<i64> = (g * rows..(g + 1) * rows).map(|i| i * 7 - 3).collect();
+            let ss: Vec<ByteArray> = (g * rows..(g + 1) * rows)
+                .map(|i| {
+                    ByteArray::from(format!("row {i} {}", "s".repeat((i % 13) as usize)).as_str())
+                })
+                .collect();
+            let mut group = writer.next_row_group().unwrap();
+            let mut col = group.next_column().unwrap().unwrap();
+            col.typed::<Int64Type>()
+                .write_batch(&ns, None, None)
+                .unwrap();
+            col.close().unwrap();
+            let mut col = group.next_column().unwrap().unwrap();
+            col.typed::<ByteArrayType>()
+                .write_batch(&ss, None, None)
+                .unwrap();
+            col.close().unwrap();
+            group.close().unwrap();
+        }
+        writer.close().unwrap();
+    }
+
+    /// Rows read through `ParquetFileReader` equal those read through
+    /// `tokio::fs::File` (the parquet crate's own `AsyncRead` path): whole
+    /// file, a projection, a row-group selection; then the reader's edges.
+    fn parquet_against_tokio_file(choice: BackendChoice) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        write_parquet(&path, 4, 5000);
+        common::run("parquet_vs_tokio", Flavor::Multi, 120, move || async move {
+            let (_ctx, file) = open(choice, &path);
+            let size = std::fs::metadata(&path).unwrap().len();
+            for (case, reader) in [
+                ("statx", ParquetFileReader::new(file.clone())),
+                (
+                    "sized",
+                    ParquetFileReader::new(file.clone()).with_file_size(size),
+                ),
+                (
+                    "hint",
+                    ParquetFileReader::new(file.clone()).with_metadata_size_hint(1 << 16),
+                ),
+            ] {
+                let ours = ParquetRecordBatchStreamBuilder::new(reader).await.unwrap();
+                let oracle = ParquetRecordBatchStreamBuilder::new(
+                    tokio::fs::File::open(&path).await.unwrap(),
+                )
+                .await
+                .unwrap();
+                assert_eq!(ours.metadata().num_row_groups(), 4, "{case}");
+                assert_eq!(ours.schema(), oracle.schema(), "{case}");
+                let a: Vec<_> = ours
+                    .with_batch_size(1234)
+                    .build()
+                    .unwrap()
+                    .try_collect()
+                    .await
+                    .unwrap();
+                let b: Vec<_> = oracle
+                    .with_batch_size(1234)
+                    .build()
+                    .unwrap()
+                    .try_collect()
+                    .await
+                    .unwrap();
+                assert_eq!(a.iter().fold(0, |n, b| n + b.num_rows()), 20_000, "{case}");
+                assert!(a == b, "{case}: rows differ");
+            }
+            // A projection of the string column, row groups 1 and 3.
+            let ours = ParquetRecordBatchStreamBuilder::new(ParquetFileReader::new(file.clone()))
+                .await
+                .unwrap();
+            let mask = ProjectionMask::leaves(ours.parquet_schema(), [1]);
+            let a: Vec<_> = ours
+                .with_projection(mask.clone())
+                .with_row_groups(vec![1, 3])
+                .build()
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            let oracle =
+                ParquetRecordBatchStreamBuilder::new(tokio::fs::File::open(&path).await.unwrap())
+                    .await
+                    .unwrap();
+            let b: Vec<_> = oracle
+                .with_projection(mask)
+                .with_row_groups(vec![1, 3])
+                .build()
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            assert_eq!(a.iter().fold(0, |n, b| n + b.num_rows()), 10_000);
+            assert!(a == b, "projection: rows differ");
+
+            // The reader's own ranges, against std's bytes; its errors.
+            let data = std::fs::read(&path).unwrap();
+            let mut r = ParquetFileReader::new(file.clone());
+            let one = r.get_bytes(4..size).await.unwrap();
+            assert!(one[..] == data[4..]);
+            let many = r
+                .get_byte_ranges(vec![0..4, size - 4..size, 10..10])
+                .await
+                .unwrap();
+            assert_eq!(
+                (&many[0][..], &many[1][..], many[2].len()),
+                (&b"PAR1"[..], &b"PAR1"[..], 0)
+            );
+            let kind = |e: &parquet::errors::ParquetError| match e {
+                parquet::errors::ParquetError::External(e) => {
+                    e.downcast_ref::<io::Error>().map(io::Error::kind)
+                }
+                _ => None,
+            };
+            let err = r.get_bytes(size - 1..size + 1).await.unwrap_err();
+            assert_eq!(kind(&err), Some(ErrorKind::UnexpectedEof), "{err}");
+            let err = r
+                .get_byte_ranges(vec![0..4, size..size + 1])
+                .await
+                .unwrap_err();
+            assert_eq!(kind(&err), Some(ErrorKind::UnexpectedEof), "{err}");
+            #[allow(clippy::reversed_empty_ranges, reason = "the bad input under test")]
+            let err = r.get_bytes(9..3).await.unwrap_err();
+            assert_eq!(kind(&err), Some(ErrorKind::InvalidInput), "{err}");
+            assert!(err.to_string().contains("9..3"), "{err}");
+            // A wrong size: the footer is not found, an error.
+            let mut wrong = ParquetFileReader::new(file.clone()).with_file_size(size - 1);
+            assert!(wrong.get_metadata(None).await.is_err());
+        });
+    }
+
+    backend_tests!(parquet_against_tokio_file);
+}
