@@ -228,6 +228,7 @@
 // exception allowed where it occurs, with its reason.
 #![warn(clippy::pedantic)]
 
+mod adapters;
 mod batch;
 mod blocking;
 mod buf;
@@ -252,6 +253,9 @@ mod sys;
 mod thread;
 mod util;
 
+#[cfg(feature = "parquet")]
+pub use adapters::ParquetFileReader;
+pub use adapters::UringFileCursor;
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 

@@ -539,6 +539,34 @@ impl Drop for Chunk {
     }
 }
 
+#[cfg(feature = "bytes")]
+impl From<Chunk> for bytes::Bytes {
+    /// The chunk's bytes as `Bytes`, without copying (feature `bytes`):
+    /// the `Bytes` (and its clones and slices) keep the chunk, so its
+    /// buffer goes back to the scan only when the last of them is dropped.
+    /// A consumer holding many such `Bytes` holds the scan's buffers, as
+    /// holding the chunks would ([`ScanOptions::wait_for_dropped_chunks`]).
+    ///
+    /// ```
+    /// use futures::TryStreamExt;
+    /// # use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let file = UringContext::new(vec![tempfile::tempfile()?])?.file(0)?;
+    /// file.write_all_at(b"scanned bytes", 0).await?;
+    /// let chunk = file.scan(..)?.try_next().await?.expect("a chunk");
+    /// let ptr = chunk.as_ptr();
+    /// let bytes = bytes::Bytes::from(chunk);
+    /// assert_eq!((bytes.as_ptr(), &bytes[..]), (ptr, &b"scanned bytes"[..]));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    fn from(chunk: Chunk) -> bytes::Bytes {
+        bytes::Bytes::from_owner(chunk)
+    }
+}
+
 #[allow(
     clippy::missing_fields_in_debug,
     reason = "the bytes are not debug output"

@@ -16,6 +16,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+/// Adapters: `UringFileCursor` (tokio's `AsyncRead`, `AsyncSeek`,
+/// `AsyncWrite`) and reads into `bytes::Bytes`.
+mod adapters;
 /// `read_batch`: many owned reads submitted together.
 mod batch;
 /// The block cache (feature `cache`).
