@@ -43,6 +43,7 @@
 //! | capability | methods | example in |
 //! |---|---|---|
 //! | a file as a value: std's names and argument order, `'static` futures | [`UringFile`] from [`file`](UringContext::file) or [`open_file`](UringContext::open_file): `read_at`, `read_exact_at`, `write_all_at`, `sync_data`, `len`, `scan`, `read_batch`, … | [`UringFile`] |
+//! | tokio's `AsyncRead`, `AsyncSeek`, `AsyncWrite` (`BufReader`, `io::copy`, codecs) | [`UringFile::cursor`] → [`UringFileCursor`] | [`UringFileCursor`] |
 //! | reads into borrowed buffers | [`read`](UringContext::read), [`read_exact`](UringContext::read_exact) | above |
 //! | reads into owned buffers, no copy | [`read_owned`](UringContext::read_owned), [`read_exact_owned`](UringContext::read_exact_owned), their `_static` forms for `tokio::spawn` | above, [`IoBufMut`] |
 //! | vectored reads (`preadv`) | [`read_vectored`](UringContext::read_vectored), [`read_vectored_owned`](UringContext::read_vectored_owned) | [`read_vectored`](UringContext::read_vectored) |
@@ -218,7 +219,11 @@
 //! - `cache`: `BlockCache`, a cache of fixed-size blocks read through the
 //!   context, with concurrent misses of a block coalesced into one read and
 //!   writes through the context kept coherent.
-//! - `bytes`: `IoBufMut` for `bytes::BytesMut`.
+//! - `bytes`: `IoBufMut` for `bytes::BytesMut`; exact reads into `Bytes`
+//!   (`UringFile::read_exact_at_bytes`, `read_ranges_bytes`) and a scan's
+//!   `Chunk` into `Bytes`, without a copy.
+//! - `parquet`: `ParquetFileReader`, parquet's `AsyncFileReader` over a
+//!   `UringFile` (one read per range, one batch per set of ranges).
 //! - `tracing`: the context's one-time decisions (the fallback and why, a
 //!   file routed to the blocking pool, a ring that broke) as `tracing`
 //!   events.
