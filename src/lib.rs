@@ -228,6 +228,8 @@
 // exception allowed where it occurs, with its reason.
 #![warn(clippy::pedantic)]
 
+#[cfg(feature = "append-log")]
+mod append_log;
 mod batch;
 mod blocking;
 mod buf;
@@ -252,6 +254,10 @@ mod sys;
 mod thread;
 mod util;
 
+#[cfg(feature = "append-log")]
+pub use append_log::{
+    AppendFuture, AppendLog, AppendLogOptions, LogRecord, LogRecovery, RECORD_HEADER_LEN,
+};
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 
