@@ -286,6 +286,8 @@ backend_tests!(
     crash_after_acknowledged_append,
     failed_sync_fails_covered_appends_and_poisons,
     failed_write_poisons,
+    no_acknowledgement_past_a_hole,
+    small_record_waits_for_a_large_one_before_it,
 );
 
 /// A log in a writable FUSE file, for faults.
@@ -369,6 +371,75 @@ fn failed_write_poisons(choice: BackendChoice) {
             fs.clear_faults();
             let e = log.append(vec![3u8; 100]).await.unwrap_err();
             assert!(e.to_string().contains("failed earlier"), "{e}");
+        })
+    });
+}
+
+/// A small record appended after a 64 MiB one (whose write is still
+/// going on) resolves only once the large one is whole in the file: read
+/// back at once (with `pread`), its last bytes are there.
+fn small_record_waits_for_a_large_one_before_it(choice: BackendChoice) {
+    common::run(
+        "log_large_then_small",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("wal");
+            let options = AppendLogOptions::new().max_record_len(64 << 20);
+            let (_ctx, log, _) = reopen(choice, &path, &options).await;
+            let f = File::open(&path).unwrap();
+            for round in 0..3u8 {
+                let start = log.tail();
+                let big = tokio::spawn(log.append(vec![round + 1; 64 << 20]));
+                while log.tail() == start {
+                    tokio::task::yield_now().await;
+                }
+                let end = log.tail();
+                log.append(vec![0xee; 10]).await.unwrap();
+                let mut last = vec![0u8; 4096];
+                f.read_exact_at(&mut last, end - 4096).unwrap();
+                assert!(
+                    last.iter().all(|&b| b == round + 1),
+                    "a record was acknowledged before the one before it was written"
+                );
+                assert_eq!(big.await.unwrap().unwrap(), start);
+            }
+        },
+    );
+}
+
+/// A record whose write hangs is a hole: the records after it, written
+/// and synced, are not acknowledged while it hangs; when its write fails,
+/// they fail too.
+fn no_acknowledgement_past_a_hole(choice: BackendChoice) {
+    fuse_log(choice, "log_hole", |fs, log| {
+        Box::pin(async move {
+            log.append(vec![1u8; 100]).await.unwrap();
+            let at = log.tail();
+            fs.set_write_fault("w", at..at + 1, Fault::Hang);
+            let hung = tokio::spawn(log.append(vec![2u8; 100]));
+            let fs2 = fs.clone();
+            let n = tokio::task::spawn_blocking(move || {
+                fs2.wait_writes_hung("w", 1, Duration::from_secs(10))
+            })
+            .await
+            .unwrap();
+            assert_eq!(n, 1, "the first write did not reach the server");
+            let later = tokio::spawn(log.append(vec![3u8; 100]));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                !later.is_finished(),
+                "a record after a hole resolved: {:?}",
+                later.await
+            );
+            fs.release_hangs();
+            let e = hung.await.unwrap().unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+            assert!(
+                later.await.unwrap().is_err(),
+                "a record after a hole acknowledged"
+            );
         })
     });
 }
