@@ -173,7 +173,7 @@ impl fmt::Debug for LogRecovery {
             .field("pos", &self.pos)
             .field("epoch", &self.epoch)
             .field("done", &self.done)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -184,7 +184,9 @@ impl LogRecovery {
         let have = at >= self.buf_start && at + n as u64 <= self.buf_start + self.buf.len() as u64;
         if !have {
             let size = self.size.unwrap_or(0);
-            let want = (n.max(RECOVERY_CHUNK) as u64).min(size - at) as usize;
+            // At least `n` (within the file), at most a chunk more.
+            let left = usize::try_from(size - at).unwrap_or(usize::MAX);
+            let want = n.max(RECOVERY_CHUNK).min(left);
             let (res, buf) = self
                 .file
                 .read_exact_at_owned(Vec::with_capacity(want), at)
@@ -193,8 +195,10 @@ impl LogRecovery {
             self.buf = buf;
             self.buf_start = at;
         }
-        let from = (at - self.buf_start) as usize;
-        Ok(&self.buf[from..from + n])
+        let from = usize::try_from(at - self.buf_start).unwrap_or(usize::MAX);
+        self.buf
+            .get(from..from.saturating_add(n))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "append log: short read"))
     }
 
     /// The next record, or `None` at the end of the log (the end of the
@@ -207,13 +211,12 @@ impl LogRecovery {
         if self.done {
             return Ok(None);
         }
-        let size = match self.size {
-            Some(s) => s,
-            None => {
-                let s = self.file.len().await?;
-                self.size = Some(s);
-                s
-            }
+        let size = if let Some(s) = self.size {
+            s
+        } else {
+            let s = self.file.len().await?;
+            self.size = Some(s);
+            s
         };
         let at = self.pos;
         if at + RECORD_HEADER_LEN as u64 > size {
@@ -221,17 +224,18 @@ impl LogRecovery {
             return Ok(None);
         }
         let h = self.bytes(at, RECORD_HEADER_LEN).await?;
-        let len = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
-        let epoch = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        let word = |k: usize| u32::from_le_bytes([h[k], h[k + 1], h[k + 2], h[k + 3]]);
+        let (len, epoch, crc) = (word(0), word(4), word(8));
         let end = at + RECORD_HEADER_LEN as u64 + u64::from(len);
         if epoch == 0 || epoch < self.epoch || end > size {
             self.done = true;
             return Ok(None);
         }
-        let payload = self
-            .bytes(at + RECORD_HEADER_LEN as u64, len as usize)
-            .await?;
+        let Ok(n) = usize::try_from(len) else {
+            self.done = true;
+            return Ok(None);
+        };
+        let payload = self.bytes(at + RECORD_HEADER_LEN as u64, n).await?;
         if checksum(at, len, epoch, payload) != crc {
             self.done = true;
             return Ok(None);
@@ -630,7 +634,9 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
             ),
         ));
     }
-    let len = payload.len() as u32;
+    // max_record_len keeps it within u32 less the header.
+    let len =
+        u32::try_from(payload.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let frame_len = (RECORD_HEADER_LEN + payload.len()) as u64;
     // Reserve the offset.
     let offset = {
@@ -649,7 +655,7 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
         offset
     };
     let end = offset + frame_len;
-    let mut frame = Vec::with_capacity(frame_len as usize);
+    let mut frame = Vec::with_capacity(RECORD_HEADER_LEN + payload.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&inner.epoch.to_le_bytes());
     frame.extend_from_slice(&checksum(offset, len, inner.epoch, payload).to_le_bytes());
@@ -728,6 +734,6 @@ impl fmt::Debug for AppendFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AppendFuture")
             .field("done", &self.fut.is_none())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
