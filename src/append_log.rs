@@ -517,7 +517,8 @@ async fn sync_loop(inner: Arc<Inner>) {
 /// let (log, recovered) = AppendLogOptions::new().open(file).await?;
 /// let payloads: Vec<_> = recovered.iter().map(|r| &r.payload[..]).collect();
 /// assert_eq!(recovered[0].offset, a.min(b));
-/// assert!(payloads == [b"first", b"second"] || payloads == [b"second", b"first"]);
+/// let (first, second): (&[u8], &[u8]) = (b"first", b"second");
+/// assert!(payloads == [first, second] || payloads == [second, first]);
 /// log.append(b"third".to_vec()).await?;
 /// # Ok(())
 /// # })
