@@ -967,7 +967,9 @@ fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
             found.insert((w, i));
         }
         if let Some(a) = acked.iter().find(|a| !found.contains(a)) {
-            return Err(format!("append-log: acknowledged record {a:?} not recovered"));
+            return Err(format!(
+                "append-log: acknowledged record {a:?} not recovered"
+            ));
         }
         Ok(WalOutcome {
             commits_per_sec: acked.len() as f64 / elapsed,
