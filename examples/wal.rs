@@ -1,22 +1,17 @@
-//! A small write-ahead log on top of the crate: the write path of a
-//! storage engine.
+//! A write-ahead log with the crate's [`AppendLog`] (feature `append-log`):
+//! the write path of a storage engine.
 //!
-//! - **Append**: many writer tasks each hand a record to the log and wait
-//!   for its commit.
-//! - **Group commit**: one committer task takes every record waiting, lays
-//!   them out back to back at the log's tail, writes the group with one
-//!   owned write (`write_all_owned`), makes it durable with one
-//!   `fdatasync`, and only then acknowledges each record of the group —
-//!   so an acknowledged record is on stable storage, and a record is never
-//!   acknowledged before every earlier one is.
-//! - **Recovery**: the log is read back through the context record by
-//!   record; each record's checksum and sequence number are checked, the
-//!   scan stops at the first torn or missing record (the tail a crash may
-//!   leave), and every acknowledged record must be among those recovered,
-//!   byte for byte.
+//! - **Append**: many writer tasks each append records and wait for each
+//!   one to be durable; the log reserves its offset, frames it (length,
+//!   epoch, CRC-32) and writes it at once.
+//! - **Group commit**: one `fdatasync` at a time covers every record
+//!   written so far; an append resolves only after a sync covering it and
+//!   every earlier record completed.
+//! - **Recovery**: reopening reads the log back, verifying every record,
+//!   and stops at the first torn or missing one (the tail a crash may
+//!   leave); every acknowledged record must be among those recovered, byte
+//!   for byte.
 //!
-//! Record: `[len u32][crc32 u32][seq u64][payload]`, little-endian; the crc
-//! covers `seq` and the payload.
 //! Run: `cargo run --release --example wal [writers] [records per writer]`
 //! (default 32 × 500).
 
@@ -24,147 +19,7 @@ use std::collections::HashMap;
 use std::io;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot};
-use uring_positioned_io::{FileId, OpenOptions, UringContext};
-
-const HEADER: usize = 16;
-
-/// CRC-32 (IEEE), bit by bit: small, and fast enough for an example.
-fn crc32(parts: &[&[u8]]) -> u32 {
-    let mut crc = !0u32;
-    for part in parts {
-        for &b in *part {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0xedb8_8320
-                } else {
-                    crc >> 1
-                };
-            }
-        }
-    }
-    !crc
-}
-
-fn encode(seq: u64, payload: &[u8], out: &mut Vec<u8>) {
-    let len = u32::try_from(payload.len()).expect("record too large");
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc32(&[&seq.to_le_bytes(), payload]).to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(payload);
-}
-
-/// A record waiting for its commit.
-struct Pending {
-    payload: Vec<u8>,
-    /// The sequence number it was committed under, once durable.
-    done: oneshot::Sender<io::Result<u64>>,
-}
-
-#[derive(Clone)]
-struct Wal {
-    tx: mpsc::UnboundedSender<Pending>,
-}
-
-impl Wal {
-    /// Appends `payload`; resolves once it is durable, to its sequence number.
-    async fn append(&self, payload: Vec<u8>) -> io::Result<u64> {
-        let (done, rx) = oneshot::channel();
-        self.tx
-            .send(Pending { payload, done })
-            .map_err(|_| io::Error::other("the log is closed"))?;
-        rx.await
-            .map_err(|_| io::Error::other("the committer stopped"))?
-    }
-}
-
-#[derive(Debug, Default)]
-struct CommitStats {
-    groups: u64,
-    records: u64,
-    bytes: u64,
-}
-
-/// The committer: one group per round — every record waiting is written
-/// with one write, then one fdatasync, then acknowledged.
-async fn committer(
-    ctx: UringContext,
-    fid: FileId,
-    mut rx: mpsc::UnboundedReceiver<Pending>,
-) -> io::Result<CommitStats> {
-    let mut stats = CommitStats::default();
-    let (mut tail, mut seq) = (0u64, 0u64);
-    let mut buf = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut group = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            group.push(more);
-        }
-        buf.clear();
-        let first_seq = seq;
-        for p in &group {
-            encode(seq, &p.payload, &mut buf);
-            seq += 1;
-        }
-        let (res, back) = ctx
-            .write_all_owned(fid, tail, std::mem::take(&mut buf))
-            .await;
-        buf = back;
-        // Durable only once the fdatasync that started after the write
-        // completed has completed: then, and only then, acknowledge.
-        let res = match res {
-            Ok(()) => ctx.fdatasync(fid).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = res {
-            // The group's bytes may or may not be in the file: fail every
-            // record of it, and stop (a real log would also stop taking
-            // writes until it has rewritten or truncated the tail).
-            for p in group {
-                let _ = p.done.send(Err(io::Error::new(e.kind(), e.to_string())));
-            }
-            return Err(e);
-        }
-        tail += buf.len() as u64;
-        stats.groups += 1;
-        stats.records += group.len() as u64;
-        stats.bytes += buf.len() as u64;
-        for (k, p) in group.into_iter().enumerate() {
-            let _ = p.done.send(Ok(first_seq + k as u64));
-        }
-    }
-    Ok(stats)
-}
-
-/// Reads the log back through the context, record by record, checking each
-/// one; stops at the first torn or missing record. Returns seq → payload.
-async fn recover(ctx: &UringContext, fid: FileId) -> io::Result<HashMap<u64, Vec<u8>>> {
-    let size = ctx.file_size(fid).await?;
-    let mut records = HashMap::new();
-    let (mut at, mut expect) = (0u64, 0u64);
-    while at + HEADER as u64 <= size {
-        let mut header = [0u8; HEADER];
-        ctx.read(fid, at, &mut header).await?;
-        let len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
-        let crc = u32::from_le_bytes(header[4..8].try_into().unwrap());
-        let seq = u64::from_le_bytes(header[8..16].try_into().unwrap());
-        if at + (HEADER + len) as u64 > size || seq != expect {
-            break; // torn tail
-        }
-        let (res, payload) = ctx
-            .read_exact_owned(fid, at + HEADER as u64, Vec::with_capacity(len))
-            .await;
-        res?;
-        if crc32(&[&seq.to_le_bytes(), &payload]) != crc {
-            break; // torn tail
-        }
-        records.insert(seq, payload);
-        at += (HEADER + len) as u64;
-        expect += 1;
-    }
-    Ok(records)
-}
+use uring_positioned_io::{AppendLogOptions, OpenOptions, UringContext};
 
 fn payload_of(writer: u64, i: u64) -> Vec<u8> {
     let len = 20 + ((writer * 31 + i * 7) % 300) as usize;
@@ -185,24 +40,27 @@ fn main() -> io::Result<()> {
         let opts = OpenOptions::new()
             .read(true)
             .write(true)
-            .create_new(true)
+            .create(true)
             .clone();
-        let fid = ctx.open(&path, &opts).await?;
+        let file = ctx.open_file(&path, &opts).await?;
         println!("backend: {}", ctx.backend());
 
-        let (tx, rx) = mpsc::unbounded_channel();
-        let wal = Wal { tx };
-        let commit = tokio::spawn(committer(ctx.clone(), fid, rx));
+        // Preallocate 4 MiB at a time: fewer size updates for fdatasync.
+        let options = AppendLogOptions::new().preallocate(4 << 20);
+        let (log, recovered) = options.open(file).await?;
+        assert!(recovered.is_empty(), "a new log");
+
         let started = Instant::now();
         let mut tasks = Vec::new();
         for w in 0..writers {
-            let wal = wal.clone();
+            let log = log.clone();
             tasks.push(tokio::spawn(async move {
                 let mut acked = Vec::new();
                 for i in 0..per_writer {
                     let payload = payload_of(w, i);
-                    let seq = wal.append(payload.clone()).await?;
-                    acked.push((seq, payload));
+                    // Resolves once the record is durable: its position.
+                    let lsn = log.append(payload.clone()).await?;
+                    acked.push((lsn, payload));
                 }
                 io::Result::Ok(acked)
             }));
@@ -212,34 +70,38 @@ fn main() -> io::Result<()> {
             acked.extend(t.await.map_err(io::Error::other)??);
         }
         let elapsed = started.elapsed();
-        drop(wal);
-        let stats = commit.await.map_err(io::Error::other)??;
+        log.close().await?;
         println!(
-            "appended {} records in {:.2?} ({:.0} commits/s): {} groups of {:.1} records \
+            "appended {} records in {:.2?} ({:.0} commits/s): {} fdatasyncs, {:.1} records each \
              on average, {} bytes",
-            stats.records,
+            acked.len(),
             elapsed,
-            stats.records as f64 / elapsed.as_secs_f64(),
-            stats.groups,
-            stats.records as f64 / stats.groups as f64,
-            stats.bytes
+            acked.len() as f64 / elapsed.as_secs_f64(),
+            log.syncs(),
+            acked.len() as f64 / log.syncs().max(1) as f64,
+            log.tail()
         );
+        drop(log);
 
         // Recovery, through a fresh context, as after a restart.
         drop(ctx);
         let ctx = UringContext::new(vec![])?;
-        let fid = ctx.open(&path, OpenOptions::new().read(true)).await?;
-        let recovered = recover(&ctx, fid).await?;
+        let file = ctx.open_file(&path, &opts).await?;
+        let (_log, recovered) = AppendLogOptions::new().open(file).await?;
+        let recovered: HashMap<u64, Vec<u8>> = recovered
+            .into_iter()
+            .map(|r| (r.offset, r.payload))
+            .collect();
         assert_eq!(
             recovered.len() as u64,
             writers * per_writer,
             "records recovered"
         );
-        for (seq, payload) in &acked {
+        for (lsn, payload) in &acked {
             assert_eq!(
-                recovered.get(seq),
+                recovered.get(lsn),
                 Some(payload),
-                "acknowledged record {seq} did not come back"
+                "acknowledged record at {lsn} did not come back"
             );
         }
         println!(

@@ -234,6 +234,8 @@
 #![warn(clippy::pedantic)]
 
 mod adapters;
+#[cfg(feature = "append-log")]
+mod append_log;
 mod batch;
 mod blocking;
 mod buf;
@@ -261,6 +263,10 @@ mod util;
 #[cfg(feature = "parquet")]
 pub use adapters::ParquetFileReader;
 pub use adapters::UringFileCursor;
+#[cfg(feature = "append-log")]
+pub use append_log::{
+    AppendFuture, AppendLog, AppendLogOptions, LogRecord, LogRecovery, RECORD_HEADER_LEN,
+};
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};
 

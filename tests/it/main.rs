@@ -44,6 +44,9 @@ mod fuse_harness;
 mod handle;
 /// Shutdown, drop, runtimes that die, contexts used from other runtimes.
 mod lifecycle;
+/// `AppendLog`, the write-ahead log helper (feature `append-log`).
+#[cfg(feature = "append-log")]
+mod log;
 /// Builder options: valid ones keep results, invalid ones are errors.
 mod options;
 /// Reads: borrowed and owned buffers, file ids, offsets and EOF edges.

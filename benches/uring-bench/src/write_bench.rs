@@ -34,7 +34,10 @@
 //! threads (`write_all_at` + `sync_data`, std channels) and `no-backend`
 //! (the serial committer blocking its worker in `pwrite` + `fdatasync`: the
 //! serial group commit with an I/O path that costs nothing — a bound, not a
-//! design). Commit latency is from `append` to its acknowledgement. After
+//! design), and `append-log` (the crate's `AppendLog` helper: no committer,
+//! each writer appends itself; each record one positioned write at once,
+//! one `fdatasync` at a time covering every record written contiguously;
+//! its own framing, checked by its own recovery). Commit latency is from `append` to its acknowledgement. After
 //! each run the log is parsed and every acknowledged record checked. Before
 //! each round, the flush floor: one writer's serial record + `fdatasync`,
 //! whose p50 sets the ceiling `writers / p50` commits/s that no engine can
@@ -59,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hdrhistogram::Histogram;
-use uring_positioned_io::{AlignedBuf, UringContext};
+use uring_positioned_io::{AlignedBuf, AppendLogOptions, OpenOptions, UringContext};
 
 use crate::cli::WriteArgs;
 use crate::kinds::{LogKind, Part};
@@ -648,6 +651,12 @@ enum WalEngine {
     /// worker also changes how the writers are scheduled) and not a design
     /// to copy.
     Blocking,
+    /// The crate's `AppendLog` (feature `append-log`): each writer appends
+    /// its records itself (no committer task); the log reserves offsets,
+    /// writes each record at once, and one `fdatasync` at a time covers
+    /// every record written contiguously. Its own framing, so checked by
+    /// its own recovery.
+    AppendLog,
 }
 
 struct WalOutcome {
@@ -890,6 +899,87 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
     })
 }
 
+/// The `append-log` engine: `AppendLog` over the log file, 64 writers
+/// appending directly; its acknowledged records are checked by reopening
+/// the log (recovery) right after the run.
+fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (writers, len, secs) = (a.wal_writers, a.record_bytes as usize, a.secs);
+    let path = path.to_path_buf();
+    rt.block_on(async move {
+        let err = |e: std::io::Error| e.to_string();
+        let ctx = UringContext::new(vec![]).map_err(err)?;
+        let opts = OpenOptions::new().read(true).write(true).clone();
+        let file = ctx.open_file(&path, &opts).await.map_err(err)?;
+        let (log, old) = AppendLogOptions::new().open(file).await.map_err(err)?;
+        if !old.is_empty() {
+            return Err("append-log: the prepared log is not empty".into());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let (log, stop) = (log.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut hist = Histogram::<u64>::new(3).unwrap();
+                let mut acked = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    log.append(record(w, i, len))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    hist.record(t.elapsed().as_nanos() as u64).ok();
+                    acked.push((w, i));
+                    i += 1;
+                }
+                Ok::<_, String>((hist, acked))
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        let mut acked = Vec::new();
+        for t in tasks {
+            let (h, a) = t.await.map_err(|e| e.to_string())??;
+            hist.add(&h).ok();
+            acked.extend(a);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        log.close().await.map_err(err)?;
+        let groups = log.syncs();
+        drop(log);
+        // Recovery through a fresh open: every acknowledged record back.
+        let file = ctx.open_file(&path, &opts).await.map_err(err)?;
+        let (_log, records) = AppendLogOptions::new().open(file).await.map_err(err)?;
+        let mut found = std::collections::HashSet::new();
+        for r in &records {
+            let p = &r.payload;
+            let w = u64::from_le_bytes(p[..8].try_into().unwrap());
+            let i = u64::from_le_bytes(p[8..16].try_into().unwrap());
+            if p[..] != record(w, i, len)[..] {
+                return Err(format!("append-log: record at {} is corrupt", r.offset));
+            }
+            found.insert((w, i));
+        }
+        if let Some(a) = acked.iter().find(|a| !found.contains(a)) {
+            return Err(format!(
+                "append-log: acknowledged record {a:?} not recovered"
+            ));
+        }
+        Ok(WalOutcome {
+            commits_per_sec: acked.len() as f64 / elapsed,
+            hist,
+            groups,
+            acked,
+        })
+    })
+}
+
 fn wal_threads(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
     let (writers, len, secs) = (a.wal_writers, a.record_bytes as usize, a.secs);
     let file = open_log(path)?;
@@ -1083,6 +1173,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         WalEngine::TokioFs,
         WalEngine::Threads,
         WalEngine::Blocking,
+        WalEngine::AppendLog,
     ]
     .into_iter()
     .filter(|&e| direct || e != WalEngine::UringDsync)
@@ -1108,9 +1199,13 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
             prepare_log(&path, kind, bytes)?;
             let out = match e {
                 WalEngine::Threads => wal_threads(&path, a)?,
+                // Verified by its own recovery (its own framing).
+                WalEngine::AppendLog => wal_append_log(&path, a)?,
                 e => wal_async(e, &path, a)?,
             };
-            verify_log(&path, &out.acked, a.record_bytes as usize)?;
+            if e != WalEngine::AppendLog {
+                verify_log(&path, &out.acked, a.record_bytes as usize)?;
+            }
             if kind == LogKind::Preallocated
                 && std::fs::metadata(&path).map_err(|e| e.to_string())?.len() > bytes
             {
@@ -1134,6 +1229,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "tokio-fs",
         "threads",
         "no-backend",
+        "append-log",
     ] {
         let Some(r) = rows.get(name) else {
             println!("{name:>12}  n/a: this file system refuses O_DIRECT");
@@ -1170,12 +1266,13 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "tokio-fs",
         "threads",
         "no-backend",
+        "append-log",
     ] {
         let Some(row) = med.get(name) else { continue };
         println!("  {name}: {:.2} of the ceiling", row.0 / ceiling.max(1e-9));
     }
     let (t, th) = (med["tokio-fs"], med["threads"]);
-    for name in ["uring", "uring-serial", "uring-dsync"] {
+    for name in ["uring", "uring-serial", "uring-dsync", "append-log"] {
         let Some(&u) = med.get(name) else { continue };
         println!(
             "ratios {name}: commits/s vs tokio-fs {:.2}, vs threads {:.2}; p99 vs tokio-fs {:.2}, vs threads {:.2}",
@@ -1189,6 +1286,12 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         println!("({overflowed} runs wrote past the preallocated size and appended the rest)");
     }
     let nb = med["no-backend"];
+    if let Some(al) = med.get("append-log") {
+        println!(
+            "append-log (the crate's AppendLog): {:.2}x the no-backend reference",
+            al.0 / nb.0
+        );
+    }
     println!(
         "reference, the serial group commit with no I/O backend cost (the committer blocking in pwrite + fdatasync): {:.2}x tokio-fs",
         nb.0 / t.0
@@ -1210,6 +1313,7 @@ fn engine_name(e: WalEngine) -> &'static str {
         WalEngine::Threads => "threads",
         WalEngine::UringDsync => "uring-dsync",
         WalEngine::Blocking => "no-backend",
+        WalEngine::AppendLog => "append-log",
     }
 }
 

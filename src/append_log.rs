@@ -1,0 +1,740 @@
+//! [`AppendLog`]: a write-ahead log over one [`UringFile`] (feature
+//! `append-log`) — reserved offsets, framed and checksummed records,
+//! group commit with `fdatasync`, preallocation, and recovery.
+//!
+//! # On-disk format
+//!
+//! A log is a sequence of records from offset 0, back to back, each a
+//! 12-byte header and the payload, little-endian:
+//!
+//! ```text
+//! [len u32][epoch u32][crc u32][payload: len bytes]
+//! crc = CRC-32 (IEEE) of offset u64 ‖ len ‖ epoch ‖ payload
+//! ```
+//!
+//! `offset` is the record's own position in the file (not stored: a record
+//! copied or shifted elsewhere does not verify). `epoch` is 1 for the
+//! records of a new log and one more than the last recovered record's for
+//! each reopening; it never decreases along a valid log. Recovery stops at
+//! the first record that does not verify (a header or payload past the end
+//! of the file, a checksum that does not match, an epoch of 0 or one lower
+//! than the record before): so zeroes (a preallocated or never written
+//! tail: epoch 0) end the log, and so do the remains of records written
+//! before a crash beyond the first torn one — the records appended after
+//! recovery carry a higher epoch, so an old record that one of them happens
+//! to end next to is never taken for a continuation of the log.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use tokio::sync::oneshot;
+
+use crate::file::UringFile;
+use crate::flags::FallocateMode;
+
+/// Bytes of a record's header: `len`, `epoch`, `crc`.
+pub const RECORD_HEADER_LEN: usize = 12;
+
+/// The default largest payload [`AppendLog::append`] takes (16 MiB).
+const DEFAULT_MAX_RECORD: usize = 16 << 20;
+
+/// Bytes read at once by recovery.
+const RECOVERY_CHUNK: usize = 1 << 20;
+
+fn checksum(offset: u64, len: u32, epoch: u32, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&offset.to_le_bytes());
+    h.update(&len.to_le_bytes());
+    h.update(&epoch.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+/// Settings of an [`AppendLog`]: the largest record and preallocation.
+/// [`open`](Self::open) recovers a log and opens it for appends.
+#[derive(Clone, Debug)]
+pub struct AppendLogOptions {
+    max_record_len: usize,
+    preallocate: u64,
+}
+
+impl Default for AppendLogOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AppendLogOptions {
+    /// Records up to 16 MiB, no preallocation.
+    #[must_use]
+    pub fn new() -> Self {
+        AppendLogOptions {
+            max_record_len: DEFAULT_MAX_RECORD,
+            preallocate: 0,
+        }
+    }
+
+    /// The largest payload an append takes (at most `u32::MAX` bytes less
+    /// the header); a larger one fails with `InvalidInput`. Recovery reads
+    /// records of any length.
+    #[must_use]
+    pub fn max_record_len(mut self, bytes: usize) -> Self {
+        self.max_record_len = bytes.min(u32::MAX as usize - RECORD_HEADER_LEN);
+        self
+    }
+
+    /// Preallocate the file ahead of the tail in steps of `bytes` (0, the
+    /// default: never) with `fallocate(2)` ([`FallocateMode::ALLOCATE`],
+    /// which extends the file's size: an `fdatasync` after a write into
+    /// space allocated ahead need not record a new size). Recovery sees
+    /// the zeroes after the last record and stops there. A file system
+    /// that cannot preallocate turns it off; the appends go on.
+    #[must_use]
+    pub fn preallocate(mut self, bytes: u64) -> Self {
+        self.preallocate = bytes;
+        self
+    }
+
+    /// Recovers the log in `file` and opens it for appends: reads it from
+    /// offset 0, verifying every record, up to the first that does not
+    /// verify; returns the log, whose next append goes there, and the
+    /// records recovered, in offset order. An empty file is an empty log.
+    /// For a log too large to hold in memory, read it with
+    /// [`recover`](Self::recover).
+    ///
+    /// # Errors
+    ///
+    /// A failed read or `statx` of the file; `NotFound`-free otherwise:
+    /// a torn or corrupt tail is not an error, it ends the log.
+    pub async fn open(&self, file: UringFile) -> io::Result<(AppendLog, Vec<LogRecord>)> {
+        let mut rec = self.recover(file);
+        let mut records = Vec::new();
+        while let Some(r) = rec.next_record().await? {
+            records.push(r);
+        }
+        Ok((rec.into_log()?, records))
+    }
+
+    /// A reader of the log in `file`, record by record; once it has
+    /// returned `None`, [`LogRecovery::into_log`] opens the log for
+    /// appends after the last record it returned.
+    #[must_use]
+    pub fn recover(&self, file: UringFile) -> LogRecovery {
+        LogRecovery {
+            file,
+            options: self.clone(),
+            size: None,
+            buf: Vec::new(),
+            buf_start: 0,
+            pos: 0,
+            epoch: 0,
+            done: false,
+        }
+    }
+}
+
+/// A record read back by recovery: where it starts (the position its
+/// append resolved to) and its payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRecord {
+    /// The record's offset in the file: its position.
+    pub offset: u64,
+    /// The payload appended.
+    pub payload: Vec<u8>,
+}
+
+/// Reads a log back, record by record (made by
+/// [`AppendLogOptions::recover`]), and then opens it for appends.
+pub struct LogRecovery {
+    file: UringFile,
+    options: AppendLogOptions,
+    /// The file's size, once asked.
+    size: Option<u64>,
+    /// Bytes of the file from `buf_start`.
+    buf: Vec<u8>,
+    buf_start: u64,
+    /// Where the next record starts.
+    pos: u64,
+    /// The epoch of the last record returned (0: none yet).
+    epoch: u32,
+    /// The end of the log was found.
+    done: bool,
+}
+
+impl fmt::Debug for LogRecovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogRecovery")
+            .field("file", &self.file)
+            .field("pos", &self.pos)
+            .field("epoch", &self.epoch)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogRecovery {
+    /// `n` bytes of the file at `at` (`at + n` within the file), read
+    /// unless buffered.
+    async fn bytes(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
+        let have = at >= self.buf_start && at + n as u64 <= self.buf_start + self.buf.len() as u64;
+        if !have {
+            let size = self.size.unwrap_or(0);
+            // At least `n` (within the file), at most a chunk more.
+            let left = usize::try_from(size - at).unwrap_or(usize::MAX);
+            let want = n.max(RECOVERY_CHUNK).min(left);
+            let (res, buf) = self
+                .file
+                .read_exact_at_owned(Vec::with_capacity(want), at)
+                .await;
+            res?;
+            self.buf = buf;
+            self.buf_start = at;
+        }
+        let from = usize::try_from(at - self.buf_start).unwrap_or(usize::MAX);
+        self.buf
+            .get(from..from.saturating_add(n))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "append log: short read"))
+    }
+
+    /// The next record, or `None` at the end of the log (the end of the
+    /// file or the first record that does not verify).
+    ///
+    /// # Errors
+    ///
+    /// A failed read or `statx`; the reader can be asked again.
+    pub async fn next_record(&mut self) -> io::Result<Option<LogRecord>> {
+        if self.done {
+            return Ok(None);
+        }
+        let size = if let Some(s) = self.size {
+            s
+        } else {
+            let s = self.file.len().await?;
+            self.size = Some(s);
+            s
+        };
+        let at = self.pos;
+        if at + RECORD_HEADER_LEN as u64 > size {
+            self.done = true;
+            return Ok(None);
+        }
+        let h = self.bytes(at, RECORD_HEADER_LEN).await?;
+        let word = |k: usize| u32::from_le_bytes([h[k], h[k + 1], h[k + 2], h[k + 3]]);
+        let (len, epoch, crc) = (word(0), word(4), word(8));
+        let end = at + RECORD_HEADER_LEN as u64 + u64::from(len);
+        if epoch == 0 || epoch < self.epoch || end > size {
+            self.done = true;
+            return Ok(None);
+        }
+        let Ok(n) = usize::try_from(len) else {
+            self.done = true;
+            return Ok(None);
+        };
+        let payload = self.bytes(at + RECORD_HEADER_LEN as u64, n).await?;
+        if checksum(at, len, epoch, payload) != crc {
+            self.done = true;
+            return Ok(None);
+        }
+        let payload = payload.to_vec();
+        self.pos = end;
+        self.epoch = epoch;
+        Ok(Some(LogRecord {
+            offset: at,
+            payload,
+        }))
+    }
+
+    /// Where the log ends so far: the end of the last record returned.
+    #[must_use]
+    pub fn end(&self) -> u64 {
+        self.pos
+    }
+
+    /// Opens the log for appends after the last record returned, with the
+    /// next epoch. Call it after [`next_record`](Self::next_record)
+    /// returned `None`: appending anywhere else would cut the log short.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` before the end was reached; the error of
+    /// `tokio::runtime::Handle::try_current` outside a tokio runtime.
+    pub fn into_log(self) -> io::Result<AppendLog> {
+        if !self.done {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "LogRecovery::into_log before the end of the log was read",
+            ));
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let epoch = self.epoch.checked_add(1).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "append log: epoch exhausted")
+        })?;
+        let tail = self.pos;
+        let size = self.size.unwrap_or(0);
+        Ok(AppendLog {
+            inner: Arc::new(Inner {
+                file: self.file,
+                runtime,
+                epoch,
+                max_record_len: self.options.max_record_len,
+                state: Mutex::new(State {
+                    tail,
+                    written: tail,
+                    done: BTreeMap::new(),
+                    durable: tail,
+                    waiters: BTreeMap::new(),
+                    barriers: Vec::new(),
+                    syncing: false,
+                    poisoned: None,
+                    closed: false,
+                    prealloc_step: self.options.preallocate,
+                    prealloc_end: size,
+                    syncs: 0,
+                }),
+            }),
+        })
+    }
+}
+
+/// Why the log takes no more appends.
+#[derive(Clone, Debug)]
+struct Poison {
+    kind: io::ErrorKind,
+    errno: Option<i32>,
+    what: String,
+}
+
+impl Poison {
+    fn new(what: &str, e: &io::Error) -> Self {
+        Poison {
+            kind: e.kind(),
+            errno: e.raw_os_error(),
+            what: format!("{what}: {e}"),
+        }
+    }
+
+    /// The error of an append the failure covers: the errno itself if
+    /// there is one.
+    fn covered(&self) -> io::Error {
+        match self.errno {
+            Some(e) => io::Error::from_raw_os_error(e),
+            None => io::Error::new(self.kind, self.what.clone()),
+        }
+    }
+
+    /// The error of an append after the failure.
+    fn later(&self) -> io::Error {
+        io::Error::new(
+            self.kind,
+            format!(
+                "the append log failed earlier and takes no more appends ({})",
+                self.what
+            ),
+        )
+    }
+}
+
+struct State {
+    /// Where the next record goes.
+    tail: u64,
+    /// Every byte below has been written (its write completed).
+    written: u64,
+    /// Completed writes above `written`: start → end.
+    done: BTreeMap<u64, u64>,
+    /// Every byte below is durable (an `fdatasync` that started after its
+    /// write completed has completed).
+    durable: u64,
+    /// Appends waiting for their end to be durable: end → ack.
+    waiters: BTreeMap<u64, oneshot::Sender<io::Result<()>>>,
+    /// `close` calls waiting for `durable` to reach their tail.
+    barriers: Vec<(u64, oneshot::Sender<io::Result<()>>)>,
+    /// A sync task is running (at most one).
+    syncing: bool,
+    poisoned: Option<Poison>,
+    closed: bool,
+    prealloc_step: u64,
+    /// The file is allocated below.
+    prealloc_end: u64,
+    /// `fdatasync` calls made.
+    syncs: u64,
+}
+
+impl State {
+    /// Fails every append waiting and every later one.
+    fn poison(&mut self, p: Poison) {
+        for (_, tx) in std::mem::take(&mut self.waiters) {
+            let _ = tx.send(Err(p.covered()));
+        }
+        for (_, tx) in self.barriers.drain(..) {
+            let _ = tx.send(Err(p.covered()));
+        }
+        if self.poisoned.is_none() {
+            self.poisoned = Some(p);
+        }
+    }
+
+    /// `durable` reached `to`: acknowledges what it covers.
+    fn made_durable(&mut self, to: u64) {
+        self.durable = to;
+        let rest = self.waiters.split_off(&(to + 1));
+        for (_, tx) in std::mem::replace(&mut self.waiters, rest) {
+            let _ = tx.send(Ok(()));
+        }
+        let mut k = 0;
+        while k < self.barriers.len() {
+            if self.barriers[k].0 <= to {
+                let _ = self.barriers.swap_remove(k).1.send(Ok(()));
+            } else {
+                k += 1;
+            }
+        }
+    }
+}
+
+struct Inner {
+    file: UringFile,
+    runtime: tokio::runtime::Handle,
+    epoch: u32,
+    max_record_len: usize,
+    state: Mutex<State>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is updated by short sections that do not panic; a
+        // poisoned mutex still holds a consistent state.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts the sync task if something written is not durable and none
+    /// runs (called with the state locked).
+    fn kick(self: &Arc<Self>, st: &mut State) {
+        if !st.syncing && st.poisoned.is_none() && st.written > st.durable {
+            st.syncing = true;
+            self.runtime.spawn(sync_loop(self.clone()));
+        }
+    }
+}
+
+/// The one sync task: `fdatasync` everything written so far, acknowledge
+/// it, again while more was written meanwhile; preallocates ahead of the
+/// tail between syncs.
+async fn sync_loop(inner: Arc<Inner>) {
+    loop {
+        let (target, prealloc) = {
+            let mut st = inner.lock();
+            if st.poisoned.is_some() || st.written <= st.durable {
+                st.syncing = false;
+                return;
+            }
+            let step = st.prealloc_step;
+            let prealloc = if step > 0 && st.tail + step / 2 > st.prealloc_end {
+                let from = st.prealloc_end.max(st.tail);
+                Some((from, step))
+            } else {
+                None
+            };
+            st.syncs += 1;
+            (st.written, prealloc)
+        };
+        if let Some((from, len)) = prealloc {
+            let res = inner
+                .file
+                .fallocate(FallocateMode::ALLOCATE, from, len)
+                .await;
+            let mut st = inner.lock();
+            match res {
+                Ok(()) => st.prealloc_end = st.prealloc_end.max(from + len),
+                // Not supported here, no space left (the writes will say),
+                // or anything else: not a durability matter; stop trying.
+                Err(_) => st.prealloc_step = 0,
+            }
+        }
+        let res = inner.file.sync_data().await;
+        let mut st = inner.lock();
+        match res {
+            Ok(()) => st.made_durable(target),
+            Err(e) => {
+                st.poison(Poison::new("fdatasync", &e));
+                st.syncing = false;
+                return;
+            }
+        }
+    }
+}
+
+/// An append-only log of records in one file, with group commit: many
+/// tasks append at once, each append resolves to the record's position
+/// once the record — and every record before it — is durable. Made by
+/// [`AppendLogOptions::open`] (or [`LogRecovery::into_log`]), which first
+/// recovers the log the file holds; cheap to clone (all clones are one
+/// log), `Send + Sync + 'static`, and its futures `'static`.
+///
+/// - Positions: the log reserves each record's offset from an atomic tail
+///   on the append's first poll: positions are in first-poll order.
+/// - Writes: each record is one positioned write of its frame (header and
+///   payload), issued at once — many in flight.
+/// - Group commit: one `fdatasync` at a time covers every record written
+///   contiguously from the start when it starts; appends whose writes
+///   complete during it wait for the next. An append resolves only after
+///   an `fdatasync` that started after its own write and every earlier
+///   record's write completed has completed: no acknowledged record has a
+///   hole before it.
+/// - Failure: a failed write or `fdatasync` fails every append it covers
+///   (with the errno) and every later one: the log is poisoned (recover it
+///   by reopening). A failed append's record may or may not be recovered.
+///
+/// An append dropped after its first poll still completes in the
+/// background (its write, then its place in a sync): dropping it only
+/// drops the acknowledgement. The file must not be `O_DIRECT` (records are
+/// not aligned) nor written by anything else.
+///
+/// ```
+/// use uring_positioned_io::{AppendLogOptions, OpenOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let dir = tempfile::tempdir()?;
+/// let ctx = UringContext::new(vec![])?;
+/// let opts = OpenOptions::new().read(true).write(true).create(true).clone();
+/// let file = ctx.open_file(dir.path().join("wal"), &opts).await?;
+/// let (log, recovered) = AppendLogOptions::new().open(file.clone()).await?;
+/// assert!(recovered.is_empty());
+///
+/// let a = log.append(b"first".to_vec());
+/// let b = log.append(b"second".to_vec());
+/// let (a, b) = tokio::try_join!(a, b)?; // durable, both
+/// assert_ne!(a, b);
+/// log.close().await?;
+///
+/// // After a restart: the same records, in offset order.
+/// let (log, recovered) = AppendLogOptions::new().open(file).await?;
+/// let payloads: Vec<_> = recovered.iter().map(|r| &r.payload[..]).collect();
+/// assert_eq!(recovered[0].offset, a.min(b));
+/// let (first, second): (&[u8], &[u8]) = (b"first", b"second");
+/// assert!(payloads == [first, second] || payloads == [second, first]);
+/// log.append(b"third".to_vec()).await?;
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AppendLog {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for AppendLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.inner.lock();
+        f.debug_struct("AppendLog")
+            .field("file", &self.inner.file)
+            .field("epoch", &self.inner.epoch)
+            .field("tail", &st.tail)
+            .field("durable", &st.durable)
+            .field("poisoned", &st.poisoned.is_some())
+            .field("closed", &st.closed)
+            .finish()
+    }
+}
+
+impl AppendLog {
+    /// Appends `payload` as one record; resolves to the record's position
+    /// (its offset in the file) once it and every record before it are
+    /// durable. The record's offset is reserved, and its write issued, on
+    /// the future's first poll.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a payload longer than
+    /// [`max_record_len`](AppendLogOptions::max_record_len); an error
+    /// after [`close`](Self::close); the write's or `fdatasync`'s error
+    /// (its errno) for a failure covering the record, and an error naming
+    /// that failure for every append after it.
+    pub fn append(&self, payload: impl AsRef<[u8]> + Send + 'static) -> AppendFuture {
+        let inner = self.inner.clone();
+        AppendFuture {
+            runtime: inner.runtime.clone(),
+            fut: Some(Box::pin(append(inner, payload))),
+            polled: false,
+        }
+    }
+
+    /// Refuses later appends, then waits until every record appended so
+    /// far is durable (or has failed).
+    ///
+    /// # Errors
+    ///
+    /// The failure that poisoned the log, if one did.
+    pub async fn close(&self) -> io::Result<()> {
+        let rx = {
+            let mut st = self.inner.lock();
+            st.closed = true;
+            if let Some(p) = &st.poisoned {
+                return Err(p.later());
+            }
+            if st.durable >= st.tail {
+                return Ok(());
+            }
+            let (tx, rx) = oneshot::channel();
+            let tail = st.tail;
+            st.barriers.push((tail, tx));
+            rx
+        };
+        rx.await
+            .map_err(|_| io::Error::other("append log: the sync task stopped"))?
+    }
+
+    /// Where the next record goes: the end of the records reserved so far.
+    #[must_use]
+    pub fn tail(&self) -> u64 {
+        self.inner.lock().tail
+    }
+
+    /// The end of the durable records: every record below is acknowledged
+    /// or can be.
+    #[must_use]
+    pub fn durable(&self) -> u64 {
+        self.inner.lock().durable
+    }
+
+    /// The epoch of this opening's records (see the module's format).
+    #[must_use]
+    pub fn epoch(&self) -> u32 {
+        self.inner.epoch
+    }
+
+    /// `fdatasync` calls made so far: appends acknowledged per sync is a
+    /// measure of the group commit.
+    #[must_use]
+    pub fn syncs(&self) -> u64 {
+        self.inner.lock().syncs
+    }
+
+    /// The file the log is in.
+    #[must_use]
+    pub fn file(&self) -> &UringFile {
+        &self.inner.file
+    }
+}
+
+async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64> {
+    let payload = payload.as_ref();
+    if payload.len() > inner.max_record_len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "append log: a record of {} bytes, more than the {} allowed",
+                payload.len(),
+                inner.max_record_len
+            ),
+        ));
+    }
+    // max_record_len keeps it within u32 less the header.
+    let len =
+        u32::try_from(payload.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let frame_len = (RECORD_HEADER_LEN + payload.len()) as u64;
+    // Reserve the offset.
+    let offset = {
+        let mut st = inner.lock();
+        if let Some(p) = &st.poisoned {
+            return Err(p.later());
+        }
+        if st.closed {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "append log: closed, it takes no more appends",
+            ));
+        }
+        let offset = st.tail;
+        st.tail += frame_len;
+        offset
+    };
+    let end = offset + frame_len;
+    let mut frame = Vec::with_capacity(RECORD_HEADER_LEN + payload.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&inner.epoch.to_le_bytes());
+    frame.extend_from_slice(&checksum(offset, len, inner.epoch, payload).to_le_bytes());
+    frame.extend_from_slice(payload);
+    let (res, _frame) = inner.file.write_all_at_owned(frame, offset).await;
+    let rx = {
+        let mut st = inner.lock();
+        if let Err(e) = res {
+            st.poison(Poison::new("write", &e));
+            return Err(e);
+        }
+        if let Some(p) = &st.poisoned {
+            return Err(p.later());
+        }
+        if offset == st.written {
+            let mut written = end;
+            while let Some(e) = st.done.remove(&written) {
+                written = e;
+            }
+            st.written = written;
+        } else {
+            st.done.insert(offset, end);
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiters.insert(end, tx);
+        inner.kick(&mut st);
+        rx
+    };
+    match rx.await {
+        Ok(Ok(())) => Ok(offset),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(io::Error::other("append log: the sync task stopped")),
+    }
+}
+
+/// The future of [`AppendLog::append`]: `'static`; resolves to the
+/// record's position once it is durable. Dropped after its first poll, the
+/// append goes on in the background (see [`AppendLog`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct AppendFuture {
+    fut: Option<Pin<Box<dyn Future<Output = io::Result<u64>> + Send>>>,
+    /// Polled once: its offset is reserved (an unpolled one reserved
+    /// nothing and is just dropped).
+    polled: bool,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Drop for AppendFuture {
+    fn drop(&mut self) {
+        // A reserved record must be written and take its place in a sync,
+        // or every later record would wait behind its hole forever.
+        if let (true, Some(fut)) = (self.polled, self.fut.take()) {
+            self.runtime.spawn(fut);
+        }
+    }
+}
+
+impl Future for AppendFuture {
+    type Output = io::Result<u64>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let fut = this
+            .fut
+            .as_mut()
+            .expect("AppendFuture polled after completion");
+        this.polled = true;
+        let out = fut.as_mut().poll(cx);
+        if out.is_ready() {
+            this.fut = None;
+        }
+        out
+    }
+}
+
+impl fmt::Debug for AppendFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AppendFuture")
+            .field("done", &self.fut.is_none())
+            .finish_non_exhaustive()
+    }
+}
