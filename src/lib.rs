@@ -222,6 +222,10 @@
 //! - `bytes`: `IoBufMut` for `bytes::BytesMut`; exact reads into `Bytes`
 //!   (`UringFile::read_exact_at_bytes`, `read_ranges_bytes`) and a scan's
 //!   `Chunk` into `Bytes`, without a copy.
+//! - `append-log`: `AppendLog`, a write-ahead log over a `UringFile`:
+//!   `append` resolves to the record's offset once it and every earlier
+//!   record are durable (group commit, CRC-32 framing, preallocation), and
+//!   opening a log recovers it up to its first torn record.
 //! - `parquet`: `ParquetFileReader`, parquet's `AsyncFileReader` over a
 //!   `UringFile` (one read per range, one batch per set of ranges).
 //! - `tracing`: the context's one-time decisions (the fallback and why, a
