@@ -1,4 +1,4 @@
-//! Two per-cell probes (issue #8):
+//! Two per-cell probes, of what an engine costs the rest of the process:
 //!
 //! - **timer lateness**: a task on the engine's own tokio runtime loops
 //!   `tokio::time::sleep(1 ms)` during the measured window and records how

@@ -321,10 +321,8 @@ pub fn run(args: &Args) -> Result<bool, String> {
             thread_wake: Some(thread_wake),
         },
         cells,
-        targets: Vec::new(),
     };
     let mut report = report;
-    report.targets = report::targets(&report);
     report.info.total_seconds = t_start.elapsed().as_secs_f64();
 
     println!();
@@ -344,10 +342,6 @@ pub fn run(args: &Args) -> Result<bool, String> {
     }
     for l in report::skipped(&report) {
         println!("  {l}");
-    }
-    if !report.targets.is_empty() {
-        println!();
-        print!("{}", report::targets_table(&report.targets, Style::Text));
     }
 
     let charts = if args.no_charts {
@@ -372,5 +366,11 @@ pub fn run(args: &Args) -> Result<bool, String> {
         charts.len(),
         t_start.elapsed().as_secs_f64()
     );
+    println!();
+    for v in report::verdicts(&report) {
+        for l in report::wrap(&v, 100) {
+            println!("{l}");
+        }
+    }
     Ok(all_ok)
 }

@@ -295,7 +295,6 @@ pub struct RunInfo {
 pub struct Report {
     pub info: RunInfo,
     pub cells: Vec<Cell>,
-    pub targets: Vec<TargetCheck>,
 }
 
 pub fn rate(r: f64) -> String {
@@ -610,9 +609,9 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
             x * 100.0
         );
     }
-    if !r.targets.is_empty() {
-        let _ = writeln!(s, "\n## Targets\n");
-        s.push_str(&targets_table(&r.targets, Style::Markdown));
+    let _ = writeln!(s, "\n## Verdict\n");
+    for v in verdicts(r) {
+        let _ = writeln!(s, "- {v}");
     }
     let _ = writeln!(s, "\n## All figures\n");
     let _ = writeln!(
@@ -667,6 +666,100 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
     s
 }
 
+/// The engine whose figures the verdict states as ratios: this crate's.
+const OURS: &str = "uring";
+
+/// One line per regime, for the end of the run: the fastest engine (its best
+/// depth and reads/s) and, at every depth, the `uring` engine's reads/s as a
+/// ratio to each other engine that ran, e.g.
+/// `hot: mmap fastest (1.44M reads/s at depth 32); uring at depth 8/32: 0.50/0.52x mmap, 0.74/0.80x pread`.
+pub fn verdicts(r: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for &regime in &r.info.regimes {
+        let ok: Vec<&Cell> = r
+            .cells
+            .iter()
+            .filter(|c| c.regime == regime && c.ok() && c.reads > 0)
+            .collect();
+        let Some(best) = ok
+            .iter()
+            .max_by(|a, b| a.reads_per_sec.total_cmp(&b.reads_per_sec))
+        else {
+            out.push(format!("{}: no engine ran", regime.name()));
+            continue;
+        };
+        let mut line = format!(
+            "{}: {} fastest ({} reads/s at depth {})",
+            regime.name(),
+            best.engine,
+            rate(best.reads_per_sec),
+            best.depth
+        );
+        let depths: Vec<usize> = r
+            .info
+            .depths
+            .iter()
+            .copied()
+            .filter(|&d| ok.iter().any(|c| c.engine == OURS && c.depth == d))
+            .collect();
+        let at = |e: &str, d: usize| {
+            ok.iter()
+                .find(|c| c.engine == e && c.depth == d)
+                .map(|c| c.reads_per_sec)
+        };
+        let others: Vec<String> = r
+            .info
+            .engines
+            .iter()
+            .filter(|e| e.as_str() != OURS)
+            .filter_map(|e| {
+                let xs: Vec<String> = depths
+                    .iter()
+                    .map(|&d| match (at(OURS, d), at(e, d)) {
+                        (Some(u), Some(o)) if o > 0.0 => format!("{:.2}", u / o),
+                        _ => "-".into(),
+                    })
+                    .collect();
+                xs.iter()
+                    .any(|x| x != "-")
+                    .then(|| format!("{}x {e}", xs.join("/")))
+            })
+            .collect();
+        if !others.is_empty() {
+            let ds: Vec<String> = depths.iter().map(ToString::to_string).collect();
+            let _ = write!(
+                line,
+                "; {OURS} at depth {}: {}",
+                ds.join("/"),
+                others.join(", ")
+            );
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// Breaks `line` at spaces into lines of at most `width` characters (a
+/// longer word stays whole), continuation lines indented by two spaces.
+pub fn wrap(line: &str, width: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in line.split(' ') {
+        let len = cur.chars().count();
+        if len > 0 && len + 1 + word.chars().count() > width {
+            out.push(std::mem::take(&mut cur));
+            cur.push_str("  ");
+        } else if len > 0 {
+            cur.push(' ');
+        }
+        cur.push_str(word);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,104 +774,17 @@ mod tests {
         let m = table(&rows, Style::Markdown);
         assert!(m.starts_with("| a   | bb |"), "{m}");
     }
-}
 
-/// One of the original study's targets, evaluated on this run's cells.
-#[derive(Debug, Clone, Serialize)]
-pub struct TargetCheck {
-    pub target: String,
-    pub measured: String,
-    pub met: bool,
-}
-
-/// Evaluates the original study's targets wherever this run has the cells they
-/// need (same run, same regime and depth; ratios only).
-pub fn targets(r: &Report) -> Vec<TargetCheck> {
-    let cell = |e: &str, regime: Regime, depth: usize| {
-        r.cells
-            .iter()
-            .find(|c| c.engine == e && c.regime == regime && c.depth == depth && c.ok())
-    };
-    let mut out = Vec::new();
-    // "uring reads/s >= min x `base` reads/s" in `regime` at `depth`.
-    let throughput = |regime: Regime, depth: usize, base: &str, min: f64, target: String| {
-        let (u, b) = (cell("uring", regime, depth)?, cell(base, regime, depth)?);
-        let x = u.reads_per_sec / b.reads_per_sec;
-        Some(TargetCheck {
-            target,
-            measured: format!(
-                "{x:.2}x ({} vs {})",
-                rate(u.reads_per_sec),
-                rate(b.reads_per_sec)
-            ),
-            met: x >= min,
-        })
-    };
-    for depth in [32, 512] {
-        out.extend(throughput(
-            Regime::Hot,
-            depth,
-            "mmap",
-            0.5,
-            format!("hot, depth {depth}: uring >= 0.5x mmap"),
-        ));
-        out.extend(throughput(
-            Regime::Hot,
-            depth,
-            "tokio-fs",
-            5.0,
-            format!("hot, depth {depth}: uring >= 5x tokio-fs"),
-        ));
-        out.extend(throughput(
-            Regime::Cold,
-            depth,
-            "mmap",
-            1.0,
-            format!("cold, depth {depth}: uring >= mmap"),
-        ));
-        let (Some(u), Some(m)) = (
-            cell("uring", Regime::Cold, depth),
-            cell("mmap", Regime::Cold, depth),
-        ) else {
-            continue;
-        };
-        if let (Some(lu), Some(lm)) = (&u.latency_us, &m.latency_us) {
-            out.push(TargetCheck {
-                target: format!("cold, depth {depth}: uring p99.9 < mmap p99.9"),
-                measured: format!("{} vs {}", micros(lu.p999), micros(lm.p999)),
-                met: lu.p999 < lm.p999,
-            });
-        }
-        if let (Some(cu), Some(cm)) = (u.cpu_us_per_read, m.cpu_us_per_read) {
-            out.push(TargetCheck {
-                target: format!("cold, depth {depth}: uring CPU/read <= 0.5x mmap"),
-                measured: format!("{:.2}x ({cu:.1}µs vs {cm:.1}µs)", cu / cm),
-                met: cu <= 0.5 * cm,
-            });
-        }
+    #[test]
+    fn wrap_keeps_lines_short() {
+        let l = "hot: mmap fastest (1.44M reads/s at depth 32); uring at depth 8/32/512: \
+                 0.50/0.52/0.48x mmap, 0.74/0.80/0.90x pread, 3.10/2.90/2.20x tokio-fs";
+        let w = wrap(l, 60);
+        assert!(w.len() > 1, "{w:?}");
+        assert!(w.iter().all(|l| l.chars().count() <= 60), "{w:?}");
+        assert_eq!(
+            w.join(" ").split_whitespace().collect::<Vec<_>>().join(" "),
+            l
+        );
     }
-    out.extend(throughput(
-        Regime::Direct,
-        512,
-        "fio",
-        0.95,
-        "direct, depth 512: uring >= 0.95x fio".into(),
-    ));
-    out
-}
-
-pub fn targets_table(checks: &[TargetCheck], style: Style) -> String {
-    let mut rows = vec![vec![
-        "target (the original study)".to_string(),
-        "measured".into(),
-        "met".into(),
-    ]];
-    for c in checks {
-        rows.push(vec![
-            c.target.clone(),
-            c.measured.clone(),
-            if c.met { "yes".into() } else { "NO".into() },
-        ]);
-    }
-    table(&rows, style)
 }
