@@ -319,11 +319,10 @@ pub fn micros(us: f64) -> String {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Style {
-    Text,
     Markdown,
 }
 
-/// Renders rows as an aligned text table or a Markdown table. The first row is the header.
+/// Renders rows as a Markdown table with aligned columns. The first row is the header.
 pub fn table(rows: &[Vec<String>], style: Style) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width = |i: usize| {
@@ -347,13 +346,6 @@ pub fn table(rows: &[Vec<String>], style: Style) -> String {
             })
             .collect();
         match style {
-            Style::Text => {
-                let _ = writeln!(out, "{}", cells.join("  ").trim_end());
-                if n == 0 {
-                    let total: usize = widths.iter().sum::<usize>() + 2 * cols.saturating_sub(1);
-                    let _ = writeln!(out, "{}", "-".repeat(total));
-                }
-            }
             Style::Markdown => {
                 let _ = writeln!(out, "| {} |", cells.join(" | "));
                 if n == 0 {
@@ -524,6 +516,71 @@ pub fn details(r: &Report, style: Style) -> String {
         rows.push(row);
     }
     table(&rows, style)
+}
+
+/// The width the terminal output keeps to: `COLUMNS` when it is set (and at
+/// least 40), otherwise 100.
+pub fn term_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&w| w >= 40)
+        .unwrap_or(100)
+}
+
+/// Prints `line` wrapped to [`term_width`].
+pub fn say(line: &str) {
+    for l in wrap(line, term_width()) {
+        println!("{l}");
+    }
+}
+
+/// The terminal's per-cell table: the essential columns only (report.md and
+/// report.json have every figure), laid out to fit in `width` columns.
+pub fn terminal_cells(r: &Report, width: usize) -> String {
+    use comfy_table::{CellAlignment, ContentArrangement, Table};
+    let mut t = Table::new();
+    // no borders or column lines; a line of `-` under the header
+    t.load_preset("     --            ")
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        // three `µ` a row at most: keep the rows within `width` bytes too
+        .set_width(u16::try_from(width.saturating_sub(3)).unwrap_or(u16::MAX))
+        .set_header([
+            "engine", "regime", "depth", "reads/s", "x base", "p50", "p99.9", "CPU/read",
+        ]);
+    for c in &r.cells {
+        let mut row = vec![
+            c.engine.clone(),
+            c.regime.name().to_string(),
+            c.depth.to_string(),
+        ];
+        if c.ok() {
+            row.push(rate(c.reads_per_sec));
+            row.push(c.ratio.map_or("-".into(), |x| format!("{x:.2}")));
+            match &c.latency_us {
+                Some(l) => row.extend([micros(l.p50), micros(l.p999)]),
+                None => row.extend(["-".to_string(), "-".to_string()]),
+            }
+            row.push(
+                c.cpu_us_per_read
+                    .map_or("-".into(), |v| format!("{v:.2}µs")),
+            );
+        } else {
+            row.push(c.status.clone());
+            row.extend(std::iter::repeat_n("-".to_string(), 4));
+        }
+        t.add_row(row);
+    }
+    for i in 2..8 {
+        if let Some(col) = t.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut out = String::new();
+    for l in t.lines() {
+        let _ = writeln!(out, "{}", l.trim_end());
+    }
+    out
 }
 
 /// Cells that did not run, with why.
@@ -739,22 +796,27 @@ pub fn verdicts(r: &Report) -> Vec<String> {
     out
 }
 
-/// Breaks `line` at spaces into lines of at most `width` characters (a
-/// longer word stays whole), continuation lines indented by two spaces.
+/// Breaks `line` at spaces into lines of at most `width` bytes (a longer
+/// word stays whole); continuation lines get the line's own indentation and
+/// two spaces more. Bytes, not characters: a `µ` counts twice, so the lines
+/// also fit tools that count bytes (`awk 'length > 100'` under mawk).
 pub fn wrap(line: &str, width: usize) -> Vec<String> {
+    let body = line.trim_start_matches(' ');
+    let indent = &line[..line.len() - body.len()];
+    let more = format!("{indent}  ");
     let mut out: Vec<String> = Vec::new();
-    let mut cur = String::new();
-    for word in line.split(' ') {
-        let len = cur.chars().count();
-        if len > 0 && len + 1 + word.chars().count() > width {
-            out.push(std::mem::take(&mut cur));
-            cur.push_str("  ");
-        } else if len > 0 {
+    let mut cur = indent.to_string();
+    let mut empty = true;
+    for word in body.split(' ').filter(|w| !w.is_empty()) {
+        if !empty && cur.len() + 1 + word.len() > width {
+            out.push(std::mem::replace(&mut cur, more.clone()));
+        } else if !empty {
             cur.push(' ');
         }
         cur.push_str(word);
+        empty = false;
     }
-    if !cur.trim().is_empty() {
+    if !empty {
         out.push(cur);
     }
     out
@@ -769,8 +831,6 @@ mod tests {
             vec!["a".to_string(), "bb".to_string()],
             vec!["ccc".to_string(), "d".to_string()],
         ];
-        let t = table(&rows, Style::Text);
-        assert!(t.contains("a    bb"), "{t}");
         let m = table(&rows, Style::Markdown);
         assert!(m.starts_with("| a   | bb |"), "{m}");
     }
@@ -781,7 +841,8 @@ mod tests {
                  0.50/0.52/0.48x mmap, 0.74/0.80/0.90x pread, 3.10/2.90/2.20x tokio-fs";
         let w = wrap(l, 60);
         assert!(w.len() > 1, "{w:?}");
-        assert!(w.iter().all(|l| l.chars().count() <= 60), "{w:?}");
+        assert!(w.iter().all(|l| l.len() <= 60), "{w:?}");
+        assert_eq!(wrap("    a b c", 7), ["    a b", "      c"]);
         assert_eq!(
             w.join(" ").split_whitespace().collect::<Vec<_>>().join(" "),
             l
