@@ -243,7 +243,8 @@ pub struct Args {
     /// Seconds of the syscall window that follows each in-process cell's
     /// measured window: the same work goes on while every thread's system
     /// calls are counted (perf_event_open on the raw_syscalls:sys_enter
-    /// tracepoint; n/a when unavailable), reported per read. 0 turns it off.
+    /// tracepoint, which needs tracefs mounted: `-` and a one-line hint when
+    /// unavailable), reported per read. 0 turns it off.
     #[arg(long, default_value = "0.5", value_parser = parse_secs_or_zero)]
     pub syscall_window: f64,
 

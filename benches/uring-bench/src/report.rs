@@ -284,7 +284,7 @@ pub struct RunInfo {
     /// load on the machine shows up here.
     pub loadavg_start: String,
     pub loadavg_end: String,
-    /// How syscalls were counted, or why they were not ("n/a: ...").
+    /// How syscalls were counted, or why they were not ("not counted: ...").
     pub syscall_probe: String,
     /// The machine's thread wake-up latency, measured before the cells
     /// (`wake.rs`): the cost of each thread hand-off in the latencies.
@@ -423,9 +423,9 @@ pub fn timer_text(t: Option<&TimerLateness>) -> String {
     })
 }
 
-/// A count per read (syscalls, enters, polls), or "n/a".
+/// A count per read (syscalls, enters, polls), or `-` (not counted).
 pub fn per_read_text(v: Option<f64>) -> String {
-    v.map_or("n/a".into(), |v| {
+    v.map_or("-".into(), |v| {
         if v >= 10.0 {
             format!("{v:.1}")
         } else {
