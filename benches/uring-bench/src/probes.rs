@@ -309,7 +309,7 @@ mod tests {
         let mut c = match ProcessCounters::open() {
             Ok(c) => c,
             Err(why) => {
-                eprintln!("skipped: {why}");
+                eprintln!("SKIPPED: counting syscalls needs tracefs and perf_event_open: {why}");
                 drop(go_tx);
                 let _ = t.join();
                 return;
