@@ -398,7 +398,7 @@ pub struct MemFairArgs {
     pub hot_fraction: f64,
 
     /// Workloads to run.
-    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "zipf", "uniform4x", "fill"])]
+    #[arg(long, value_delimiter = ',', default_values = ["hot", "zipf", "uniform4x", "fill"])]
     pub workloads: Vec<MemWorkload>,
 
     /// Engines to compare (of mmap, pread, uring, uring-cache,
