@@ -798,12 +798,12 @@ pub fn verdicts(r: &Report) -> Vec<String> {
 
 /// Breaks `line` at spaces into lines of at most `width` bytes (a longer
 /// word stays whole); continuation lines get the line's own indentation and
-/// two spaces more. Bytes, not characters: a `µ` counts twice, so the lines
+/// four spaces more. Bytes, not characters: a `µ` counts twice, so the lines
 /// also fit tools that count bytes (`awk 'length > 100'` under mawk).
 pub fn wrap(line: &str, width: usize) -> Vec<String> {
     let body = line.trim_start_matches(' ');
     let indent = &line[..line.len() - body.len()];
-    let more = format!("{indent}  ");
+    let more = format!("{indent}    ");
     let mut out: Vec<String> = Vec::new();
     let mut cur = indent.to_string();
     let mut empty = true;
@@ -842,7 +842,7 @@ mod tests {
         let w = wrap(l, 60);
         assert!(w.len() > 1, "{w:?}");
         assert!(w.iter().all(|l| l.len() <= 60), "{w:?}");
-        assert_eq!(wrap("    a b c", 7), ["    a b", "      c"]);
+        assert_eq!(wrap("  a b c", 5), ["  a b", "      c"]);
         assert_eq!(
             w.join(" ").split_whitespace().collect::<Vec<_>>().join(" "),
             l

@@ -24,6 +24,23 @@ fn skip(reason: &str, ci_provides: bool) {
     eprintln!("SKIPPED: {reason}");
 }
 
+/// The output's lines with the terminal wrapping undone: a line indented
+/// exactly four spaces more than the one before continues it.
+fn unwrapped(out: &str) -> Vec<String> {
+    let indent = |l: &str| l.len() - l.trim_start_matches(' ').len();
+    let mut v: Vec<String> = Vec::new();
+    for l in out.lines() {
+        match v.last_mut() {
+            Some(prev) if !prev.trim().is_empty() && indent(l) == indent(prev) + 4 => {
+                prev.push(' ');
+                prev.push_str(l.trim_start());
+            }
+            _ => v.push(l.to_string()),
+        }
+    }
+    v
+}
+
 /// A temp dir on the build filesystem (not tmpfs, so O_DIRECT works).
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
@@ -199,8 +216,10 @@ fn cache_engines_report_hit_ratios() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    let lines: Vec<&str> = out
-        .lines()
+    let logical = unwrapped(&out);
+    let lines: Vec<&str> = logical
+        .iter()
+        .map(String::as_str)
         .filter(|l| l.contains("cache hit ratio"))
         .collect();
     assert_eq!(lines.len(), 4, "{out}");
