@@ -94,8 +94,9 @@ fn parse_depth(s: &str) -> Result<usize, String> {
 /// cold, every block verified.
 ///
 /// With no arguments: makes (or reuses) an 8 x 1 GiB dataset in ./bench-data,
-/// runs `uring` and `mmap` at 8, 32 and 512 reads in flight, hot and cold,
-/// prints the table and writes JSON, Markdown and SVG charts to
+/// runs `uring`, `mmap` and `pread` (a thread per read in flight) at 8, 32
+/// and 512 reads in flight, hot and cold, 2 s per cell (18 cells), prints
+/// the table and writes JSON, Markdown and SVG charts to
 /// ./bench-results/<time>/.
 ///
 /// `uring-bench cpu-per-read` measures CPU per read on cached data instead:
@@ -108,7 +109,8 @@ pub struct Args {
     pub mode: Option<Mode>,
 
     /// Engines to run (comma separated or repeated); `all` runs every engine.
-    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap"])]
+    /// The default compares this crate with mmap and with pread threads.
+    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "mmap", "pread"])]
     pub engines: Vec<EngineKind>,
 
     /// Reads in flight per engine (tasks / threads / ring slots / fio iodepth).
@@ -119,8 +121,10 @@ pub struct Args {
     #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
     pub regimes: Vec<Regime>,
 
-    /// Measured time per cell, in seconds (`2.5`, `60s`, `200ms`).
-    #[arg(short = 't', long, default_value = "2.5", value_parser = parse_secs)]
+    /// Measured time per cell, in seconds (`2.5`, `60s`, `200ms`). The
+    /// default of 2 s keeps the default run (18 cells) short; use more (and
+    /// `--repeat 3`) for figures to keep.
+    #[arg(short = 't', long, default_value = "2", value_parser = parse_secs)]
     pub duration: f64,
 
     /// Run every cell this many times (interleaved with the other engines)
@@ -239,7 +243,8 @@ pub struct Args {
     /// Seconds of the syscall window that follows each in-process cell's
     /// measured window: the same work goes on while every thread's system
     /// calls are counted (perf_event_open on the raw_syscalls:sys_enter
-    /// tracepoint; n/a when unavailable), reported per read. 0 turns it off.
+    /// tracepoint, which needs tracefs mounted: `-` and a one-line hint when
+    /// unavailable), reported per read. 0 turns it off.
     #[arg(long, default_value = "0.5", value_parser = parse_secs_or_zero)]
     pub syscall_window: f64,
 
@@ -393,7 +398,7 @@ pub struct MemFairArgs {
     pub hot_fraction: f64,
 
     /// Workloads to run.
-    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "zipf", "uniform4x", "fill"])]
+    #[arg(long, value_delimiter = ',', default_values = ["hot", "zipf", "uniform4x", "fill"])]
     pub workloads: Vec<MemWorkload>,
 
     /// Engines to compare (of mmap, pread, uring, uring-cache,
@@ -718,7 +723,11 @@ mod tests {
     #[test]
     fn defaults() {
         let a = Args::parse_from(["uring-bench"]);
-        assert_eq!(a.engine_list(), vec![EngineKind::Uring, EngineKind::Mmap]);
+        assert_eq!(
+            a.engine_list(),
+            vec![EngineKind::Uring, EngineKind::Mmap, EngineKind::Pread]
+        );
+        assert_eq!(a.duration, 2.0);
         assert_eq!(a.depths, vec![8, 32, 512]);
         assert_eq!(a.regimes, vec![Regime::Hot, Regime::Cold]);
         assert_eq!(a.syscall_window, 0.5);

@@ -1,4 +1,4 @@
-//! Two per-cell probes (issue #8):
+//! Two per-cell probes, of what an engine costs the rest of the process:
 //!
 //! - **timer lateness**: a task on the engine's own tokio runtime loops
 //!   `tokio::time::sleep(1 ms)` during the measured window and records how
@@ -163,18 +163,46 @@ pub fn count_syscalls(stop: &Stop, window: Duration) -> Result<SyscallCounts, St
 /// Why syscalls could not be counted (the first reason given).
 static UNAVAILABLE: OnceLock<String> = OnceLock::new();
 
-/// Says once per process why syscalls are not counted.
+/// Says once per process, in one line, why syscalls are not counted and
+/// how to have them counted (the syscalls/read column then shows `-`; the
+/// full reason goes to the report).
 pub fn warn_once_unavailable(why: &str) {
     if UNAVAILABLE.set(why.to_string()).is_ok() {
-        println!("syscalls/read: n/a: {why}");
+        crate::report::say(&format!(
+            "syscalls/read not counted, {}; {}",
+            short_reason(why),
+            how_to_enable(why)
+        ));
+    }
+}
+
+/// The gist of `why` (from [`ProcessCounters::open`]).
+fn short_reason(why: &str) -> &'static str {
+    if why.contains("tracepoint not found") {
+        "no tracefs"
+    } else if why.contains("perf_event_open") {
+        "perf_event_open not permitted"
+    } else {
+        "the counters failed (report.md says why)"
+    }
+}
+
+/// What a user can do about `why`.
+fn how_to_enable(why: &str) -> &'static str {
+    if why.contains("tracepoint not found") {
+        "as root: mount -t tracefs nodev /sys/kernel/tracing"
+    } else if why.contains("perf_event_open") {
+        "run as root or lower kernel.perf_event_paranoid"
+    } else {
+        "--syscall-window 0 turns the probe off"
     }
 }
 
 /// How this run counted syscalls, for the report.
 pub fn syscall_probe_description(requested: bool) -> String {
     match (requested, UNAVAILABLE.get()) {
-        (false, _) => "n/a: not counted (--syscall-window 0)".into(),
-        (true, Some(why)) => format!("n/a: {why}"),
+        (false, _) => "not counted: --syscall-window 0".into(),
+        (true, Some(why)) => format!("not counted: {why}; {}", how_to_enable(why)),
         (true, None) => "perf_event_open counters on the raw_syscalls:sys_enter tracepoint, \
              one per thread of the process, inherited by threads they create; fio not counted"
             .into(),
@@ -281,7 +309,7 @@ mod tests {
         let mut c = match ProcessCounters::open() {
             Ok(c) => c,
             Err(why) => {
-                eprintln!("skipped: {why}");
+                eprintln!("SKIPPED: counting syscalls needs tracefs and perf_event_open: {why}");
                 drop(go_tx);
                 let _ = t.join();
                 return;

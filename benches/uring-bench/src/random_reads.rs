@@ -7,7 +7,7 @@ use crate::dataset::{gib, Dataset, Progress};
 use crate::engines::{self, CellSpec, ProbeOpts, UringOpts};
 use crate::kinds::{EngineKind, OnOff, Regime};
 use crate::machine::{cpu_model, git_commit, kernel, loadavg, meminfo, utc_now};
-use crate::report::{self, Cell, Report, RunInfo, Style};
+use crate::report::{self, Cell, Report, RunInfo};
 use crate::{charts, probes, wake};
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
         progress,
     )?;
     let ds_secs = t_ds.elapsed().as_secs_f64();
-    println!(
+    report::say(&format!(
         "dataset: {} files x {:.2} GiB = {:.2} GiB in {} ({} in {:.1} s)",
         ds.files,
         gib(ds.file_size),
@@ -109,14 +109,14 @@ pub fn run(args: &Args) -> Result<bool, String> {
         ds.dir.display(),
         if ds.generated { "generated" } else { "reused" },
         ds_secs
-    );
+    ));
     if args.generate_only {
         return Ok(true);
     }
     let hot_files = hot_set_files(args, &ds);
     // the unit this machine charges for a thread hand-off (see wake.rs)
     let thread_wake = wake::measure(wake::SAMPLES);
-    println!("machine: {}", thread_wake.summary());
+    report::say(&format!("machine: {}", thread_wake.summary()));
     let fio_missing = if engines.contains(&EngineKind::Fio) {
         engines::fio::unavailable(&args.fio)
     } else {
@@ -156,7 +156,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     let mut runs: Vec<Vec<Cell>> = Vec::new();
     let mut all_ok = true;
     let n = order.len();
-    println!(
+    report::say(&format!(
         "{n} cells x {} s{} (regimes {}; hot set {hot_files} of {} files); results go to {}",
         args.duration,
         if args.syscall_window > 0.0 {
@@ -171,7 +171,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
             .join(","),
         ds.files,
         out_dir.display()
-    );
+    ));
     for (i, &(regime, rep, depth, engine)) in order.iter().enumerate() {
         let label = format!(
             "[{:>2}/{n}] {:<6} depth {:>4} {:<11}",
@@ -206,7 +206,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
         };
         if let Some((status, said, why)) = skip {
             if rep == 0 {
-                println!("{label} {said}: {why}");
+                report::say(&format!("{label} {said}: {why}"));
             }
             push(Cell::skipped(engine.name(), regime, depth, status, why));
             continue;
@@ -258,17 +258,29 @@ pub fn run(args: &Args) -> Result<bool, String> {
                     }
                 }
                 let l = c.latency_us.clone();
-                println!(
-                    "{label} {:>8} reads/s  p50 {:>8}  p99.9 {:>8}  CPU/read {:>8}{}{}",
+                let line = format!(
+                    "{label} {:>7} reads/s p50 {:>7} p99.9 {:>7} CPU/read {:>7}",
                     report::rate(c.reads_per_sec),
                     l.as_ref().map_or("-".into(), |l| report::micros(l.p50)),
                     l.as_ref().map_or("-".into(), |l| report::micros(l.p999)),
                     c.cpu_us_per_read
                         .map_or("-".into(), |v| format!("{v:.2}µs")),
+                );
+                let probes = format!(
+                    "{}{}",
                     c.reads_per_enter
                         .map_or(String::new(), |v| format!("  reads/enter {v:.1}")),
                     probe_summary(&c)
                 );
+                // the probes' figures on a line of their own when both do not fit
+                if line.len() + probes.len() <= report::term_width() {
+                    println!("{line}{probes}");
+                } else {
+                    println!("{line}");
+                    if !probes.is_empty() {
+                        println!("       {}", probes.trim_start());
+                    }
+                }
                 push(c);
             }
             Err(e) if e.starts_with("verification failed") => {
@@ -278,7 +290,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
                 ));
             }
             Err(e) => {
-                println!("{label} FAILED: {e}");
+                report::say(&format!("{label} FAILED: {e}"));
                 all_ok = false;
                 // a failure replaces any successful repetition of this cell
                 runs[slot] = vec![Cell::skipped(engine.name(), regime, depth, "failed", e)];
@@ -321,33 +333,32 @@ pub fn run(args: &Args) -> Result<bool, String> {
             thread_wake: Some(thread_wake),
         },
         cells,
-        targets: Vec::new(),
     };
     let mut report = report;
-    report.targets = report::targets(&report);
     report.info.total_seconds = t_start.elapsed().as_secs_f64();
 
     println!();
-    println!(
-        "random 4 KiB reads, {} s per cell; hot = {} of {} files cached; cold = evicted before each cell; direct = O_DIRECT",
-        args.duration, hot_files, ds.files
-    );
-    print!("{}", report::side_by_side(&report, Style::Text));
-    println!();
-    print!("{}", report::details(&report, Style::Text));
+    report::say(&format!(
+        "random 4 KiB reads, {} s per cell; hot = {} of {} files cached; cold = evicted before each cell; direct = O_DIRECT; x base = reads/s / {}'s (all figures: report.md)",
+        args.duration,
+        hot_files,
+        ds.files,
+        report
+            .cells
+            .iter()
+            .find_map(|c| c.baseline.clone())
+            .unwrap_or_else(|| "-".into())
+    ));
+    print!("{}", report::terminal_cells(&report, report::term_width()));
     let cache_lines = cache_notes(&report);
     if !cache_lines.is_empty() {
         println!("\nblock cache (uring-cache, uring-cache-ref), per cell:");
         for l in cache_lines {
-            println!("  {l}");
+            report::say(&format!("  {l}"));
         }
     }
     for l in report::skipped(&report) {
-        println!("  {l}");
-    }
-    if !report.targets.is_empty() {
-        println!();
-        print!("{}", report::targets_table(&report.targets, Style::Text));
+        report::say(&format!("  {l}"));
     }
 
     let charts = if args.no_charts {
@@ -366,11 +377,16 @@ pub fn run(args: &Args) -> Result<bool, String> {
         report::markdown(&report, &charts),
     )
     .map_err(|e| format!("write {}: {e}", out_dir.join("report.md").display()))?;
-    println!(
-        "\nresults: {} (report.json, report.md, {} SVG charts); total {:.1} s",
+    println!();
+    report::say(&format!(
+        "results: {} (report.json, report.md, {} SVG charts); total {:.1} s",
         out_dir.display(),
         charts.len(),
         t_start.elapsed().as_secs_f64()
-    );
+    ));
+    println!();
+    for v in report::verdicts(&report) {
+        report::say(&v);
+    }
     Ok(all_ok)
 }

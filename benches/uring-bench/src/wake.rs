@@ -10,7 +10,7 @@
 //! charges for them. On the 2-vCPU Firecracker VMs this project is measured
 //! on, guest halt-polling is off (`haltpoll.guest_halt_poll_ns=0`): an idle
 //! vCPU halts and a wake-up that needs it costs a round trip through the
-//! host: 20–40 µs at p50 here against 3–5 µs on the same CPU (issue #8).
+//! host: 20–40 µs at p50 here against 3–5 µs on the same CPU.
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};

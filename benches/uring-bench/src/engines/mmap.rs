@@ -5,8 +5,8 @@
 //! Hot regime: the mapping is populated (MAP_POPULATE) before the timed
 //! window — the mmap analogue of "the working set was read once", and the
 //! steady state of a long-running engine whose mapping has been touched.
-//! Without it a 2.5 s hot cell over 8 GiB would spend a large share of its
-//! reads on first-touch minor faults (`--mmap-populate off` measures that).
+//! Without it a 2 s hot cell (the default) over 8 GiB would spend a large
+//! share of its reads on first-touch minor faults (`--mmap-populate off` measures that).
 
 use super::{run_threads, CellSpec, Measured};
 use crate::kinds::Regime;

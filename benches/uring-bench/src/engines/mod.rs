@@ -146,7 +146,7 @@ impl Keys {
     }
 }
 
-/// The per-cell probes of issue #8 (see [`crate::probes`]).
+/// The per-cell probes: timer lateness and syscalls per read (see [`crate::probes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeOpts {
     /// A 1 ms sleep loop on the engine's tokio runtime during the measured
