@@ -164,6 +164,17 @@ impl TestFile {
     }
 }
 
+/// `path` opened read-write, created if missing, not truncated.
+pub fn open_rw(path: &Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {path:?} read-write: {e}"))
+}
+
 /// Create a file of `len` bytes with the content of `seed` in `dir`.
 pub fn make_file(dir: &Path, seed: u64, len: u64) -> TestFile {
     let path = dir.join(format!("f-{seed:016x}-{len}"));

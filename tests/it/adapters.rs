@@ -21,15 +21,7 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
-fn rw(path: &Path) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap()
-}
+use common::open_rw as rw;
 
 /// A context of `choice` over the file at `path` (read and write), and its handle.
 fn open(choice: BackendChoice, path: &Path) -> (UringContext, UringFile) {

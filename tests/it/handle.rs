@@ -24,15 +24,7 @@ use uring_positioned_io::{
 
 const MAX: u64 = i64::MAX as u64;
 
-fn rw(path: &Path) -> File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap()
-}
+use common::open_rw as rw;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];

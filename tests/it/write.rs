@@ -28,15 +28,7 @@ use uring_positioned_io::{
     BORROWED_CHUNK,
 };
 
-fn rw(path: &Path) -> File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap()
-}
+use common::open_rw as rw;
 
 /// A context over one read-write file at `dir/name`, on a runtime of
 /// `flavor`; runs `f(ctx, path)`.
