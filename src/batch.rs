@@ -695,7 +695,7 @@ impl UringContext {
         I: IntoIterator<Item = (F, u64, B)>,
     {
         ReadBatch::new(
-            Ctx::Borrowed(&self.inner),
+            self.ctx(),
             reads
                 .into_iter()
                 .map(|(fid, offset, buf)| (fid.into(), offset, buf))
@@ -735,7 +735,7 @@ impl UringContext {
         I: IntoIterator<Item = (F, u64, B)>,
     {
         ReadBatch::new(
-            Ctx::Shared(self.inner.clone()),
+            self.ctx_static(),
             reads
                 .into_iter()
                 .map(|(fid, offset, buf)| (fid.into(), offset, buf))

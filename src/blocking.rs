@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::error::shut_down_error;
 use crate::files::FileEntry;
-use crate::permit::{Permit, Slots};
+use crate::permit::{Permit, Slots, SlotsConfig};
 
 #[derive(Debug)]
 pub(crate) struct BlockingPool {
@@ -82,10 +82,10 @@ impl Drop for Done {
 }
 
 impl BlockingPool {
-    pub(crate) fn new(max_in_flight: usize, runtime: Handle) -> BlockingPool {
+    pub(crate) fn new(slots: SlotsConfig, runtime: Handle) -> BlockingPool {
         BlockingPool {
             runtime,
-            permits: Slots::new(max_in_flight),
+            permits: Slots::new(slots),
             closed: AtomicBool::new(false),
             counts: Arc::default(),
             idle: Arc::new(Notify::new()),
@@ -118,6 +118,7 @@ impl BlockingPool {
         let mut buf = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
+            let _ioprio = crate::sys::IoprioGuard::set(permit.priority().ioprio());
             let _done = (done, permit);
             let n = file.file.read_at(&mut buf, offset)?;
             Ok((buf, n))
@@ -136,6 +137,7 @@ impl BlockingPool {
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
+            let _ioprio = crate::sys::IoprioGuard::set(permit.priority().ioprio());
             let _done = (done, permit);
             let mut guard = crate::util::lock(&lent);
             let buf = guard
@@ -165,6 +167,7 @@ impl BlockingPool {
     ) -> io::Result<JoinHandle<T>> {
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
+            let _ioprio = crate::sys::IoprioGuard::set(permit.priority().ioprio());
             let _done = (done, permit);
             job()
         }))

@@ -15,6 +15,7 @@ use crate::context::UringContext;
 use crate::error::invalid;
 use crate::files::{FileTable, RoutePolicy};
 use crate::inline;
+use crate::permit::{Priority, SlotsConfig};
 use crate::ring::{Driver, Ring, RingConfig, DEFAULT_SHALLOW_BATCH};
 use crate::shared::{Backend, BackendChoice, BackendInfo, BackendKind, Inner};
 use crate::sys;
@@ -71,6 +72,7 @@ pub struct Builder {
     fuse_via_blocking_pool: bool,
     network_fs_via_blocking_pool: bool,
     max_in_flight_per_file: Option<usize>,
+    background_share: Option<usize>,
     shallow_batch: u32,
 }
 
@@ -91,10 +93,15 @@ impl Default for Builder {
             fuse_via_blocking_pool: true,
             network_fs_via_blocking_pool: true,
             max_in_flight_per_file: None,
+            background_share: None,
             shallow_batch: DEFAULT_SHALLOW_BATCH,
         }
     }
 }
+
+/// Default slots of each ring (and of the blocking pool) that background
+/// ops may hold while latency ops are active.
+const DEFAULT_BACKGROUND_SHARE: usize = 2;
 
 /// Default ops in flight per runtime worker, or per ring when `rings` is set.
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
@@ -303,21 +310,38 @@ impl Builder {
         self
     }
 
-    /// The most ops on one file in flight at once, over all rings
-    /// (default: three quarters of one ring's part of
-    /// [`max_in_flight`](Self::max_in_flight) — 768 on 2 workers with the
-    /// defaults (one ring of 1024), 384 for a ring of 512 — so that a
-    /// quarter of every ring stays for other files;
-    /// for a file read on the blocking pool, three quarters of the pool's
-    /// limit). Ops stuck on one file — storage that never answers, or a
-    /// file being hammered — then cannot take every slot and stall ops on
-    /// healthy files. An op over its file's share waits for it without
-    /// holding a slot. A value set here applies over all rings (and to the
-    /// pool); at or above `max_in_flight` it turns the share off. Must be
-    /// at least 1.
+    /// A file's share of each ring's in-flight slots (and of the blocking
+    /// pool's): the most its ops hold while an op of another file waits for
+    /// a slot there (default: three quarters of the ring's slots — 384 of
+    /// the default 512 — or of the pool's). The share is work-conserving: a
+    /// file alone may use every slot but the last `slots / 32` (at least
+    /// one), which stay for other files; once another file's op waits, a
+    /// file at or over its share gets no new slot until it is back under
+    /// it. Ops already in flight are never taken back, so ops stuck on one
+    /// file (storage that never answers) hold at most what they had taken,
+    /// and other files always find the reserved slots. At or above the
+    /// ring's slots it turns the share off. Must be at least 1.
+    ///
+    /// See the design document, "Scheduling".
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn max_in_flight_per_file(mut self, reads: usize) -> Self {
         self.max_in_flight_per_file = Some(reads);
+        self
+    }
+
+    /// The slots of each ring (and of the blocking pool) that
+    /// [`Priority::Background`](crate::Priority::Background) ops may hold
+    /// while latency ops are active there — in flight, waiting for a slot,
+    /// or one finished within the last 10 ms (default 2). Background ops
+    /// keep that many even under a flood of latency ops, so they never
+    /// starve; with no latency op active they use every slot. Small is the
+    /// point: a latency op queues behind whatever background reads the
+    /// device already has. Must be at least 1.
+    ///
+    /// See the design document, "Scheduling".
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn background_share(mut self, ops: usize) -> Self {
+        self.background_share = Some(ops);
         self
     }
 
@@ -345,28 +369,9 @@ impl Builder {
             )
         })?;
         let plan = self.validate(&handle, files.len())?;
-        // The default: three quarters of `one` (one ring's slots, or the
-        // pool's), so a quarter of every ring stays for other files. A
-        // share the user sets is bounded only by `all` (every ring's slots):
-        // at or above it, no share.
-        let share = |one: usize, all: usize| match self.max_in_flight_per_file {
-            Some(n) => n.min(all),
-            None => one - one / 4,
-        };
-        let ring_slots = plan.ring_cfgs.iter().map(|c| c.in_flight);
         let policy = RoutePolicy {
             fuse_via_blocking_pool: self.fuse_via_blocking_pool,
             network_via_blocking_pool: self.network_fs_via_blocking_pool,
-            // By default bounded by the smallest ring, so ops on one file
-            // never fill any ring.
-            ring_share: share(ring_slots.clone().min().unwrap_or(1), ring_slots.sum()),
-            pool_share: {
-                let pool = match self.backend {
-                    BackendChoice::Fallback => plan.fallback_in_flight,
-                    _ => plan.routed_in_flight,
-                };
-                share(pool, pool)
-            },
         };
         let files = FileTable::new(files, plan.capacity, plan.shards, policy)?;
         if self.backend != BackendChoice::Fallback {
@@ -392,10 +397,6 @@ impl Builder {
                 ),
                 Err(e) => match (choice, unavailable_here(&e)) {
                     (BackendChoice::Auto, Some(why)) => {
-                        files.set_pool_share(share(
-                            plan.fallback_in_flight,
-                            plan.fallback_in_flight,
-                        ));
                         crate::util::decision!(warn, reason = %why, "io_uring unavailable: the fallback backend runs every op on the blocking pool");
                         fallback(format!("io_uring could not be set up: {why}"))
                     }
@@ -423,10 +424,10 @@ impl Builder {
         let inner = Arc::new(Inner {
             backend,
             blocking: BlockingPool::new(
-                match backend_kind {
+                self.slots(match backend_kind {
                     BackendKind::Fallback => plan.fallback_in_flight,
                     BackendKind::IoUring => plan.routed_in_flight,
-                },
+                }),
                 handle.clone(),
             ),
             files,
@@ -445,7 +446,10 @@ impl Builder {
                 handle.spawn(Driver::new(ring.clone()));
             }
         }
-        Ok(UringContext { inner })
+        Ok(UringContext {
+            inner,
+            priority: Priority::Latency,
+        })
     }
 
     /// Checks every setting and resolves the defaults.
@@ -473,6 +477,9 @@ impl Builder {
                 "shallow_batch must be 1..={MAX_RING_ENTRIES}, got {}",
                 self.shallow_batch
             ));
+        }
+        if self.background_share == Some(0) {
+            return invalid("background_share must be at least 1".into());
         }
         if self.max_in_flight_per_file == Some(0) {
             return invalid("max_in_flight_per_file must be at least 1".into());
@@ -588,6 +595,8 @@ impl Builder {
                 .map(|i| RingConfig {
                     entries: self.ring_entries,
                     in_flight: base + usize::from(i < rem),
+                    share: self.slots(base + usize::from(i < rem)).share,
+                    background_share: self.slots(base + usize::from(i < rem)).background_share,
                     sqpoll_idle: self.sqpoll,
                     coop_taskrun: self.coop_taskrun,
                     pool_count,
@@ -598,6 +607,25 @@ impl Builder {
                 })
                 .collect(),
         })
+    }
+}
+
+impl Builder {
+    /// The scheduler's settings for a ring (or the blocking pool) of
+    /// `limit` slots: a file's share is three quarters of them unless set.
+    fn slots(&self, limit: usize) -> SlotsConfig {
+        let limit = limit.max(1);
+        SlotsConfig {
+            limit,
+            share: self
+                .max_in_flight_per_file
+                .map_or(limit - limit / 4, |n| n.min(limit))
+                .max(1),
+            background_share: self
+                .background_share
+                .unwrap_or(DEFAULT_BACKGROUND_SHARE)
+                .clamp(1, limit),
+        }
     }
 }
 
@@ -636,6 +664,8 @@ fn unavailable_here(e: &io::Error) -> Option<String> {
             let minimal = RingConfig {
                 entries: 1,
                 in_flight: 1,
+                share: 1,
+                background_share: 1,
                 sqpoll_idle: None,
                 coop_taskrun: false,
                 pool_count: 1,

@@ -29,6 +29,7 @@ use crate::ops::write::{
     UringWriteOwnedFuture, Write,
 };
 use crate::ops::Core;
+use crate::permit::Priority;
 use crate::scan::{Scan, ScanOptions};
 use crate::shared::Ctx;
 
@@ -157,7 +158,7 @@ impl UringContext {
     /// ```
     pub fn open_file(&self, path: impl AsRef<Path>, options: &OpenOptions) -> UringOpenFileFuture {
         UringOpenFileFuture {
-            open: UringOpenFuture::new(Ctx::Shared(self.inner.clone()), path.as_ref(), options),
+            open: UringOpenFuture::new(self.ctx_static(), path.as_ref(), options),
             ctx: Some(self.clone()),
         }
     }
@@ -202,9 +203,38 @@ impl UringFile {
         &self.ctx
     }
 
+    /// A handle to the same file whose ops have `priority` (see
+    /// [`UringContext::with_priority`]).
+    ///
+    /// ```
+    /// use uring_positioned_io::{Priority, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// let backup = ctx.file(0)?.with_priority(Priority::Background);
+    /// assert_eq!(backup.priority(), Priority::Background);
+    /// backup.write_all_at(b"copy", 0).await?;
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_priority(&self, priority: Priority) -> UringFile {
+        UringFile {
+            ctx: self.ctx.with_priority(priority),
+            fid: self.fid,
+        }
+    }
+
+    /// The priority of this handle's ops.
+    #[must_use]
+    pub fn priority(&self) -> Priority {
+        self.ctx.priority()
+    }
+
     /// The context, held by a future that is to outlive `&self`.
     fn shared(&self) -> Ctx<'static> {
-        Ctx::Shared(self.ctx.inner.clone())
+        self.ctx.ctx_static()
     }
 
     /// Reads up to `buf.len()` bytes at `offset`, as

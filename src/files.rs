@@ -22,8 +22,6 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-use tokio::sync::Semaphore;
-
 use crate::error;
 use crate::id::FileId;
 use crate::sys::{self, FileKind};
@@ -71,11 +69,6 @@ pub(crate) struct RoutePolicy {
     pub(crate) fuse_via_blocking_pool: bool,
     /// `Builder::network_fs_via_blocking_pool`.
     pub(crate) network_via_blocking_pool: bool,
-    /// The in-flight slots a file on the rings may hold at once, over all
-    /// rings (`Builder::max_in_flight_per_file`).
-    pub(crate) ring_share: usize,
-    /// The same for a file on the blocking pool.
-    pub(crate) pool_share: usize,
 }
 
 /// What kind of file system a file is on, as far as routing goes.
@@ -143,9 +136,6 @@ pub(crate) struct FileEntry {
     /// Ring ops go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
     /// file the user put on the rings (see `route_for`).
     pub(crate) force_async: bool,
-    /// The in-flight slots this file's ops may hold at once (see `permit`):
-    /// one semaphore per file, whatever the number of rings.
-    share: Arc<Semaphore>,
     free: Weak<Mutex<Vec<Freed>>>,
 }
 
@@ -189,9 +179,10 @@ impl FileEntry {
         matches!(self.route, FileRoute::Ring | FileRoute::RingAsync(_))
     }
 
-    /// The slots this file's ops may hold at once.
-    pub(crate) fn share(&self) -> &Arc<Semaphore> {
-        &self.share
+    /// This registration's key in the in-flight scheduler (`permit`):
+    /// unique within the context.
+    pub(crate) fn key(&self) -> crate::permit::FileKey {
+        (u64::from(self.index) << 32) | u64::from(self.gen)
     }
 }
 
@@ -273,7 +264,7 @@ pub(crate) struct FileTable {
     /// tag of the ids it hands out.
     id: u64,
     capacity: u32,
-    policy: Mutex<RoutePolicy>,
+    policy: RoutePolicy,
 }
 
 /// What registering a file needs to know of it, read from the kernel once.
@@ -379,7 +370,7 @@ impl FileTable {
             free,
             id,
             capacity,
-            policy: Mutex::new(policy),
+            policy,
         })
     }
 
@@ -421,36 +412,8 @@ impl FileTable {
             table,
             nowait_ok: AtomicBool::new(true),
             force_async: matches!(route, FileRoute::RingAsync(_)),
-            share: Arc::new(Semaphore::new(
-                if matches!(route, FileRoute::BlockingPool(_)) {
-                    policy.pool_share
-                } else {
-                    policy.ring_share
-                },
-            )),
             free: Arc::downgrade(free),
         })
-    }
-
-    /// The backend fell back to the blocking pool before any op: every
-    /// file's ops go there, and its share of the pool is `share`.
-    pub(crate) fn set_pool_share(&self, share: usize) {
-        let mut policy = crate::util::lock(&self.policy);
-        for e in self.shards[0].read().iter().flatten() {
-            let old = if e.on_ring() {
-                policy.ring_share
-            } else {
-                policy.pool_share
-            };
-            let sem = &e.share;
-            if share > old {
-                sem.add_permits(share - old);
-            } else {
-                sem.forget_permits(old - share);
-            }
-        }
-        policy.pool_share = share;
-        policy.ring_share = share;
     }
 
     /// Raw fds of the initial files, in index order (for registration).
@@ -511,13 +474,7 @@ impl FileTable {
             }
             return Err(e);
         }
-        let entry = Self::entry(
-            file,
-            facts,
-            (index, gen, self.id),
-            &self.free,
-            &crate::util::lock(&self.policy),
-        );
+        let entry = Self::entry(file, facts, (index, gen, self.id), &self.free, &self.policy);
         for slots in &mut shards {
             if index as usize == slots.len() {
                 slots.push(Some(entry.clone()));
@@ -568,8 +525,6 @@ mod tests {
         RoutePolicy {
             fuse_via_blocking_pool: true,
             network_via_blocking_pool: true,
-            ring_share: 8,
-            pool_share: 8,
         }
     }
 
@@ -594,7 +549,6 @@ mod tests {
         let on_rings = RoutePolicy {
             fuse_via_blocking_pool: false,
             network_via_blocking_pool: false,
-            ..p
         };
         // On the rings, their ops go straight to io-wq.
         assert!(
@@ -603,17 +557,6 @@ mod tests {
         assert!(
             matches!(route_for(FsClass::Network, &on_rings), FileRoute::RingAsync(why) if why.contains("network"))
         );
-    }
-
-    #[test]
-    fn shares_follow_the_backend() {
-        let t = FileTable::new(vec![tmp()], 8, 2, policy()).unwrap();
-        let e = t.get(FileId::from(0)).unwrap();
-        assert_eq!(e.share().available_permits(), 8);
-        t.set_pool_share(3);
-        assert_eq!(e.share().available_permits(), 3);
-        let later = add(&t).unwrap();
-        assert_eq!(t.get(later).unwrap().share().available_permits(), 3);
     }
 
     #[test]

@@ -284,7 +284,7 @@ pub mod design {}
 pub use builder::Builder;
 #[cfg(feature = "cache")]
 pub use cache::{BlockCache, BlockRef, CacheOptions, CacheStats, GetBlock};
-pub use context::{Stats, UringContext};
+pub use context::{ClassStats, Stats, UringContext};
 pub use error::os_error;
 pub use file::{UringFile, UringOpenFileFuture};
 pub use files::FileRoute;
@@ -300,5 +300,6 @@ pub use ops::sync::UringSyncFuture;
 pub use ops::write::{
     UringWriteAllFuture, UringWriteAllOwnedFuture, UringWriteFuture, UringWriteOwnedFuture,
 };
+pub use permit::Priority;
 pub use scan::{Chunk, Scan, ScanOptions};
 pub use shared::{BackendChoice, BackendInfo, BackendKind};

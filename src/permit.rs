@@ -1,42 +1,376 @@
-//! In-flight slots, and each file's share of them.
+//! In-flight slots and the scheduler that hands them out.
 //!
 //! Every op that goes to a ring or to the blocking pool holds a [`Permit`]
 //! until it is over (its CQE, or its blocking task's return), even when its
-//! future was dropped long before. A permit is one slot of the ring's (or
-//! the pool's) in-flight limit and, when the file has one, one unit of the
-//! file's *share* of it (`Builder::max_in_flight_per_file`), so ops stuck on
-//! one file leave the other slots to other files.
+//! future was dropped long before. A permit is one of the ring's (or the
+//! pool's) in-flight slots. [`Slots`] decides who gets a free slot, by two
+//! rules (DESIGN, "Scheduling"):
 //!
-//! The share is taken before the slot, so an op waiting for its file's share
-//! holds no slot. Closing a [`Slots`] wakes such waiters through a `Notify`
-//! (the share's holders may be ops the kernel never returns).
+//! - **Priority classes.** An op is [`Priority::Latency`] or
+//!   [`Priority::Background`]. While latency ops are active on these slots
+//!   (in flight, waiting, or one finished within [`LATENCY_WINDOW`]),
+//!   background ops hold at most `background_share` slots; that many are
+//!   also theirs even under a flood of latency ops, so neither class
+//!   starves. Otherwise background ops use every slot.
+//! - **Work-conserving file shares.** A file's ops may hold more than the
+//!   file's share (`Builder::max_in_flight_per_file`) while no op of
+//!   another file waits for these slots, except the last `reserve` slots,
+//!   which stay for files under their share (ops that storage never
+//!   answers may hold a slot for ever: no preemption). When another file's
+//!   op waits, a file at or over its share gets no new slot until it is
+//!   back under it.
+//!
+//! Waiters queue per class in arrival order; every release hands the freed
+//! slot to the first waiter the rules admit, latency first (background
+//! first while it is under its share). State sits under one mutex per
+//! [`Slots`], taken once to acquire and once to release.
 
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::future::Future;
-use std::pin::{pin, Pin};
-use std::sync::Arc;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
-use futures::future::{select, Either};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use slab::Slab;
+
+/// How urgent an op is, for the in-flight slots it competes for.
+///
+/// Point reads and the write path default to [`Latency`](Self::Latency);
+/// scans to [`Background`](Self::Background). Set it for every op of a
+/// handle with [`UringContext::with_priority`](crate::UringContext::with_priority)
+/// (or [`UringFile::with_priority`](crate::UringFile::with_priority)), and
+/// for a scan with [`ScanOptions::priority`](crate::ScanOptions::priority).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Priority {
+    /// Someone waits for it: a lookup, a commit. Takes a free slot first.
+    #[default]
+    Latency,
+    /// Only needs to finish eventually: compaction, scans, backups, bulk
+    /// loads. Uses every free slot while no latency op is active; while one
+    /// is, holds at most `Builder::background_share` slots of each ring
+    /// (and of the blocking pool), which it keeps even under a flood of
+    /// latency ops. Also asks the kernel for the lowest best-effort I/O
+    /// priority (level 7), which a device with the `bfq` scheduler honours
+    /// (see [`UringContext::ioprio_honoured`](crate::UringContext::ioprio_honoured)).
+    Background,
+}
+
+impl Priority {
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Priority::Latency => 0,
+            Priority::Background => 1,
+        }
+    }
+
+    /// The SQE's `ioprio` (and `ioprio_set(2)`'s value) for this class: 0
+    /// (the thread's own) for latency ops; best effort, lowest level, for
+    /// background ops.
+    pub(crate) fn ioprio(self) -> u16 {
+        const IOPRIO_CLASS_BE: u16 = 2;
+        const IOPRIO_CLASS_SHIFT: u16 = 13;
+        match self {
+            Priority::Latency => 0,
+            Priority::Background => (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | 7,
+        }
+    }
+}
+
+/// How long after a latency op finished background ops stay limited to
+/// their share: lookups at a steady rate keep the limit on between them, so
+/// that each finds the device's queue short, not only those that arrive
+/// while another is in flight.
+pub(crate) const LATENCY_WINDOW: Duration = Duration::from_millis(10);
+
+/// A file's key in the scheduler: its index and generation, unique within
+/// the context.
+pub(crate) type FileKey = u64;
+
+/// The scheduler's settings for one set of slots.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotsConfig {
+    /// The slots.
+    pub(crate) limit: usize,
+    /// A file's share: what its ops may hold while another file's op waits.
+    pub(crate) share: usize,
+    /// Slots background ops may hold while latency ops are active, and keep
+    /// under a flood of them (at least 1).
+    pub(crate) background_share: usize,
+}
+
+impl SlotsConfig {
+    /// The slots a file over its share leaves free: the last `limit / 32`
+    /// (at least 1 when the share binds at all).
+    fn reserve(&self) -> usize {
+        if self.share >= self.limit {
+            0
+        } else {
+            (self.limit / 32).clamp(1, self.limit - self.share)
+        }
+    }
+}
+
+/// Counters of one priority class on one set of slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClassCounts {
+    /// Slots granted.
+    pub(crate) ops: u64,
+    /// Bytes the ops granted slots asked to move.
+    pub(crate) bytes: u64,
+    /// Ops that had to wait for their slot, and the time they waited.
+    pub(crate) waited: u64,
+    pub(crate) wait_ns: u64,
+    /// Slots held now.
+    pub(crate) in_flight: u64,
+}
+
+/// A hasher for [`FileKey`]s (already unique integers).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// What the slots know of one file with ops holding or waiting for them.
+#[derive(Debug, Default, Clone, Copy)]
+struct FileCounts {
+    held: usize,
+    waiting: [usize; 2],
+}
+
+#[derive(Debug)]
+enum WaiterState {
+    Waiting(Option<Waker>),
+    Granted,
+    Closed,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    class: Priority,
+    file: Option<FileKey>,
+    bytes: u64,
+    since: Instant,
+    state: WaiterState,
+}
+
+#[derive(Debug)]
+struct State {
+    cfg: SlotsConfig,
+    free: usize,
+    closed: bool,
+    in_flight: [usize; 2],
+    /// Waiters per class, in arrival order (keys into `waiters`).
+    queues: [VecDeque<usize>; 2],
+    waiters: Slab<Waiter>,
+    files: HashMap<FileKey, FileCounts, BuildHasherDefault<KeyHasher>>,
+    /// When the last latency op let go of its slot.
+    latency_done: Option<Instant>,
+    counts: [ClassCounts; 2],
+}
+
+/// Wakers to call once the lock is released.
+struct Wakes {
+    first: [Option<Waker>; 4],
+    more: Vec<Waker>,
+}
+
+impl Wakes {
+    fn new() -> Wakes {
+        Wakes {
+            first: [None, None, None, None],
+            more: Vec::new(),
+        }
+    }
+    fn push(&mut self, w: Waker) {
+        match self.first.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(w),
+            None => self.more.push(w),
+        }
+    }
+    fn wake(self) {
+        self.first.into_iter().flatten().for_each(Waker::wake);
+        self.more.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl State {
+    fn file(&mut self, key: FileKey) -> &mut FileCounts {
+        self.files.entry(key).or_default()
+    }
+
+    fn forget_if_idle(&mut self, key: FileKey) {
+        if let Some(c) = self.files.get(&key) {
+            if c.held == 0 && c.waiting == [0, 0] {
+                self.files.remove(&key);
+            }
+        }
+    }
+
+    fn latency_active(&self, now: &mut Option<Instant>) -> bool {
+        if self.in_flight[0] > 0 || !self.queues[0].is_empty() {
+            return true;
+        }
+        self.latency_done.is_some_and(|done| {
+            now.get_or_insert_with(Instant::now)
+                .saturating_duration_since(done)
+                < LATENCY_WINDOW
+        })
+    }
+
+    /// Whether an op of `class` on `file` may take a free slot now (there
+    /// is one).
+    fn admits(&self, class: Priority, file: Option<FileKey>, now: &mut Option<Instant>) -> bool {
+        debug_assert!(self.free > 0);
+        let cfg = &self.cfg;
+        if class == Priority::Background
+            && self.in_flight[1] >= cfg.background_share
+            && self.latency_active(now)
+        {
+            return false;
+        }
+        let Some(key) = file else {
+            return true;
+        };
+        let mine = self.files.get(&key).copied().unwrap_or_default();
+        if mine.held < cfg.share {
+            return true;
+        }
+        // Over its share: not the reserved slots, and only while no other
+        // file's op of this class (or a more urgent one) waits.
+        if self.free <= cfg.reserve() {
+            return false;
+        }
+        let classes = class.index() + 1;
+        (0..classes).all(|c| self.queues[c].len() == mine.waiting[c])
+    }
+
+    /// Accounts a slot to an op of `class` on `file`.
+    fn take(&mut self, class: Priority, file: Option<FileKey>, bytes: u64) {
+        self.free -= 1;
+        self.in_flight[class.index()] += 1;
+        let c = &mut self.counts[class.index()];
+        c.ops += 1;
+        c.bytes += bytes;
+        if let Some(key) = file {
+            self.file(key).held += 1;
+        }
+    }
+
+    /// Hands free slots to the waiters the rules admit.
+    fn dispatch(&mut self, wakes: &mut Wakes) {
+        let mut now = None;
+        let background_share = self.cfg.background_share;
+        while self.free > 0 {
+            // Background first while under its share (so it never starves),
+            // then latency, then background beyond its share.
+            let order: [usize; 2] = if self.in_flight[1] < background_share {
+                [1, 0]
+            } else {
+                [0, 1]
+            };
+            let found = order.into_iter().find_map(|c| {
+                self.queues[c]
+                    .iter()
+                    .position(|&k| {
+                        let w = &self.waiters[k];
+                        self.admits(w.class, w.file, &mut now)
+                    })
+                    .map(|i| (c, i))
+            });
+            let Some((c, i)) = found else { break };
+            let key = self.queues[c].remove(i).expect("position in range");
+            let w = &mut self.waiters[key];
+            let (class, file, bytes, since) = (w.class, w.file, w.bytes, w.since);
+            if let WaiterState::Waiting(Some(waker)) =
+                std::mem::replace(&mut w.state, WaiterState::Granted)
+            {
+                wakes.push(waker);
+            }
+            if let Some(f) = file {
+                self.file(f).waiting[c] -= 1;
+            }
+            self.take(class, file, bytes);
+            let waited = now
+                .get_or_insert_with(Instant::now)
+                .saturating_duration_since(since);
+            let counts = &mut self.counts[c];
+            counts.waited += 1;
+            counts.wait_ns += u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        crate::util::lock(&self.state)
+    }
+}
 
 /// The in-flight slots of one ring or of the blocking pool.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    sem: Arc<Semaphore>,
-    /// Notified (to every waiter) when `sem` closes.
-    closed: Arc<Notify>,
+    shared: Arc<Shared>,
 }
 
-/// A slot, and the file's share of the slots when it has one; released
-/// when dropped (when the op it belongs to is over).
+/// A slot; released when dropped (when the op it belongs to is over).
 pub(crate) struct Permit {
-    _slot: OwnedSemaphorePermit,
-    _share: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
+    class: Priority,
+    file: Option<FileKey>,
+}
+
+impl Permit {
+    /// The class of the op holding it.
+    pub(crate) fn priority(&self) -> Priority {
+        self.class
+    }
 }
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Permit")
+        write!(f, "Permit({:?})", self.class)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut wakes = Wakes::new();
+        {
+            let mut st = self.shared.lock();
+            st.free += 1;
+            st.in_flight[self.class.index()] -= 1;
+            if self.class == Priority::Latency {
+                st.latency_done = Some(Instant::now());
+            }
+            if let Some(key) = self.file {
+                st.file(key).held -= 1;
+                st.forget_if_idle(key);
+            }
+            if !st.closed {
+                st.dispatch(&mut wakes);
+            }
+        }
+        wakes.wake();
     }
 }
 
@@ -44,8 +378,25 @@ impl fmt::Debug for Permit {
 #[derive(Debug)]
 pub(crate) struct SlotsClosed;
 
-/// A permit still to come.
-pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Permit, SlotsClosed>> + Send>>;
+/// A permit still to come: poll it with [`Wait::poll_wait`]. Dropped before
+/// it resolves, it gives back a slot it was granted meanwhile.
+pub(crate) struct Wait {
+    shared: Arc<Shared>,
+    /// The waiter's key in `State::waiters`; [`DONE`] once resolved.
+    key: usize,
+    /// Not `Sync`: the op futures holding it are not (their auto traits
+    /// are part of the API).
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl fmt::Debug for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Wait")
+    }
+}
+
+/// `Wait::key` of a wait that resolved.
+const DONE: usize = usize::MAX;
 
 /// What [`Slots::acquire`] found.
 pub(crate) enum Acquired {
@@ -55,126 +406,368 @@ pub(crate) enum Acquired {
 }
 
 impl Slots {
-    pub(crate) fn new(n: usize) -> Slots {
+    pub(crate) fn new(cfg: SlotsConfig) -> Slots {
         Slots {
-            sem: Arc::new(Semaphore::new(n)),
-            closed: Arc::new(Notify::new()),
-        }
-    }
-
-    /// Takes no new permits from now on; wakes every waiter, including
-    /// those waiting for a file's share.
-    pub(crate) fn close(&self) {
-        self.sem.close();
-        self.closed.notify_waiters();
-    }
-
-    /// A slot and a unit of `share` (the file's share of these slots), at
-    /// once if both are free.
-    pub(crate) fn acquire(&self, share: Option<&Arc<Semaphore>>) -> Acquired {
-        let held = match share.map(|s| s.clone().try_acquire_owned()) {
-            None => None,
-            Some(Ok(p)) => Some(p),
-            Some(Err(TryAcquireError::NoPermits)) => {
-                return Acquired::Wait(self.wait(share.cloned(), None));
-            }
-            // Shares are never closed; the slots are.
-            Some(Err(TryAcquireError::Closed)) => return Acquired::Closed,
-        };
-        match self.sem.clone().try_acquire_owned() {
-            Ok(slot) => Acquired::Now(Permit {
-                _slot: slot,
-                _share: held,
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    cfg,
+                    free: cfg.limit,
+                    closed: false,
+                    in_flight: [0, 0],
+                    queues: [VecDeque::new(), VecDeque::new()],
+                    waiters: Slab::new(),
+                    files: HashMap::default(),
+                    latency_done: None,
+                    counts: [ClassCounts::default(); 2],
+                }),
             }),
-            Err(TryAcquireError::NoPermits) => Acquired::Wait(self.wait(None, held)),
-            Err(TryAcquireError::Closed) => Acquired::Closed,
         }
     }
 
-    /// Waits for the share (unless `held`), then for a slot.
-    fn wait(&self, share: Option<Arc<Semaphore>>, held: Option<OwnedSemaphorePermit>) -> Wait {
-        let (sem, closed) = (self.sem.clone(), self.closed.clone());
-        Box::pin(async move {
-            let share = match (held, share) {
-                (Some(p), _) => Some(p),
-                (None, None) => None,
-                (None, Some(share)) => {
-                    // Registered before the check, so a close between the
-                    // check and the wait still wakes it.
-                    let notified = pin!(closed.notified());
-                    if sem.is_closed() {
-                        return Err(SlotsClosed);
-                    }
-                    match select(pin!(share.acquire_owned()), notified).await {
-                        Either::Left((Ok(p), _)) => Some(p),
-                        Either::Left((Err(_), _)) | Either::Right(_) => return Err(SlotsClosed),
-                    }
+    /// Takes no new permits from now on; wakes every waiter.
+    pub(crate) fn close(&self) {
+        let mut wakes = Wakes::new();
+        {
+            let mut st = self.shared.lock();
+            st.closed = true;
+            let keys: Vec<usize> = st.queues.iter_mut().flat_map(|q| q.drain(..)).collect();
+            for key in keys {
+                let w = &mut st.waiters[key];
+                let file = w.file;
+                let c = w.class.index();
+                if let WaiterState::Waiting(Some(waker)) =
+                    std::mem::replace(&mut w.state, WaiterState::Closed)
+                {
+                    wakes.push(waker);
                 }
-            };
-            let slot = sem.acquire_owned().await.map_err(|_| SlotsClosed)?;
-            Ok(Permit {
-                _slot: slot,
-                _share: share,
-            })
+                if let Some(f) = file {
+                    st.file(f).waiting[c] -= 1;
+                    st.forget_if_idle(f);
+                }
+            }
+        }
+        wakes.wake();
+    }
+
+    /// A slot for an op of `class` on `file` (moving `bytes`), at once if
+    /// the rules admit it.
+    pub(crate) fn acquire(&self, class: Priority, file: Option<FileKey>, bytes: u64) -> Acquired {
+        let mut st = self.shared.lock();
+        if st.closed {
+            return Acquired::Closed;
+        }
+        if st.free > 0 && st.admits(class, file, &mut None) {
+            st.take(class, file, bytes);
+            drop(st);
+            return Acquired::Now(Permit {
+                shared: self.shared.clone(),
+                class,
+                file,
+            });
+        }
+        let key = st.waiters.insert(Waiter {
+            class,
+            file,
+            bytes,
+            since: Instant::now(),
+            state: WaiterState::Waiting(None),
+        });
+        st.queues[class.index()].push_back(key);
+        if let Some(f) = file {
+            st.file(f).waiting[class.index()] += 1;
+        }
+        Acquired::Wait(Wait {
+            shared: self.shared.clone(),
+            key,
+            _not_sync: PhantomData,
         })
+    }
+
+    /// The counters of each class (indexed by [`Priority::index`]).
+    pub(crate) fn counts(&self) -> [ClassCounts; 2] {
+        let st = self.shared.lock();
+        let mut counts = st.counts;
+        for (c, n) in counts.iter_mut().zip(st.in_flight) {
+            c.in_flight = n as u64;
+        }
+        counts
+    }
+}
+
+impl Wait {
+    pub(crate) fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit, SlotsClosed>> {
+        let key = self.key;
+        if key == DONE {
+            return Poll::Ready(Err(SlotsClosed));
+        }
+        let mut st = self.shared.lock();
+        let w = &mut st.waiters[key];
+        match &mut w.state {
+            WaiterState::Waiting(waker) => {
+                match waker {
+                    Some(old) if old.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            WaiterState::Granted => {
+                let w = st.waiters.remove(key);
+                self.key = DONE;
+                drop(st);
+                Poll::Ready(Ok(Permit {
+                    shared: self.shared.clone(),
+                    class: w.class,
+                    file: w.file,
+                }))
+            }
+            WaiterState::Closed => {
+                st.waiters.remove(key);
+                self.key = DONE;
+                Poll::Ready(Err(SlotsClosed))
+            }
+        }
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        let key = std::mem::replace(&mut self.key, DONE);
+        if key == DONE {
+            return;
+        }
+        let mut st = self.shared.lock();
+        let w = st.waiters.remove(key);
+        match w.state {
+            WaiterState::Waiting(_) => {
+                let c = w.class.index();
+                if let Some(i) = st.queues[c].iter().position(|&k| k == key) {
+                    st.queues[c].remove(i);
+                }
+                if let Some(f) = w.file {
+                    st.file(f).waiting[c] -= 1;
+                    st.forget_if_idle(f);
+                }
+                // Its leaving may admit another file's over-share op.
+                if !st.closed && st.free > 0 {
+                    let mut wakes = Wakes::new();
+                    st.dispatch(&mut wakes);
+                    drop(st);
+                    wakes.wake();
+                }
+            }
+            WaiterState::Granted => {
+                // Granted but never taken: give the slot back.
+                drop(st);
+                drop(Permit {
+                    shared: self.shared.clone(),
+                    class: w.class,
+                    file: w.file,
+                });
+            }
+            WaiterState::Closed => {}
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::task::{Context, Poll};
+    use Priority::{Background, Latency};
 
     fn poll(w: &mut Wait) -> Poll<Result<Permit, SlotsClosed>> {
-        w.as_mut()
-            .poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
+        w.poll_wait(&mut Context::from_waker(futures::task::noop_waker_ref()))
+    }
+
+    fn now(slots: &Slots, class: Priority, file: Option<FileKey>) -> Permit {
+        match slots.acquire(class, file, 4096) {
+            Acquired::Now(p) => p,
+            Acquired::Wait(_) => panic!("{class:?} op on {file:?} had to wait"),
+            Acquired::Closed => panic!("closed"),
+        }
+    }
+
+    fn wait(slots: &Slots, class: Priority, file: Option<FileKey>) -> Wait {
+        match slots.acquire(class, file, 4096) {
+            Acquired::Wait(mut w) => {
+                assert!(poll(&mut w).is_pending());
+                w
+            }
+            _ => panic!("{class:?} op on {file:?} got a slot"),
+        }
+    }
+
+    fn cfg(limit: usize, share: usize, background_share: usize) -> SlotsConfig {
+        SlotsConfig {
+            limit,
+            share,
+            background_share,
+        }
     }
 
     #[test]
-    fn a_share_leaves_slots_for_others() {
-        let slots = Slots::new(4);
-        let share = Arc::new(Semaphore::new(3));
-        let held: Vec<_> = (0..3)
-            .map(|_| match slots.acquire(Some(&share)) {
-                Acquired::Now(p) => p,
-                _ => panic!("a slot and a share were free"),
-            })
-            .collect();
-        // The file's share is spent: its next read waits, holding no slot...
-        let Acquired::Wait(mut w) = slots.acquire(Some(&share)) else {
-            panic!("the share is spent");
+    fn a_file_alone_gets_every_slot_but_the_reserve() {
+        let slots = Slots::new(cfg(64, 48, 64));
+        // The reserve of 64 slots is 2.
+        let held: Vec<_> = (0..62).map(|_| now(&slots, Latency, Some(1))).collect();
+        let _next = wait(&slots, Latency, Some(1));
+        // Another file gets the reserved slots at once.
+        let _a = now(&slots, Latency, Some(2));
+        let _b = now(&slots, Latency, Some(2));
+        drop(held);
+    }
+
+    #[test]
+    fn a_file_over_its_share_gives_way_to_a_waiting_file() {
+        let slots = Slots::new(cfg(8, 4, 8));
+        let mut one: Vec<_> = (0..7).map(|_| now(&slots, Latency, Some(1))).collect();
+        let _other = now(&slots, Latency, Some(2));
+        // Full: file 1 (7 held, share 4) and file 2 both wait.
+        let mut w1 = wait(&slots, Latency, Some(1));
+        let mut w2 = wait(&slots, Latency, Some(2));
+        // A slot of file 1 frees: file 2's op gets it, though file 1's
+        // waited longer.
+        one.pop();
+        assert!(poll(&mut w1).is_pending());
+        let Poll::Ready(Ok(_two)) = poll(&mut w2) else {
+            panic!("file 2 waits");
         };
-        assert!(poll(&mut w).is_pending());
-        // ...so another file still gets the last slot.
-        let Acquired::Now(other) = slots.acquire(None) else {
-            panic!("a slot was free for another file");
+        // While file 2 waits again, file 1 gets nothing.
+        let mut w2b = wait(&slots, Latency, Some(2));
+        one.pop();
+        assert!(poll(&mut w1).is_pending());
+        let Poll::Ready(Ok(_two_b)) = poll(&mut w2b) else {
+            panic!("file 2 waits");
         };
-        // All four slots are out; one of the file's reads finishing gives
-        // the waiter both a share and a slot.
-        let mut held = held;
+        // No other file waits now, but file 1 (4 held, its share) may not
+        // take the last free slot, the reserve of 8 slots...
+        one.pop();
+        assert!(poll(&mut w1).is_pending());
+        // ...only one under its share.
+        one.pop();
+        assert!(matches!(poll(&mut w1), Poll::Ready(Ok(_))));
+    }
+
+    #[test]
+    fn files_both_over_their_share_do_not_block_each_other_for_good() {
+        let slots = Slots::new(cfg(8, 2, 8));
+        let mut one: Vec<_> = (0..3).map(|_| now(&slots, Latency, Some(1))).collect();
+        let two: Vec<_> = (0..3).map(|_| now(&slots, Latency, Some(2))).collect();
+        let _rest: Vec<_> = (0..2).map(|_| now(&slots, Latency, Some(3))).collect();
+        let mut w1 = wait(&slots, Latency, Some(1));
+        let mut w2 = wait(&slots, Latency, Some(2));
+        // A slot frees, but both waiters are over their share and the
+        // other waits: nobody gets it...
+        one.pop();
+        assert!(poll(&mut w1).is_pending());
+        assert!(poll(&mut w2).is_pending());
+        // ...until one of them is back under its share.
+        one.pop();
+        assert!(matches!(poll(&mut w1), Poll::Ready(Ok(_))));
+        drop(two);
+        assert!(matches!(poll(&mut w2), Poll::Ready(Ok(_))));
+    }
+
+    #[test]
+    fn latency_ops_go_first_and_background_keeps_its_share() {
+        let slots = Slots::new(cfg(4, 4, 1));
+        let mut held: Vec<_> = (0..4).map(|_| now(&slots, Latency, None)).collect();
+        let mut bg = wait(&slots, Background, None);
+        let mut lat: Vec<_> = (0..3).map(|_| wait(&slots, Latency, None)).collect();
+        // Background holds nothing, under its share of 1: it gets the
+        // first free slot even though latency ops wait...
         held.pop();
-        assert!(matches!(poll(&mut w), Poll::Ready(Ok(_))));
-        drop(other);
+        let Poll::Ready(Ok(bg_permit)) = poll(&mut bg) else {
+            panic!("background starved")
+        };
+        // ...and the next go to latency ops, in order.
+        let mut bg2 = wait(&slots, Background, None);
+        held.pop();
+        let Poll::Ready(Ok(_first)) = poll(&mut lat[0]) else {
+            panic!("the first latency op waits");
+        };
+        assert!(poll(&mut lat[1]).is_pending());
+        assert!(poll(&mut bg2).is_pending());
+        drop(bg_permit);
+        let Poll::Ready(Ok(_second)) = poll(&mut bg2) else {
+            panic!("background under its share waits");
+        };
+        assert!(poll(&mut lat[1]).is_pending());
     }
 
     #[test]
-    fn closing_wakes_a_read_waiting_for_its_share() {
-        let slots = Slots::new(4);
-        let share = Arc::new(Semaphore::new(1));
-        let Acquired::Now(_stuck) = slots.acquire(Some(&share)) else {
-            panic!("free");
-        };
-        let Acquired::Wait(mut w) = slots.acquire(Some(&share)) else {
-            panic!("the share is spent");
-        };
-        assert!(poll(&mut w).is_pending());
+    fn background_is_capped_only_while_latency_ops_are_active() {
+        let slots = Slots::new(cfg(8, 8, 2));
+        // Alone, background ops take every slot.
+        let bg: Vec<_> = (0..8).map(|_| now(&slots, Background, None)).collect();
+        drop(bg);
+        // A latency op in flight: background holds at most 2.
+        let lookup = now(&slots, Latency, None);
+        let _bg: Vec<_> = (0..2).map(|_| now(&slots, Background, None)).collect();
+        let mut third = wait(&slots, Background, None);
+        // It just finished: still active for the window.
+        drop(lookup);
+        assert!(poll(&mut third).is_pending());
+        let mut st = slots.shared.lock();
+        st.latency_done = Instant::now().checked_sub(LATENCY_WINDOW * 2);
+        drop(st);
+        // Long enough ago: the cap is off, for new ops at once.
+        let _more: Vec<_> = (0..4).map(|_| now(&slots, Background, None)).collect();
+        let counts = slots.counts();
+        assert_eq!(counts[Latency.index()].ops, 1);
+        assert_eq!(counts[Background.index()].in_flight, 6);
+        assert_eq!(counts[Background.index()].bytes, 14 * 4096);
+    }
+
+    #[test]
+    fn a_dropped_waiter_gives_back_what_it_was_granted() {
+        let slots = Slots::new(cfg(1, 1, 1));
+        let held = now(&slots, Latency, Some(1));
+        let w = wait(&slots, Latency, Some(1));
+        drop(held);
+        // Granted, never polled again, dropped: the slot is free again.
+        drop(w);
+        let _again = now(&slots, Latency, Some(1));
+        assert!(slots.shared.lock().files.len() == 1);
+        let w = wait(&slots, Latency, Some(2));
+        drop(w);
+        assert!(slots.shared.lock().queues[0].is_empty());
+    }
+
+    #[test]
+    fn closing_wakes_every_waiter() {
+        let slots = Slots::new(cfg(2, 1, 1));
+        let _stuck = now(&slots, Latency, Some(1));
+        let mut w = wait(&slots, Latency, Some(1));
+        let _other = now(&slots, Latency, Some(2));
+        let mut b = wait(&slots, Background, None);
         slots.close();
         assert!(matches!(poll(&mut w), Poll::Ready(Err(SlotsClosed))));
-        assert!(matches!(slots.acquire(None), Acquired::Closed));
-        // A waiter created after the close learns it at once.
-        let Acquired::Wait(mut late) = slots.acquire(Some(&share)) else {
-            panic!("the share is spent");
-        };
-        assert!(matches!(poll(&mut late), Poll::Ready(Err(SlotsClosed))));
+        assert!(matches!(poll(&mut b), Poll::Ready(Err(SlotsClosed))));
+        assert!(matches!(slots.acquire(Latency, None, 0), Acquired::Closed));
+    }
+
+    #[test]
+    fn background_keeps_moving_under_saturating_latency_load() {
+        let slots = Slots::new(cfg(8, 8, 1));
+        let mut held: VecDeque<Permit> = (0..8).map(|_| now(&slots, Latency, None)).collect();
+        let mut bg_done = 0;
+        let mut bg = wait(&slots, Background, None);
+        for _ in 0..100 {
+            // Latency ops always wait; one op ends per round.
+            let mut lat = wait(&slots, Latency, None);
+            held.pop_front();
+            if let Poll::Ready(Ok(p)) = poll(&mut bg) {
+                bg_done += 1;
+                held.push_back(p);
+                bg = wait(&slots, Background, None);
+            }
+            if let Poll::Ready(Ok(p)) = poll(&mut lat) {
+                held.push_back(p);
+            }
+        }
+        assert!(
+            bg_done >= 10,
+            "background got {bg_done} slots in 100 rounds"
+        );
     }
 }

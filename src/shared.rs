@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::blocking::BlockingPool;
 use crate::files::{FileTable, FixedFiles, NoRings};
+use crate::permit::Priority;
 use crate::ring::Ring;
 
 /// Which backend a context runs on.
@@ -100,39 +101,65 @@ impl Drop for Inner {
     }
 }
 
-/// The context an op belongs to: borrowed for the future's lifetime (no
-/// reference count touched per op), or a handle the future holds (the `'static`
-/// futures of the `*_static` methods, which keep the context alive).
-pub(crate) enum Ctx<'a> {
-    Borrowed(&'a Inner),
-    Shared(Arc<Inner>),
+/// The context an op belongs to — borrowed for the future's lifetime (no
+/// reference count touched per op), or a handle the future holds (the
+/// `'static` futures, which keep the context alive) — and the op's priority.
+pub(crate) struct Ctx<'a>(Held<'a>);
+
+/// The priority sits in each variant, beside the tag: a `Ctx` is two words.
+enum Held<'a> {
+    Borrowed(&'a Inner, Priority),
+    Shared(Arc<Inner>, Priority),
 }
 
 impl Deref for Ctx<'_> {
     type Target = Inner;
     fn deref(&self) -> &Inner {
-        match self {
-            Ctx::Borrowed(inner) => inner,
-            Ctx::Shared(inner) => inner,
+        match &self.0 {
+            Held::Borrowed(inner, _) => inner,
+            Held::Shared(inner, _) => inner,
         }
     }
 }
 
 impl<'a> Ctx<'a> {
+    pub(crate) fn borrowed(inner: &'a Inner, priority: Priority) -> Ctx<'a> {
+        Ctx(Held::Borrowed(inner, priority))
+    }
+
+    pub(crate) fn shared(inner: Arc<Inner>, priority: Priority) -> Ctx<'a> {
+        Ctx(Held::Shared(inner, priority))
+    }
+
+    /// The priority of the op holding it.
+    pub(crate) fn priority(&self) -> Priority {
+        match self.0 {
+            Held::Borrowed(_, p) | Held::Shared(_, p) => p,
+        }
+    }
+
     /// Another hold on the same context, for another op: the borrow
     /// copied, or the handle cloned (a reference count).
     pub(crate) fn share(&self) -> Ctx<'a> {
-        match self {
-            Ctx::Borrowed(inner) => Ctx::Borrowed(inner),
-            Ctx::Shared(inner) => Ctx::Shared(inner.clone()),
+        Ctx(match &self.0 {
+            Held::Borrowed(inner, p) => Held::Borrowed(inner, *p),
+            Held::Shared(inner, p) => Held::Shared(inner.clone(), *p),
+        })
+    }
+
+    /// The same hold, for ops of `priority`.
+    pub(crate) fn with_priority(mut self, priority: Priority) -> Ctx<'a> {
+        match &mut self.0 {
+            Held::Borrowed(_, p) | Held::Shared(_, p) => *p = priority,
         }
+        self
     }
 
     /// The ring an op issued from thread slot `slot` goes to, as the op
     /// holds it; `None` on the fallback backend.
     pub(crate) fn ring(&self, slot: usize) -> Option<RingRef<'a>> {
-        match self {
-            Ctx::Borrowed(inner) => {
+        match &self.0 {
+            Held::Borrowed(inner, _) => {
                 let inner: &'a Inner = inner;
                 let Backend::Uring(rings) = &inner.backend else {
                     return None;
@@ -143,7 +170,7 @@ impl<'a> Ctx<'a> {
                     ring: HeldRing::Borrowed(&rings[index]),
                 })
             }
-            Ctx::Shared(inner) => {
+            Held::Shared(inner, _) => {
                 let Backend::Uring(rings) = &inner.backend else {
                     return None;
                 };

@@ -426,3 +426,66 @@ pub(crate) fn page_size() -> io::Result<usize> {
     let page = cvt(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }, -1)?;
     usize::try_from(page).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
+
+/// The calling thread's I/O priority set to `ioprio` (`ioprio_set(2)`)
+/// until the guard drops, which sets it back to none (the thread's CPU
+/// priority decides): a blocking-pool thread runs other tasks after this
+/// op. Nothing is called for `ioprio` 0; a failure leaves the thread as
+/// it was (an I/O priority is a hint).
+pub(crate) struct IoprioGuard(bool);
+
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+impl IoprioGuard {
+    pub(crate) fn set(ioprio: u16) -> IoprioGuard {
+        if ioprio == 0 {
+            return IoprioGuard(false);
+        }
+        // SAFETY: `ioprio_set` takes only integers; `who` 0 with
+        // IOPRIO_WHO_PROCESS is the calling thread.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ioprio_set,
+                IOPRIO_WHO_PROCESS,
+                0,
+                libc::c_int::from(ioprio),
+            )
+        };
+        IoprioGuard(r == 0)
+    }
+}
+
+impl Drop for IoprioGuard {
+    fn drop(&mut self) {
+        if self.0 {
+            // SAFETY: as in `set`; 0 is "no priority class".
+            unsafe {
+                libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, 0);
+            }
+        }
+    }
+}
+
+/// The I/O scheduler of the block device `file` is on (a block device:
+/// itself), as `/sys/dev/block/MAJ:MIN/queue/scheduler` names it between
+/// brackets; `None` for a file on no named block device.
+pub(crate) fn io_scheduler(file: &File, kind: FileKind) -> Option<String> {
+    let st = fstat(file).ok()?;
+    let dev = if matches!(kind, FileKind::Block) {
+        st.st_rdev
+    } else {
+        st.st_dev
+    };
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    if major == 0 {
+        return None;
+    }
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    // A partition has no queue of its own: its disk's, one level up.
+    let text = std::fs::read_to_string(format!("{base}/queue/scheduler"))
+        .or_else(|_| std::fs::read_to_string(format!("{base}/../queue/scheduler")))
+        .ok()?;
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(text[start..end].to_owned())
+}

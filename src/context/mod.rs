@@ -12,8 +12,9 @@ use std::sync::Arc;
 use crate::builder::Builder;
 use crate::files::FileRoute;
 use crate::id::FileId;
+use crate::permit::Priority;
 use crate::ring::Ring;
-use crate::shared::{Backend, BackendInfo, Inner};
+use crate::shared::{Backend, BackendInfo, Ctx, Inner};
 
 mod read;
 mod write;
@@ -47,6 +48,39 @@ pub struct Stats {
     /// frees its in-flight slot; one the device already has completes as
     /// usual.
     pub cancels: u64,
+    /// The in-flight slots [`Priority::Latency`] ops took (ring and
+    /// blocking-pool ops; the inline path takes none).
+    pub latency: ClassStats,
+    /// The same for [`Priority::Background`] ops.
+    pub background: ClassStats,
+}
+
+/// What one priority class's ops took of the in-flight slots (see
+/// [`Stats::latency`], [`Stats::background`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Ops that took a slot (an op in pieces takes one per piece).
+    pub ops: u64,
+    /// Bytes those ops asked to read or write.
+    pub bytes: u64,
+    /// Of the ops, how many waited for their slot.
+    pub waited: u64,
+    /// The time they waited, in all.
+    pub wait_time: std::time::Duration,
+    /// Slots the class holds now.
+    pub in_flight: u64,
+}
+
+impl ClassStats {
+    fn add(self, c: crate::permit::ClassCounts) -> ClassStats {
+        ClassStats {
+            ops: self.ops + c.ops,
+            bytes: self.bytes + c.bytes,
+            waited: self.waited + c.waited,
+            wait_time: self.wait_time + std::time::Duration::from_nanos(c.wait_ns),
+            in_flight: self.in_flight + c.in_flight,
+        }
+    }
 }
 
 impl Stats {
@@ -114,12 +148,15 @@ impl Stats {
 #[derive(Clone)]
 pub struct UringContext {
     pub(crate) inner: Arc<Inner>,
+    /// The priority of this handle's ops (see [`with_priority`](Self::with_priority)).
+    pub(crate) priority: Priority,
 }
 
 impl fmt::Debug for UringContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UringContext")
             .field("backend", &self.inner.info)
+            .field("priority", &self.priority)
             .field("stats", &self.stats())
             .finish()
     }
@@ -142,6 +179,53 @@ impl UringContext {
     #[must_use]
     pub fn builder() -> Builder {
         Builder::default()
+    }
+
+    /// A handle to the same context whose ops — reads, writes, syncs,
+    /// batches, opens, and the handles it gives out — have `priority`
+    /// (this one's ops keep theirs; a new context's are
+    /// [`Priority::Latency`]). Scans are
+    /// [`Priority::Background`] whatever the handle's priority, unless
+    /// [`ScanOptions::priority`](crate::ScanOptions::priority) says
+    /// otherwise.
+    ///
+    /// ```
+    /// use uring_positioned_io::{Priority, UringContext};
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// // Compaction's reads and writes wait while lookups are active.
+    /// let compaction = ctx.with_priority(Priority::Background);
+    /// compaction.write_all(0, 0, b"merged").await?;
+    /// let mut buf = [0u8; 6];
+    /// ctx.read_exact(0, 0, &mut buf).await?; // a lookup, at latency priority
+    /// assert_eq!(ctx.stats().background.ops, 1);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_priority(&self, priority: Priority) -> UringContext {
+        UringContext {
+            inner: self.inner.clone(),
+            priority,
+        }
+    }
+
+    /// The priority of this handle's ops.
+    #[must_use]
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// How an op of this handle holds the context: borrowed.
+    pub(crate) fn ctx(&self) -> Ctx<'_> {
+        Ctx::borrowed(&self.inner, self.priority)
+    }
+
+    /// How a `'static` op of this handle holds the context: a reference.
+    pub(crate) fn ctx_static(&self) -> Ctx<'static> {
+        Ctx::shared(self.inner.clone(), self.priority)
     }
 
     /// Adds a file at run time and returns its id, a checked one (see
@@ -289,10 +373,21 @@ impl UringContext {
             Backend::Fallback => &[],
         };
         let c = self.inner.blocking.counters();
+        let mut classes = [ClassStats::default(); 2];
+        for counts in std::iter::once(&self.inner.blocking.permits)
+            .chain(rings.iter().map(|r| &r.permits))
+            .map(crate::permit::Slots::counts)
+        {
+            for (total, c) in classes.iter_mut().zip(counts) {
+                *total = total.add(c);
+            }
+        }
         let blocking = Stats {
             submitted: c.submitted,
             completed: c.completed,
             in_flight: c.submitted.saturating_sub(c.completed),
+            latency: classes[Priority::Latency.index()],
+            background: classes[Priority::Background.index()],
             ..Stats::default()
         };
         rings
@@ -306,6 +401,7 @@ impl UringContext {
                 in_flight: s.in_flight + c.submitted.saturating_sub(c.completed),
                 driver_polls: s.driver_polls + c.driver_polls,
                 cancels: s.cancels + c.cancels,
+                ..s
             })
     }
 
@@ -341,6 +437,28 @@ impl UringContext {
             }
             Backend::Uring(_) => file.route,
         })
+    }
+
+    /// Whether the kernel honours the I/O priority of file `fid`'s
+    /// [`Priority::Background`] ops (best effort, level 7): `Some(true)`
+    /// when the block device the file is on uses the `bfq` I/O scheduler,
+    /// `Some(false)` under another (`none`, the usual one for `NVMe` disks,
+    /// and `kyber` ignore priorities; `mq-deadline` separates only classes,
+    /// and both of the crate's are best effort), `None` when the file is on
+    /// no block device the
+    /// kernel names (tmpfs, FUSE, network file systems, overlays) or
+    /// `/sys` does not say. The crate's own scheduling of slots (see
+    /// [`Priority`]) applies either way.
+    ///
+    /// Background ring ops carry the priority in their SQE; on the blocking
+    /// pool the thread takes it (`ioprio_set(2)`) for the op's syscall.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `fid` is not registered.
+    pub fn ioprio_honoured(&self, fid: impl Into<FileId>) -> io::Result<Option<bool>> {
+        let file = self.inner.files.get(fid.into())?;
+        Ok(crate::sys::io_scheduler(&file.file, file.kind).map(|s| s == "bfq"))
     }
 
     /// Whether the bounce buffers are registered with the kernel (io_uring

@@ -8,7 +8,6 @@ use crate::buf::IoBufMut;
 use crate::id::FileId;
 use crate::ops::read::{UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture};
 use crate::ops::readv::{UringReadVectoredFuture, UringReadVectoredOwnedFuture};
-use crate::shared::Ctx;
 
 impl UringContext {
     /// Reads up to `buf.len()` bytes of file `fid` at `offset`.
@@ -38,7 +37,7 @@ impl UringContext {
         offset: u64,
         buf: &'a mut [u8],
     ) -> UringReadFuture<'a> {
-        UringReadFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, buf)
+        UringReadFuture::new(self.ctx(), fid.into(), offset, buf)
     }
 
     /// Fills `buf` from file `fid` at `offset`, looping over short reads.
@@ -154,7 +153,7 @@ impl UringContext {
         offset: u64,
         buf: B,
     ) -> UringReadOwnedFuture<'_, B> {
-        UringReadOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, buf)
+        UringReadOwnedFuture::new(self.ctx(), fid.into(), offset, buf)
     }
 
     /// [`read_owned`](Self::read_owned) as a `'static` future, which holds
@@ -191,7 +190,7 @@ impl UringContext {
         offset: u64,
         buf: B,
     ) -> UringReadOwnedFuture<'static, B> {
-        UringReadOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
+        UringReadOwnedFuture::new(self.ctx_static(), fid.into(), offset, buf)
     }
 
     /// Reads up to the total length of `bufs` from file `fid` at `offset`
@@ -239,7 +238,7 @@ impl UringContext {
         offset: u64,
         bufs: &'a mut [IoSliceMut<'b>],
     ) -> UringReadVectoredFuture<'a, 'b> {
-        UringReadVectoredFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, bufs)
+        UringReadVectoredFuture::new(self.ctx(), fid.into(), offset, bufs)
     }
 
     /// A vectored read into owned buffers with no copy: the kernel writes
@@ -282,7 +281,7 @@ impl UringContext {
         offset: u64,
         bufs: Vec<B>,
     ) -> UringReadVectoredOwnedFuture<'_, B> {
-        UringReadVectoredOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, bufs)
+        UringReadVectoredOwnedFuture::new(self.ctx(), fid.into(), offset, bufs)
     }
 
     /// [`read_vectored_owned`](Self::read_vectored_owned) as a `'static`
@@ -310,7 +309,7 @@ impl UringContext {
         offset: u64,
         bufs: Vec<B>,
     ) -> UringReadVectoredOwnedFuture<'static, B> {
-        UringReadVectoredOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, bufs)
+        UringReadVectoredOwnedFuture::new(self.ctx_static(), fid.into(), offset, bufs)
     }
 
     /// Fills `buf`'s whole spare capacity (`bytes_init()..bytes_total()`,
@@ -355,7 +354,7 @@ impl UringContext {
         offset: u64,
         buf: B,
     ) -> UringReadExactOwnedFuture<'_, B> {
-        UringReadExactOwnedFuture::new(Ctx::Borrowed(&self.inner), fid.into(), offset, buf)
+        UringReadExactOwnedFuture::new(self.ctx(), fid.into(), offset, buf)
     }
 
     /// [`read_exact_owned`](Self::read_exact_owned) as a `'static` future
@@ -384,6 +383,6 @@ impl UringContext {
         offset: u64,
         buf: B,
     ) -> UringReadExactOwnedFuture<'static, B> {
-        UringReadExactOwnedFuture::new(Ctx::Shared(self.inner.clone()), fid.into(), offset, buf)
+        UringReadExactOwnedFuture::new(self.ctx_static(), fid.into(), offset, buf)
     }
 }

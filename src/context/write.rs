@@ -16,7 +16,6 @@ use crate::ops::write::{
     UringWriteOwnedFuture, Write,
 };
 use crate::ops::Core;
-use crate::shared::Ctx;
 
 /// Writes, durability, file metadata and opening files. See the
 /// [design document](crate::design) ("Writes and durability") for the
@@ -78,7 +77,7 @@ impl UringContext {
     ) -> UringWriteFuture<'a> {
         UringWriteFuture {
             core: Core::new(
-                Ctx::Borrowed(&self.inner),
+                self.ctx(),
                 fid.into(),
                 Write::new(BorrowedSrc(buf), offset, false),
             ),
@@ -97,7 +96,7 @@ impl UringContext {
     ) -> UringWriteAllFuture<'a> {
         UringWriteAllFuture {
             core: Core::new(
-                Ctx::Borrowed(&self.inner),
+                self.ctx(),
                 fid.into(),
                 Write::new(BorrowedSrc(buf), offset, true),
             ),
@@ -137,7 +136,7 @@ impl UringContext {
     ) -> UringWriteOwnedFuture<'_, B> {
         UringWriteOwnedFuture {
             core: Core::new(
-                Ctx::Borrowed(&self.inner),
+                self.ctx(),
                 fid.into(),
                 Write::new(OwnedSrc::new(buf), offset, false),
             ),
@@ -155,7 +154,7 @@ impl UringContext {
     ) -> UringWriteAllOwnedFuture<'_, B> {
         UringWriteAllOwnedFuture {
             core: Core::new(
-                Ctx::Borrowed(&self.inner),
+                self.ctx(),
                 fid.into(),
                 Write::new(OwnedSrc::new(buf), offset, true),
             ),
@@ -172,7 +171,7 @@ impl UringContext {
     ) -> UringWriteAllOwnedFuture<'static, B> {
         UringWriteAllOwnedFuture {
             core: Core::new(
-                Ctx::Shared(self.inner.clone()),
+                self.ctx_static(),
                 fid.into(),
                 Write::new(OwnedSrc::new(buf), offset, true),
             ),
@@ -181,7 +180,7 @@ impl UringContext {
 
     fn sync_op(&self, fid: FileId, op: Sync) -> UringSyncFuture<'_> {
         UringSyncFuture {
-            core: Core::new(Ctx::Borrowed(&self.inner), fid, op),
+            core: Core::new(self.ctx(), fid, op),
         }
     }
 
@@ -259,7 +258,7 @@ impl UringContext {
     /// and `O_DIRECT` alignment needs.
     pub fn statx(&self, fid: impl Into<FileId>) -> UringStatxFuture<'_> {
         UringStatxFuture {
-            core: Core::new(Ctx::Borrowed(&self.inner), fid.into(), Statx::new()),
+            core: Core::new(self.ctx(), fid.into(), Statx::new()),
         }
     }
 
@@ -295,6 +294,6 @@ impl UringContext {
     /// # }
     /// ```
     pub fn open(&self, path: impl AsRef<Path>, options: &OpenOptions) -> UringOpenFuture<'_> {
-        UringOpenFuture::new(Ctx::Borrowed(&self.inner), path.as_ref(), options)
+        UringOpenFuture::new(self.ctx(), path.as_ref(), options)
     }
 }

@@ -316,7 +316,7 @@ impl<'a, O: Op> Core<'a, O> {
                     }
                 }
                 State::Acquire { ring, file, permit } => {
-                    let acquired = ready!(permit.as_mut().poll(cx));
+                    let acquired = ready!(permit.poll_wait(cx));
                     let (ring, file) = (ring.take(), file.take());
                     let Ok(permit) = acquired else {
                         return Poll::Ready(Err(Stop(closed_error(ring.as_ref()))));
@@ -535,7 +535,12 @@ impl<'a, O: Op> Core<'a, O> {
             Some(r) => &r.permits,
             None => &self.ctx.blocking.permits,
         };
-        match slots.acquire(file.as_deref().map(FileEntry::share)) {
+        let bytes = self.op.transfer().map_or(0, |(_, len, _)| len as u64);
+        match slots.acquire(
+            self.ctx.priority(),
+            file.as_deref().map(FileEntry::key),
+            bytes,
+        ) {
             Acquired::Now(permit) => self.start(ring, file, permit),
             Acquired::Wait(permit) => {
                 self.state = State::Acquire { ring, file, permit };

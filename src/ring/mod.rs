@@ -50,7 +50,7 @@ use tokio::sync::Notify;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
-use crate::permit::{Permit, Slots};
+use crate::permit::{Permit, Slots, SlotsConfig};
 use crate::sys;
 use crate::util::lock;
 use table::OpTable;
@@ -93,6 +93,9 @@ const RETRY_AFTER: Duration = Duration::from_micros(500);
 pub(crate) struct RingConfig {
     pub(crate) entries: u32,
     pub(crate) in_flight: usize,
+    /// A file's share of `in_flight`, and background ops' (see `permit`).
+    pub(crate) share: usize,
+    pub(crate) background_share: usize,
     pub(crate) sqpoll_idle: Option<Duration>,
     pub(crate) coop_taskrun: bool,
     pub(crate) pool_count: usize,
@@ -320,7 +323,11 @@ impl Ring {
             uring,
             pool: ManuallyDrop::new(pool),
             pool_registered,
-            permits: Slots::new(cfg.in_flight),
+            permits: Slots::new(SlotsConfig {
+                limit: cfg.in_flight,
+                share: cfg.share,
+                background_share: cfg.background_share,
+            }),
             submit_pending: AtomicBool::new(false),
             polling: AtomicBool::new(false),
             whole_batch: AtomicBool::new(false),

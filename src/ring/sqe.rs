@@ -137,12 +137,14 @@ impl Ring {
     /// under the state lock `st` (given back: it is released while a
     /// one-off buffer is allocated). `large` is the buffer from
     /// [`large_bounce`](Ring::large_bounce).
+    #[allow(clippy::too_many_lines, reason = "one match over every ring op")]
     pub(super) fn sqe<'s>(
         &'s self,
         st: MutexGuard<'s, State>,
         file: Option<&FileEntry>,
         op: &RingOp<'_>,
         large: Option<AlignedBuf>,
+        ioprio: u16,
     ) -> io::Result<(MutexGuard<'s, State>, OpBuf, squeue::Entry)> {
         let Some(file) = file else {
             return Err(io::Error::other("ring op without a file (a bug)"));
@@ -160,19 +162,23 @@ impl Ring {
                 let entry = match (dst, &bounce) {
                     (Dst::Caller(ptr, len), _) => opcode::Read::new(fd, ptr, rw_len(len))
                         .offset(offset)
+                        .ioprio(ioprio)
                         .build(),
                     // The caller bounds `count` at `sys::IOV_MAX`.
                     (Dst::CallerVec(iov, count), _) => {
                         opcode::Readv::new(fd, iov, u32::try_from(count).unwrap_or(u32::MAX))
                             .offset(offset)
+                            .ioprio(ioprio)
                             .build()
                     }
                     (Dst::Bounce(len), Some(b)) => match b.fixed {
                         Some(index) => opcode::ReadFixed::new(fd, b.ptr, rw_len(len), index)
                             .offset(offset)
+                            .ioprio(ioprio)
                             .build(),
                         None => opcode::Read::new(fd, b.ptr, rw_len(len))
                             .offset(offset)
+                            .ioprio(ioprio)
                             .build(),
                     },
                     (Dst::Bounce(_), None) => unreachable!("a bounce read has its buffer"),
@@ -196,6 +202,7 @@ impl Ring {
                     OpBuf::Caller,
                     opcode::Write::new(fd, ptr, rw_len(len))
                         .offset(offset)
+                        .ioprio(ioprio)
                         .build(),
                 ),
                 (Src::Copy(data), Some(b)) => {
@@ -203,8 +210,12 @@ impl Ring {
                     let entry = match b.fixed {
                         Some(index) => opcode::WriteFixed::new(fd, b.ptr, len, index)
                             .offset(offset)
+                            .ioprio(ioprio)
                             .build(),
-                        None => opcode::Write::new(fd, b.ptr, len).offset(offset).build(),
+                        None => opcode::Write::new(fd, b.ptr, len)
+                            .offset(offset)
+                            .ioprio(ioprio)
+                            .build(),
                     };
                     (b.buf, entry)
                 }

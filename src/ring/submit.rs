@@ -107,7 +107,8 @@ impl Ring {
         if let Some(closed) = &st.closed {
             return Err(closed.error());
         }
-        let (mut st, buf, entry) = self.sqe(st, file.as_deref(), &op, large)?;
+        let ioprio = permit.priority().ioprio();
+        let (mut st, buf, entry) = self.sqe(st, file.as_deref(), &op, large, ioprio)?;
         let key = st.ops.insert(
             buf,
             Keep {

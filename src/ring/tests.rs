@@ -20,7 +20,7 @@ use super::submit::DEFAULT_SHALLOW_BATCH;
 use super::{Dst, Ring, RingConfig, RingOp};
 use crate::files::{FileEntry, FileTable, RoutePolicy};
 use crate::id::FileId;
-use crate::permit::{Acquired, Permit};
+use crate::permit::{Acquired, Permit, Priority};
 use crate::util::lock;
 
 /// Bytes per read; one pool buffer each.
@@ -64,8 +64,6 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
     let policy = RoutePolicy {
         fuse_via_blocking_pool: false,
         network_via_blocking_pool: false,
-        ring_share: in_flight,
-        pool_share: in_flight,
     };
     let table = FileTable::new(vec![f], 1, 1, policy).unwrap();
     let file = table.get(FileId::from(0)).unwrap();
@@ -76,6 +74,8 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
     let cfg = RingConfig {
         entries,
         in_flight,
+        share: in_flight,
+        background_share: in_flight,
         sqpoll_idle: None,
         coop_taskrun: false,
         pool_count: chunks,
@@ -99,7 +99,7 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
 
 impl Fixture {
     fn permit(&self) -> Permit {
-        match self.ring.permits.acquire(None) {
+        match self.ring.permits.acquire(Priority::Latency, None, 0) {
             Acquired::Now(p) => p,
             _ => panic!("a free in-flight slot"),
         }
@@ -194,12 +194,17 @@ impl Fixture {
     /// Whether all `n` in-flight slots are free again.
     fn all_permits_free(&self, n: usize) -> bool {
         let held: Vec<Permit> = (0..n)
-            .map_while(|_| match self.ring.permits.acquire(None) {
-                Acquired::Now(p) => Some(p),
-                _ => None,
-            })
+            .map_while(
+                |_| match self.ring.permits.acquire(Priority::Latency, None, 0) {
+                    Acquired::Now(p) => Some(p),
+                    _ => None,
+                },
+            )
             .collect();
-        let next_waits = matches!(self.ring.permits.acquire(None), Acquired::Wait(_));
+        let next_waits = matches!(
+            self.ring.permits.acquire(Priority::Latency, None, 0),
+            Acquired::Wait(_)
+        );
         held.len() == n && next_waits
     }
 }
@@ -323,11 +328,12 @@ fn broken_ring_fails_only_what_the_kernel_never_saw() {
             }
         }
         let spare = fx.permit();
-        let Acquired::Wait(mut waiting) = fx.ring.permits.acquire(None) else {
+        let Acquired::Wait(mut waiting) = fx.ring.permits.acquire(Priority::Latency, None, 0)
+        else {
             panic!("every slot is taken");
         };
         let noop = &mut Context::from_waker(futures::task::noop_waker_ref());
-        assert!(waiting.as_mut().poll(noop).is_pending());
+        assert!(waiting.poll_wait(noop).is_pending());
 
         let why = "test: io_uring_enter failed for good";
         fx.ring.break_ring(&std::io::Error::other(why));
@@ -359,8 +365,11 @@ fn broken_ring_fails_only_what_the_kernel_never_saw() {
         assert!(refused.to_string().contains(why), "{refused}");
         assert_eq!(fx.live(), 2, "a refused submit queues nothing");
         // The slots are closed: the waiting acquire and any new one see it.
-        assert!(matches!(waiting.as_mut().poll(noop), Poll::Ready(Err(_))));
-        assert!(matches!(fx.ring.permits.acquire(None), Acquired::Closed));
+        assert!(matches!(waiting.poll_wait(noop), Poll::Ready(Err(_))));
+        assert!(matches!(
+            fx.ring.permits.acquire(Priority::Latency, None, 0),
+            Acquired::Closed
+        ));
 
         // Ops 0 and 1 complete as usual, woken by their CQE.
         fx.reap_all();

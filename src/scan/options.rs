@@ -12,6 +12,7 @@ use super::{Cache, Held, Scan};
 use crate::context::UringContext;
 use crate::error::{invalid, shut_down_error};
 use crate::id::FileId;
+use crate::permit::Priority;
 use crate::shared::Ctx;
 
 const DEFAULT_CHUNK: usize = 1 << 20;
@@ -53,6 +54,8 @@ pub struct ScanOptions {
     /// With every buffer held by a chunk, `next()` waits for one to be
     /// dropped instead of failing.
     pub(super) wait_for_dropped: bool,
+    /// The scan's reads' priority.
+    pub(super) priority: Priority,
 }
 
 impl Default for ScanOptions {
@@ -64,6 +67,7 @@ impl Default for ScanOptions {
             in_flight_set: false,
             align: DEFAULT_ALIGN,
             wait_for_dropped: false,
+            priority: Priority::Background,
         }
     }
 }
@@ -141,6 +145,20 @@ impl ScanOptions {
         self
     }
 
+    /// The priority of the scan's reads (default
+    /// [`Priority::Background`], whatever the context handle's priority).
+    ///
+    /// A scan reads ahead at full speed and would otherwise set the latency
+    /// of every point read behind it; as a background op it still uses
+    /// every slot while no latency op is active, so a scan alone loses
+    /// nothing. Set [`Priority::Latency`] for a scan a user waits on, such
+    /// as a query's.
+    #[must_use]
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Whether this scan's reads skip the inline path (see `RING_AHEAD`).
     pub(super) fn ring_only(&self) -> bool {
         self.chunk_size.saturating_mul(self.in_flight - 1) >= RING_AHEAD
@@ -194,7 +212,7 @@ impl ScanOptions {
         fid: impl Into<FileId>,
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
-        self.scan_in(Ctx::Borrowed(&ctx.inner), fid.into(), range)
+        self.scan_in(ctx.ctx(), fid.into(), range)
     }
 
     /// [`scan`](Self::scan) holding the context as `ctx` does (borrowed, or
@@ -205,6 +223,7 @@ impl ScanOptions {
         fid: FileId,
         range: impl RangeBounds<u64>,
     ) -> io::Result<Scan<'a>> {
+        let ctx = ctx.with_priority(self.priority);
         if ctx.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
