@@ -575,7 +575,7 @@ impl<'a, O: Op> Core<'a, O> {
 }
 
 /// The error of a closed ring or blocking pool (ops waiting for a slot
-/// learn of it when the semaphore closes).
+/// learn of it when the slots close).
 fn closed_error(ring: Option<&RingRef<'_>>) -> io::Error {
     ring.map_or_else(shut_down_error, |r| r.closed_error())
 }
