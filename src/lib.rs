@@ -141,7 +141,16 @@
 //! in-flight limits overall and per file, SQPOLL, the inline path and its
 //! fairness stretch, the backend, shutdown timeout, routing of FUSE and
 //! network file systems). [`UringContext::stats`] counts submissions,
-//! completions, enters and inline hits.
+//! completions, enters and inline hits, and the in-flight slots each
+//! priority class took.
+//!
+//! Every op has a [`Priority`]: point reads and writes are
+//! [`Priority::Latency`], scans [`Priority::Background`], and
+//! [`UringContext::with_priority`] gives a handle whose ops are background
+//! (compaction, backups). Background ops use every in-flight slot while no
+//! latency op is active and a few ([`Builder::background_share`]) while one
+//! is; a file's share of the slots ([`Builder::max_in_flight_per_file`])
+//! binds only while another file's ops wait.
 //!
 //! Two backends run the same API: io_uring (Linux 5.19 or newer), and, where
 //! io_uring cannot be set up (an old kernel, seccomp, `io_uring_disabled`,

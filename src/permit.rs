@@ -771,3 +771,43 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    /// The cost of a slot taken and given back with no waiting, against
+    /// the two semaphores (a file's share, then the slot) it replaced:
+    /// `cargo test --release --lib permit::cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, printed"]
+    fn uncontended_acquire_release() {
+        use tokio::sync::Semaphore;
+        const N: u32 = 2_000_000;
+        let slots = Slots::new(SlotsConfig {
+            limit: 512,
+            share: 384,
+            background_share: 2,
+        });
+        let (sem, share) = (Arc::new(Semaphore::new(512)), Arc::new(Semaphore::new(384)));
+        for round in 0..3 {
+            let t = Instant::now();
+            for i in 0..N {
+                let Acquired::Now(p) = slots.acquire(Priority::Latency, Some(u64::from(i & 7)), 4096)
+                else {
+                    panic!("no slot")
+                };
+                drop(std::hint::black_box(p));
+            }
+            let ours = t.elapsed() / N;
+            let t = Instant::now();
+            for _ in 0..N {
+                let a = share.clone().try_acquire_owned().unwrap();
+                let b = sem.clone().try_acquire_owned().unwrap();
+                drop(std::hint::black_box((a, b)));
+            }
+            let sems = t.elapsed() / N;
+            eprintln!("round {round}: scheduler {ours:?}, two semaphores {sems:?} per op");
+        }
+    }
+}
