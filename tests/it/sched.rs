@@ -573,6 +573,42 @@ fn class_counters_count_ops_slots_and_waits() {
     }
 }
 
+/// `ClassStats::bytes` counts the bytes each class's ops asked for: 3
+/// latency reads of 4 KiB and 2 background reads of 8 KiB, one piece each,
+/// on every route.
+#[test]
+#[ignore = "bug: ClassStats::bytes stays 0 for one-piece reads (the slot is taken before \
+            the op sizes its first piece); see the report"]
+fn class_counters_count_bytes() {
+    let _shared = common::shared();
+    let names = ["b"];
+    let Some(fs) = mount(&names, 0x7360) else {
+        return;
+    };
+    for (k, route) in ROUTES.into_iter().enumerate() {
+        let base = (k as u64 + 1) * REGION;
+        let files = open_all(&fs, &names);
+        common::run("class_bytes", Flavor::Multi, 60, move || async move {
+            let ctx = route.ctx(files, |b| b.rings(1).inline_nowait(false));
+            let bg_ctx = ctx.with_priority(Priority::Background);
+            let mut buf = vec![0u8; 8192];
+            for i in 0..3 {
+                let n = ctx.read(0u32, base + (i + 1) * MIB, &mut buf[..4096]).await;
+                assert_eq!(n.unwrap(), 4096);
+            }
+            for i in 3..5 {
+                let n = bg_ctx.read(0u32, base + (i + 1) * MIB, &mut buf).await;
+                assert_eq!(n.unwrap(), 8192);
+            }
+            let (l, b) = classes(&ctx);
+            eprintln!("{route:?}: latency {l:?}; background {b:?}");
+            assert_eq!((l.ops, l.bytes), (3, 3 * 4096), "{route:?}: latency");
+            assert_eq!((b.ops, b.bytes), (2, 2 * 8192), "{route:?}: background");
+            ctx.shutdown().await;
+        });
+    }
+}
+
 /// Scans are background work unless told otherwise: a scan's reads count
 /// in `stats().background`, with `ScanOptions::priority(Latency)` in
 /// `stats().latency`, whatever the handle's own priority.
@@ -616,5 +652,92 @@ fn scans_default_to_background() {
             assert!(l2.ops > 0, "{route:?}: {l2:?}");
             ctx.shutdown().await;
         });
+    }
+}
+
+/// Background reads that waited for their share while latency reads were
+/// active get free slots once latency activity has been over for its
+/// window, without waiting for some other op to end: here the only other
+/// op is a background read that never ends. Setup (8 slots, background
+/// share 1): a background read hangs on A; a latency read of B takes 2 s
+/// in the storage; a second background read (of B, healthy) queues behind
+/// the share. Once the latency read is over, 7 slots are free and no
+/// latency op is active, so the queued read must run.
+#[test]
+#[ignore = "scheduler bug: a background op queued behind the background share while latency \
+            ops were active is only dispatched when some slot is released, not when the \
+            latency window expires (src/permit.rs has no timer); see the report"]
+fn background_waiters_run_once_latency_activity_is_over() {
+    let _shared = common::shared();
+    let names = ["a", "b"];
+    let Some(fs) = mount(&names, 0x7350) else {
+        return;
+    };
+    for (k, route) in ROUTES.into_iter().enumerate() {
+        let base = (k as u64 + 1) * REGION;
+        fs.clear_faults();
+        fs.set_fault("a", base..base + REGION, Fault::Hang);
+        fs.set_fault(
+            "b",
+            base..base + REGION / 2,
+            Fault::Delay(Duration::from_secs(2)),
+        );
+        let (fsc, files) = (fs.clone(), open_all(&fs, &names));
+        common::run("bg_after_window", Flavor::Multi, 60, move || async move {
+            let fs = fsc;
+            let _release = Release(fs.clone());
+            let ctx = route.ctx(files, |b| {
+                b.rings(1)
+                    .max_in_flight(8)
+                    .background_share(1)
+                    .inline_nowait(false)
+                    .shutdown_timeout(Duration::from_millis(500))
+            });
+            let bg_ctx = ctx.with_priority(Priority::Background);
+            let started = Arc::new(AtomicUsize::new(0));
+            let stuck = read_task(&bg_ctx, 0, base + MIB, &started);
+            assert!(
+                until(Duration::from_secs(10), || ctx.stats().background.in_flight
+                    == 1)
+                .await,
+                "{route:?}"
+            );
+            let lookup = read_task(&ctx, 1, base + MIB, &started);
+            assert!(
+                until(Duration::from_secs(10), || ctx.stats().latency.in_flight
+                    == 1)
+                .await,
+                "{route:?}"
+            );
+            let queued = read_task(&bg_ctx, 1, base + REGION / 2 + MIB, &started);
+            all_queued(&started, 3).await;
+            if !lookup.is_finished() {
+                assert!(
+                    !queued.is_finished(),
+                    "{route:?}: a second background read ran beside a latency read (share 1)"
+                );
+            }
+            let n = tokio::time::timeout(Duration::from_secs(20), lookup)
+                .await
+                .expect("the latency read never ended")
+                .unwrap()
+                .unwrap();
+            assert_eq!(n, 4096);
+            let done = tokio::time::timeout(Duration::from_secs(5), queued).await;
+            eprintln!(
+                "{route:?}: queued background read {} after the latency read; {:?}",
+                if done.is_ok() { "ran" } else { "still waits" },
+                classes(&ctx)
+            );
+            let done = done.unwrap_or_else(|_| {
+                panic!(
+                    "{route:?}: a background read still waits with 7 of 8 slots free and no \
+                     latency op for 5 s"
+                )
+            });
+            assert_eq!(done.unwrap().unwrap(), 4096);
+            finish(&fs, &ctx, vec![stuck]).await;
+        });
+        fs.release_hangs();
     }
 }
