@@ -453,6 +453,65 @@ fn background_reads_progress_under_saturating_latency_load() {
     }
 }
 
+/// With no latency op active, background reads use every slot (the
+/// background share binds only beside latency ops): 8 background reads
+/// hang and hold all 8 slots; a latency read then waits (no op in flight
+/// is taken back) until the storage answers.
+#[test]
+fn background_alone_uses_every_slot() {
+    let _shared = common::shared();
+    let names = ["a", "b"];
+    let Some(fs) = mount(&names, 0x7370) else {
+        return;
+    };
+    for (k, route) in ROUTES.into_iter().enumerate() {
+        let base = (k as u64 + 1) * REGION;
+        fs.clear_faults();
+        fs.set_fault("a", base..base + REGION, Fault::Hang);
+        let (fsc, files) = (fs.clone(), open_all(&fs, &names));
+        common::run("bg_alone", Flavor::Multi, 60, move || async move {
+            let fs = fsc;
+            let _release = Release(fs.clone());
+            let ctx = route.ctx(files, |b| {
+                b.rings(1)
+                    .max_in_flight(8)
+                    .max_in_flight_per_file(8)
+                    .background_share(2)
+                    .inline_nowait(false)
+                    .shutdown_timeout(Duration::from_millis(500))
+            });
+            let bg_ctx = ctx.with_priority(Priority::Background);
+            let started = Arc::new(AtomicUsize::new(0));
+            let mut tasks: Vec<_> = (0..8)
+                .map(|i| read_task(&bg_ctx, 0, base + (i + 1) * MIB, &started))
+                .collect();
+            assert!(
+                until(Duration::from_secs(10), || ctx.stats().background.in_flight
+                    == 8)
+                .await,
+                "{route:?}: background alone holds {:?}",
+                ctx.stats().background
+            );
+            tasks.push(read_task(&ctx, 1, base + MIB, &started));
+            all_queued(&started, 9).await;
+            let (l, b) = classes(&ctx);
+            eprintln!("{route:?}: latency {l:?}; background {b:?}");
+            assert_eq!((b.in_flight, l.in_flight, l.ops), (8, 0, 0), "{route:?}");
+            let lookup = tasks.pop().unwrap();
+            fs.release_hangs();
+            let n = tokio::time::timeout(Duration::from_secs(20), lookup)
+                .await
+                .expect("the latency read never got a slot")
+                .unwrap()
+                .unwrap();
+            assert_eq!(n, 4096);
+            assert_eq!(ctx.stats().latency.waited, 1, "{route:?}");
+            finish(&fs, &ctx, tasks).await;
+        });
+        fs.release_hangs();
+    }
+}
+
 /// Counters per class: each class's ops, the slots each holds while reads
 /// hang (2 background, 6 latency of 8), and the ops that waited for a slot
 /// (2 of each class) with a wait time above zero. (Bytes:
