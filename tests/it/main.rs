@@ -53,6 +53,9 @@ mod options;
 mod read;
 /// Sequential scans (`ScanOptions::scan`).
 mod scan;
+/// The in-flight-slot scheduler: file shares and priority classes, on slow
+/// (FUSE) storage.
+mod sched;
 /// Slow, failing, hung and network-like (FUSE) storage.
 mod storage;
 /// One-time decisions logged through `tracing` (feature `tracing`).

@@ -100,18 +100,18 @@ async fn healthy_load(
 
 /// How a test reaches a FUSE file: the default route (the blocking pool),
 /// the rings (`fuse_via_blocking_pool(false)`: `IOSQE_ASYNC`, io-wq), or the
-/// fallback backend.
+/// fallback backend. Also used by `sched`.
 #[derive(Debug, Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     Pool,
     Ring,
     Fallback,
 }
 
-const ROUTES: [Route; 3] = [Route::Pool, Route::Ring, Route::Fallback];
+pub(crate) const ROUTES: [Route; 3] = [Route::Pool, Route::Ring, Route::Fallback];
 
 impl Route {
-    fn ctx(
+    pub(crate) fn ctx(
         self,
         files: Vec<File>,
         tweak: impl FnOnce(uring_positioned_io::Builder) -> uring_positioned_io::Builder,
@@ -253,8 +253,8 @@ fn hung_storage_does_not_freeze_the_runtime() {
                 eprintln!("{route:?} direct={direct}: shutdown took {:?}", t.elapsed());
                 // The borrowed reads it gave up on fail with TimedOut (their
                 // buffers stay with the kernel or the pool thread); those
-                // still waiting for their file's share never started and
-                // fail as shut down.
+                // still waiting for a slot never started and fail as shut
+                // down.
                 for h in &mut hung {
                     let res = tokio::time::timeout(Duration::from_secs(5), h)
                         .await
@@ -284,10 +284,13 @@ fn hung_storage_does_not_freeze_the_runtime() {
 }
 
 /// Reads stuck on one file cannot take every in-flight slot: with
-/// `max_in_flight = 64` and 64 reads hung on one file, each file's default
-/// share (three quarters of the slots) leaves room for reads of another
-/// file, on the rings and on the blocking pool; without the share
-/// (`max_in_flight_per_file(64)`) the other file's read waits.
+/// `max_in_flight = 64` and 64 reads hung on one file, the file alone takes
+/// every slot but the last `64 / 32 = 2` (the reserve its default share
+/// keeps while it is over the share: the share itself binds only once
+/// another file's op waits), and a read of another file gets a reserved
+/// slot, on the rings and on the blocking pool; without the share
+/// (`max_in_flight_per_file(64)`: no reserve) the other file's read waits.
+/// How the hung file's 62 slots split with a neighbour is `sched`'s.
 #[test]
 fn a_hung_file_cannot_take_every_slot() {
     let _shared = common::shared();
@@ -347,6 +350,19 @@ fn a_hung_file_cannot_take_every_slot() {
             tokio::task::spawn_blocking(move || fs2.wait_hung(before + 8, Duration::from_secs(10)))
                 .await
                 .unwrap();
+            // Alone, the file holds every slot but the reserve (more than its
+            // share of 48); with the share off, every slot.
+            let want = if shared { STUCK - 2 } else { STUCK };
+            let t = Instant::now();
+            while ctx.stats().latency.in_flight < want && t.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                ctx.stats().latency.in_flight,
+                want,
+                "{route:?}: slots held by {STUCK} reads of one hung file"
+            );
             let probe = {
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
@@ -530,8 +546,9 @@ fn slow_storage_keeps_up_with_spawn_blocking() {
 /// since io-wq may run as many workers as reads in flight, all 64 usually
 /// are: their slots come back when the storage answers. (Before the io-wq
 /// limit was raised, 8 workers took 8 reads and the cancels freed the other
-/// 56 at once; the per-file share, not cancellation, is what keeps healthy
-/// files going while reads hang, see `a_hung_file_cannot_take_every_slot`.)
+/// 56 at once; the slots the per-file share reserves, not cancellation, are
+/// what keeps healthy files going while reads hang, see
+/// `a_hung_file_cannot_take_every_slot`.)
 #[test]
 fn dropped_reads_give_their_slots_back() {
     let _shared = common::shared();
