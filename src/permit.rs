@@ -30,11 +30,13 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use slab::Slab;
+use tokio::runtime::Handle;
 
 /// How urgent an op is, for the in-flight slots it competes for.
 ///
@@ -118,7 +120,8 @@ impl SlotsConfig {
 pub(crate) struct ClassCounts {
     /// Slots granted.
     pub(crate) ops: u64,
-    /// Bytes the ops granted slots asked to move.
+    /// Bytes the ops that took slots moved or asked to move (counted as
+    /// each piece starts, see [`Slots::count_bytes`]).
     pub(crate) bytes: u64,
     /// Ops that had to wait for their slot, and the time they waited.
     pub(crate) waited: u64,
@@ -163,7 +166,6 @@ enum WaiterState {
 struct Waiter {
     class: Priority,
     file: Option<FileKey>,
-    bytes: u64,
     since: Instant,
     state: WaiterState,
 }
@@ -180,6 +182,8 @@ struct State {
     files: HashMap<FileKey, FileCounts, BuildHasherDefault<KeyHasher>>,
     /// When the last latency op let go of its slot.
     latency_done: Option<Instant>,
+    /// A thread sleeps out the latency window (see `Shared::runtime`).
+    window_timer: bool,
     counts: [ClassCounts; 2],
 }
 
@@ -259,13 +263,28 @@ impl State {
         (0..classes).all(|c| self.queues[c].len() == mine.waiting[c])
     }
 
+    /// When background waiters held back only by the latency window may
+    /// go: `Some` if one waits, background holds its share, and no latency
+    /// op is in flight or waiting, so that no release may come to let them
+    /// go once the window is over.
+    fn window_deadline(&self) -> Option<Instant> {
+        if self.queues[1].is_empty()
+            || self.closed
+            || self.free == 0
+            || self.in_flight[0] > 0
+            || !self.queues[0].is_empty()
+            || self.in_flight[1] < self.cfg.background_share
+        {
+            return None;
+        }
+        self.latency_done.map(|done| done + LATENCY_WINDOW)
+    }
+
     /// Accounts a slot to an op of `class` on `file`.
-    fn take(&mut self, class: Priority, file: Option<FileKey>, bytes: u64) {
+    fn take(&mut self, class: Priority, file: Option<FileKey>) {
         self.free -= 1;
         self.in_flight[class.index()] += 1;
-        let c = &mut self.counts[class.index()];
-        c.ops += 1;
-        c.bytes += bytes;
+        self.counts[class.index()].ops += 1;
         if let Some(key) = file {
             self.file(key).held += 1;
         }
@@ -295,7 +314,7 @@ impl State {
             let Some((c, i)) = found else { break };
             let key = self.queues[c].remove(i).expect("position in range");
             let w = &mut self.waiters[key];
-            let (class, file, bytes, since) = (w.class, w.file, w.bytes, w.since);
+            let (class, file, since) = (w.class, w.file, w.since);
             if let WaiterState::Waiting(Some(waker)) =
                 std::mem::replace(&mut w.state, WaiterState::Granted)
             {
@@ -304,7 +323,7 @@ impl State {
             if let Some(f) = file {
                 self.file(f).waiting[c] -= 1;
             }
-            self.take(class, file, bytes);
+            self.take(class, file);
             let waited = now
                 .get_or_insert_with(Instant::now)
                 .saturating_duration_since(since);
@@ -318,11 +337,45 @@ impl State {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
+    /// Bytes per class (see [`Slots::count_bytes`]).
+    bytes: [AtomicU64; 2],
+    /// Where a thread sleeps out the latency window for background ops
+    /// that wait only for it (see [`State::window_deadline`]): the runtime
+    /// the slots were made on.
+    runtime: Option<Handle>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::util::lock(&self.state)
+    }
+
+    /// After a change under `st`: if background ops wait only for the
+    /// latency window to end, a thread of the blocking pool sleeps until it
+    /// does and hands them slots then (nothing else might: their ops in
+    /// flight may never finish). At most one such thread per set of slots.
+    fn arm_window(self: &Arc<Self>, st: &mut State) {
+        if st.window_timer {
+            return;
+        }
+        let (Some(deadline), Some(rt)) = (st.window_deadline(), &self.runtime) else {
+            return;
+        };
+        st.window_timer = true;
+        let shared = self.clone();
+        drop(rt.spawn_blocking(move || {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            let mut wakes = Wakes::new();
+            {
+                let mut st = shared.lock();
+                st.window_timer = false;
+                if !st.closed {
+                    st.dispatch(&mut wakes);
+                    shared.arm_window(&mut st);
+                }
+            }
+            wakes.wake();
+        }));
     }
 }
 
@@ -368,6 +421,7 @@ impl Drop for Permit {
             }
             if !st.closed {
                 st.dispatch(&mut wakes);
+                self.shared.arm_window(&mut st);
             }
         }
         wakes.wake();
@@ -409,6 +463,8 @@ impl Slots {
     pub(crate) fn new(cfg: SlotsConfig) -> Slots {
         Slots {
             shared: Arc::new(Shared {
+                bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+                runtime: Handle::try_current().ok(),
                 state: Mutex::new(State {
                     cfg,
                     free: cfg.limit,
@@ -418,6 +474,7 @@ impl Slots {
                     waiters: Slab::new(),
                     files: HashMap::default(),
                     latency_done: None,
+                    window_timer: false,
                     counts: [ClassCounts::default(); 2],
                 }),
             }),
@@ -449,15 +506,14 @@ impl Slots {
         wakes.wake();
     }
 
-    /// A slot for an op of `class` on `file` (moving `bytes`), at once if
-    /// the rules admit it.
-    pub(crate) fn acquire(&self, class: Priority, file: Option<FileKey>, bytes: u64) -> Acquired {
+    /// A slot for an op of `class` on `file`, at once if the rules admit it.
+    pub(crate) fn acquire(&self, class: Priority, file: Option<FileKey>) -> Acquired {
         let mut st = self.shared.lock();
         if st.closed {
             return Acquired::Closed;
         }
         if st.free > 0 && st.admits(class, file, &mut None) {
-            st.take(class, file, bytes);
+            st.take(class, file);
             drop(st);
             return Acquired::Now(Permit {
                 shared: self.shared.clone(),
@@ -468,7 +524,6 @@ impl Slots {
         let key = st.waiters.insert(Waiter {
             class,
             file,
-            bytes,
             since: Instant::now(),
             state: WaiterState::Waiting(None),
         });
@@ -476,6 +531,7 @@ impl Slots {
         if let Some(f) = file {
             st.file(f).waiting[class.index()] += 1;
         }
+        self.shared.arm_window(&mut st);
         Acquired::Wait(Wait {
             shared: self.shared.clone(),
             key,
@@ -483,12 +539,19 @@ impl Slots {
         })
     }
 
+    /// Counts `bytes` for an op of `class` that holds one of these slots,
+    /// once its piece is sized.
+    pub(crate) fn count_bytes(&self, class: Priority, bytes: u64) {
+        self.shared.bytes[class.index()].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// The counters of each class (indexed by [`Priority::index`]).
     pub(crate) fn counts(&self) -> [ClassCounts; 2] {
         let st = self.shared.lock();
         let mut counts = st.counts;
-        for (c, n) in counts.iter_mut().zip(st.in_flight) {
-            c.in_flight = n as u64;
+        for (i, c) in counts.iter_mut().enumerate() {
+            c.in_flight = st.in_flight[i] as u64;
+            c.bytes = self.shared.bytes[i].load(Ordering::Relaxed);
         }
         counts
     }
@@ -551,6 +614,7 @@ impl Drop for Wait {
                 if !st.closed && st.free > 0 {
                     let mut wakes = Wakes::new();
                     st.dispatch(&mut wakes);
+                    self.shared.arm_window(&mut st);
                     drop(st);
                     wakes.wake();
                 }
@@ -579,7 +643,7 @@ mod tests {
     }
 
     fn now(slots: &Slots, class: Priority, file: Option<FileKey>) -> Permit {
-        match slots.acquire(class, file, 4096) {
+        match slots.acquire(class, file) {
             Acquired::Now(p) => p,
             Acquired::Wait(_) => panic!("{class:?} op on {file:?} had to wait"),
             Acquired::Closed => panic!("closed"),
@@ -587,7 +651,7 @@ mod tests {
     }
 
     fn wait(slots: &Slots, class: Priority, file: Option<FileKey>) -> Wait {
-        match slots.acquire(class, file, 4096) {
+        match slots.acquire(class, file) {
             Acquired::Wait(mut w) => {
                 assert!(poll(&mut w).is_pending());
                 w
@@ -715,7 +779,7 @@ mod tests {
         let counts = slots.counts();
         assert_eq!(counts[Latency.index()].ops, 1);
         assert_eq!(counts[Background.index()].in_flight, 6);
-        assert_eq!(counts[Background.index()].bytes, 14 * 4096);
+        assert_eq!(counts[Background.index()].ops, 14);
     }
 
     #[test]
@@ -743,7 +807,7 @@ mod tests {
         slots.close();
         assert!(matches!(poll(&mut w), Poll::Ready(Err(SlotsClosed))));
         assert!(matches!(poll(&mut b), Poll::Ready(Err(SlotsClosed))));
-        assert!(matches!(slots.acquire(Latency, None, 0), Acquired::Closed));
+        assert!(matches!(slots.acquire(Latency, None), Acquired::Closed));
     }
 
     #[test]
@@ -793,7 +857,7 @@ mod cost {
         for round in 0..3 {
             let t = Instant::now();
             for i in 0..N {
-                let Acquired::Now(p) = slots.acquire(Priority::Latency, Some(u64::from(i & 7)), 4096)
+                let Acquired::Now(p) = slots.acquire(Priority::Latency, Some(u64::from(i & 7)))
                 else {
                     panic!("no slot")
                 };

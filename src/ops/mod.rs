@@ -535,12 +535,7 @@ impl<'a, O: Op> Core<'a, O> {
             Some(r) => &r.permits,
             None => &self.ctx.blocking.permits,
         };
-        let bytes = self.op.transfer().map_or(0, |(_, len, _)| len as u64);
-        match slots.acquire(
-            self.ctx.priority(),
-            file.as_deref().map(FileEntry::key),
-            bytes,
-        ) {
+        match slots.acquire(self.ctx.priority(), file.as_deref().map(FileEntry::key)) {
             Acquired::Now(permit) => self.start(ring, file, permit),
             Acquired::Wait(permit) => {
                 self.state = State::Acquire { ring, file, permit };
@@ -561,16 +556,24 @@ impl<'a, O: Op> Core<'a, O> {
             // Every later piece goes to the same file.
             self.bound.clone_from(&file);
         }
+        let priority = self.ctx.priority();
         let Some(ring) = ring else {
             let pool = &self.ctx.blocking;
             let h = self.op.spawn_blocking(pool, file, permit)?;
             let gave_up = pool.watch_give_up(O::BLOCKING_DETACHABLE);
             self.state = State::Blocking(h, gave_up);
+            pool.permits.count_bytes(priority, self.piece_bytes());
             return Ok(());
         };
         let key = ring.submit(file, permit, self.op.sqe())?;
+        ring.permits.count_bytes(priority, self.piece_bytes());
         self.state = State::InFlight { ring, key };
         Ok(())
+    }
+
+    /// The bytes of the piece just started (0 for an op that moves none).
+    fn piece_bytes(&self) -> u64 {
+        self.op.transfer().map_or(0, |(_, len, _)| len as u64)
     }
 }
 

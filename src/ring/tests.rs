@@ -99,7 +99,7 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
 
 impl Fixture {
     fn permit(&self) -> Permit {
-        match self.ring.permits.acquire(Priority::Latency, None, 0) {
+        match self.ring.permits.acquire(Priority::Latency, None) {
             Acquired::Now(p) => p,
             _ => panic!("a free in-flight slot"),
         }
@@ -195,14 +195,14 @@ impl Fixture {
     fn all_permits_free(&self, n: usize) -> bool {
         let held: Vec<Permit> = (0..n)
             .map_while(
-                |_| match self.ring.permits.acquire(Priority::Latency, None, 0) {
+                |_| match self.ring.permits.acquire(Priority::Latency, None) {
                     Acquired::Now(p) => Some(p),
                     _ => None,
                 },
             )
             .collect();
         let next_waits = matches!(
-            self.ring.permits.acquire(Priority::Latency, None, 0),
+            self.ring.permits.acquire(Priority::Latency, None),
             Acquired::Wait(_)
         );
         held.len() == n && next_waits
@@ -328,8 +328,7 @@ fn broken_ring_fails_only_what_the_kernel_never_saw() {
             }
         }
         let spare = fx.permit();
-        let Acquired::Wait(mut waiting) = fx.ring.permits.acquire(Priority::Latency, None, 0)
-        else {
+        let Acquired::Wait(mut waiting) = fx.ring.permits.acquire(Priority::Latency, None) else {
             panic!("every slot is taken");
         };
         let noop = &mut Context::from_waker(futures::task::noop_waker_ref());
@@ -367,7 +366,7 @@ fn broken_ring_fails_only_what_the_kernel_never_saw() {
         // The slots are closed: the waiting acquire and any new one see it.
         assert!(matches!(waiting.poll_wait(noop), Poll::Ready(Err(_))));
         assert!(matches!(
-            fx.ring.permits.acquire(Priority::Latency, None, 0),
+            fx.ring.permits.acquire(Priority::Latency, None),
             Acquired::Closed
         ));
 

@@ -636,8 +636,6 @@ fn class_counters_count_ops_slots_and_waits() {
 /// latency reads of 4 KiB and 2 background reads of 8 KiB, one piece each,
 /// on every route.
 #[test]
-#[ignore = "bug: ClassStats::bytes stays 0 for one-piece reads (the slot is taken before \
-            the op sizes its first piece); see the report"]
 fn class_counters_count_bytes() {
     let _shared = common::shared();
     let names = ["b"];
@@ -723,9 +721,6 @@ fn scans_default_to_background() {
 /// the share. Once the latency read is over, 7 slots are free and no
 /// latency op is active, so the queued read must run.
 #[test]
-#[ignore = "scheduler bug: a background op queued behind the background share while latency \
-            ops were active is only dispatched when some slot is released, not when the \
-            latency window expires (src/permit.rs has no timer); see the report"]
 fn background_waiters_run_once_latency_activity_is_over() {
     let _shared = common::shared();
     let names = ["a", "b"];
