@@ -8,7 +8,7 @@
 //!
 //! - **Priority classes.** An op is [`Priority::Latency`] or
 //!   [`Priority::Background`]. While latency ops are active on these slots
-//!   (in flight, waiting, or one finished within [`LATENCY_WINDOW`]),
+//!   (in flight, waiting, or one finished within [`LATENCY_WINDOW_NS`]),
 //!   background ops hold at most `background_share` slots; that many are
 //!   also theirs even under a flood of latency ops, so neither class
 //!   starves. Otherwise background ops use every slot.
@@ -26,6 +26,7 @@
 //! [`Slots`], taken once to acquire and once to release.
 
 use std::cell::Cell;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -85,7 +86,25 @@ impl Priority {
 /// their share: lookups at a steady rate keep the limit on between them, so
 /// that each finds the device's queue short, not only those that arrive
 /// while another is in flight.
-pub(crate) const LATENCY_WINDOW: Duration = Duration::from_millis(10);
+const LATENCY_WINDOW_NS: u64 = 10_000_000;
+
+fn window_ns() -> u64 {
+    LATENCY_WINDOW_NS
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: read at every latency op's
+/// release, where a tick's precision (1–4 ms) is enough for the window and
+/// a fine clock would be most of the release's cost.
+fn coarse_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a
+    // constant the kernel knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
 
 /// A file's key in the scheduler: its index and generation, unique within
 /// the context.
@@ -180,8 +199,8 @@ struct State {
     queues: [VecDeque<usize>; 2],
     waiters: Slab<Waiter>,
     files: HashMap<FileKey, FileCounts, BuildHasherDefault<KeyHasher>>,
-    /// When the last latency op let go of its slot.
-    latency_done: Option<Instant>,
+    /// When the last latency op let go of its slot ([`coarse_now`]).
+    latency_done: Option<u64>,
     /// A thread sleeps out the latency window (see `Shared::runtime`).
     window_timer: bool,
     counts: [ClassCounts; 2],
@@ -225,20 +244,29 @@ impl State {
         }
     }
 
-    fn latency_active(&self, now: &mut Option<Instant>) -> bool {
+    /// A slot of `key`'s ops is free again (one hash of the key).
+    fn release_file(&mut self, key: FileKey) {
+        if let Entry::Occupied(mut e) = self.files.entry(key) {
+            let c = e.get_mut();
+            c.held -= 1;
+            if c.held == 0 && c.waiting == [0, 0] {
+                e.remove();
+            }
+        }
+    }
+
+    fn latency_active(&self, now: &mut Option<u64>) -> bool {
         if self.in_flight[0] > 0 || !self.queues[0].is_empty() {
             return true;
         }
         self.latency_done.is_some_and(|done| {
-            now.get_or_insert_with(Instant::now)
-                .saturating_duration_since(done)
-                < LATENCY_WINDOW
+            now.get_or_insert_with(coarse_now).saturating_sub(done) < window_ns()
         })
     }
 
     /// Whether an op of `class` on `file` may take a free slot now (there
     /// is one).
-    fn admits(&self, class: Priority, file: Option<FileKey>, now: &mut Option<Instant>) -> bool {
+    fn admits(&self, class: Priority, file: Option<FileKey>, now: &mut Option<u64>) -> bool {
         debug_assert!(self.free > 0);
         let cfg = &self.cfg;
         if class == Priority::Background
@@ -267,7 +295,7 @@ impl State {
     /// go: `Some` if one waits, background holds its share, and no latency
     /// op is in flight or waiting, so that no release may come to let them
     /// go once the window is over.
-    fn window_deadline(&self) -> Option<Instant> {
+    fn window_deadline(&self) -> Option<u64> {
         if self.queues[1].is_empty()
             || self.closed
             || self.free == 0
@@ -277,7 +305,7 @@ impl State {
         {
             return None;
         }
-        self.latency_done.map(|done| done + LATENCY_WINDOW)
+        self.latency_done.map(|done| done + window_ns())
     }
 
     /// Accounts a slot to an op of `class` on `file`.
@@ -324,9 +352,7 @@ impl State {
                 self.file(f).waiting[c] -= 1;
             }
             self.take(class, file);
-            let waited = now
-                .get_or_insert_with(Instant::now)
-                .saturating_duration_since(since);
+            let waited = since.elapsed();
             let counts = &mut self.counts[c];
             counts.waited += 1;
             counts.wait_ns += u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
@@ -364,7 +390,11 @@ impl Shared {
         st.window_timer = true;
         let shared = self.clone();
         drop(rt.spawn_blocking(move || {
-            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            // The coarse clock lags by up to a tick: never sleep less than
+            // a millisecond, so a late clock costs a second short sleep,
+            // not a spin.
+            let left = deadline.saturating_sub(coarse_now());
+            std::thread::sleep(Duration::from_nanos(left).max(Duration::from_millis(1)));
             let mut wakes = Wakes::new();
             {
                 let mut st = shared.lock();
@@ -413,11 +443,10 @@ impl Drop for Permit {
             st.free += 1;
             st.in_flight[self.class.index()] -= 1;
             if self.class == Priority::Latency {
-                st.latency_done = Some(Instant::now());
+                st.latency_done = Some(coarse_now());
             }
             if let Some(key) = self.file {
-                st.file(key).held -= 1;
-                st.forget_if_idle(key);
+                st.release_file(key);
             }
             if !st.closed {
                 st.dispatch(&mut wakes);
@@ -772,7 +801,7 @@ mod tests {
         drop(lookup);
         assert!(poll(&mut third).is_pending());
         let mut st = slots.shared.lock();
-        st.latency_done = Instant::now().checked_sub(LATENCY_WINDOW * 2);
+        st.latency_done = Some(coarse_now() - 2 * window_ns());
         drop(st);
         // Long enough ago: the cap is off, for new ops at once.
         let _more: Vec<_> = (0..4).map(|_| now(&slots, Background, None)).collect();
