@@ -73,6 +73,7 @@ pub struct Builder {
     network_fs_via_blocking_pool: bool,
     max_in_flight_per_file: Option<usize>,
     background_share: Option<usize>,
+    background_piece: Option<usize>,
     shallow_batch: u32,
 }
 
@@ -94,6 +95,7 @@ impl Default for Builder {
             network_fs_via_blocking_pool: true,
             max_in_flight_per_file: None,
             background_share: None,
+            background_piece: None,
             shallow_batch: DEFAULT_SHALLOW_BATCH,
         }
     }
@@ -102,6 +104,10 @@ impl Default for Builder {
 /// Default slots of each ring (and of the blocking pool) that background
 /// ops may hold while latency ops are active.
 const DEFAULT_BACKGROUND_SHARE: usize = 2;
+
+/// Default largest piece of a background read or write while latency ops
+/// are active.
+const DEFAULT_BACKGROUND_PIECE: usize = 128 << 10;
 
 /// Default ops in flight per runtime worker, or per ring when `rings` is set.
 const DEFAULT_IN_FLIGHT_PER_RING: usize = 512;
@@ -345,6 +351,23 @@ impl Builder {
         self
     }
 
+    /// The largest piece a [`Priority::Background`](crate::Priority::Background)
+    /// read or write moves while latency ops are active (default 128 KiB; a
+    /// multiple of 4096). A longer background read or write is then issued
+    /// in pieces of this size, one after another, each taking a slot; with
+    /// no latency op active it goes in one piece. A latency op queues in
+    /// the device behind the background bytes already there: this and
+    /// [`background_share`](Self::background_share) bound them (256 KiB with
+    /// the defaults, where a scan of an `O_DIRECT` file alone keeps 8 MiB
+    /// in flight). Vectored reads are not split.
+    ///
+    /// See the design document, "Scheduling".
+    #[must_use = "a Builder does nothing until `build` is called"]
+    pub fn background_piece(mut self, bytes: usize) -> Self {
+        self.background_piece = Some(bytes);
+        self
+    }
+
     /// Creates the context. Must be called inside a tokio runtime with IO
     /// enabled (io_uring backend); spawns one driver task per ring on it.
     /// The context can be used from any runtime or thread, but its drivers
@@ -481,6 +504,14 @@ impl Builder {
         if self.background_share == Some(0) {
             return invalid("background_share must be at least 1".into());
         }
+        if let Some(p) = self.background_piece {
+            if p == 0 || p % 4096 != 0 || p > crate::ring::MAX_RW {
+                return invalid(format!(
+                    "background_piece must be a non-zero multiple of 4096 up to {}, got {p}",
+                    crate::ring::MAX_RW
+                ));
+            }
+        }
         if self.max_in_flight_per_file == Some(0) {
             return invalid("max_in_flight_per_file must be at least 1".into());
         }
@@ -595,8 +626,7 @@ impl Builder {
                 .map(|i| RingConfig {
                     entries: self.ring_entries,
                     in_flight: base + usize::from(i < rem),
-                    share: self.slots(base + usize::from(i < rem)).share,
-                    background_share: self.slots(base + usize::from(i < rem)).background_share,
+                    slots: self.slots(base + usize::from(i < rem)),
                     sqpoll_idle: self.sqpoll,
                     coop_taskrun: self.coop_taskrun,
                     pool_count,
@@ -625,6 +655,7 @@ impl Builder {
                 .background_share
                 .unwrap_or(DEFAULT_BACKGROUND_SHARE)
                 .clamp(1, limit),
+            background_piece: self.background_piece.unwrap_or(DEFAULT_BACKGROUND_PIECE),
         }
     }
 }
@@ -664,8 +695,12 @@ fn unavailable_here(e: &io::Error) -> Option<String> {
             let minimal = RingConfig {
                 entries: 1,
                 in_flight: 1,
-                share: 1,
-                background_share: 1,
+                slots: SlotsConfig {
+                    limit: 1,
+                    share: 1,
+                    background_share: 1,
+                    background_piece: DEFAULT_BACKGROUND_PIECE,
+                },
                 sqpoll_idle: None,
                 coop_taskrun: false,
                 pool_count: 1,

@@ -120,6 +120,9 @@ pub(crate) struct SlotsConfig {
     /// Slots background ops may hold while latency ops are active, and keep
     /// under a flood of them (at least 1).
     pub(crate) background_share: usize,
+    /// The largest piece a background read or write moves while latency
+    /// ops are active.
+    pub(crate) background_piece: usize,
 }
 
 impl SlotsConfig {
@@ -187,6 +190,8 @@ struct Waiter {
     file: Option<FileKey>,
     since: Instant,
     state: WaiterState,
+    /// Granted while latency ops were active: its pieces are capped.
+    capped: bool,
 }
 
 #[derive(Debug)]
@@ -308,14 +313,17 @@ impl State {
         self.latency_done.map(|done| done + window_ns())
     }
 
-    /// Accounts a slot to an op of `class` on `file`.
-    fn take(&mut self, class: Priority, file: Option<FileKey>) {
+    /// Accounts a slot to an op of `class` on `file`; whether its pieces
+    /// are capped (a background op while latency ops are active).
+    fn take(&mut self, class: Priority, file: Option<FileKey>, now: &mut Option<u64>) -> bool {
+        let capped = class == Priority::Background && self.latency_active(now);
         self.free -= 1;
         self.in_flight[class.index()] += 1;
         self.counts[class.index()].ops += 1;
         if let Some(key) = file {
             self.file(key).held += 1;
         }
+        capped
     }
 
     /// Hands free slots to the waiters the rules admit.
@@ -351,7 +359,8 @@ impl State {
             if let Some(f) = file {
                 self.file(f).waiting[c] -= 1;
             }
-            self.take(class, file);
+            let capped = self.take(class, file, &mut now);
+            self.waiters[key].capped = capped;
             let waited = since.elapsed();
             let counts = &mut self.counts[c];
             counts.waited += 1;
@@ -420,12 +429,20 @@ pub(crate) struct Permit {
     shared: Arc<Shared>,
     class: Priority,
     file: Option<FileKey>,
+    /// The cap on the op's next piece (`usize::MAX`: none).
+    piece_limit: usize,
 }
 
 impl Permit {
     /// The class of the op holding it.
     pub(crate) fn priority(&self) -> Priority {
         self.class
+    }
+
+    /// The most bytes the op's piece may move with this slot: capped for
+    /// a background op granted while latency ops were active.
+    pub(crate) fn piece_limit(&self) -> usize {
+        self.piece_limit
     }
 }
 
@@ -541,13 +558,20 @@ impl Slots {
         if st.closed {
             return Acquired::Closed;
         }
-        if st.free > 0 && st.admits(class, file, &mut None) {
-            st.take(class, file);
+        let mut now = None;
+        if st.free > 0 && st.admits(class, file, &mut now) {
+            let capped = st.take(class, file, &mut now);
+            let piece_limit = if capped {
+                st.cfg.background_piece
+            } else {
+                usize::MAX
+            };
             drop(st);
             return Acquired::Now(Permit {
                 shared: self.shared.clone(),
                 class,
                 file,
+                piece_limit,
             });
         }
         let key = st.waiters.insert(Waiter {
@@ -555,6 +579,7 @@ impl Slots {
             file,
             since: Instant::now(),
             state: WaiterState::Waiting(None),
+            capped: false,
         });
         st.queues[class.index()].push_back(key);
         if let Some(f) = file {
@@ -604,12 +629,18 @@ impl Wait {
             }
             WaiterState::Granted => {
                 let w = st.waiters.remove(key);
+                let piece_limit = if w.capped {
+                    st.cfg.background_piece
+                } else {
+                    usize::MAX
+                };
                 self.key = DONE;
                 drop(st);
                 Poll::Ready(Ok(Permit {
                     shared: self.shared.clone(),
                     class: w.class,
                     file: w.file,
+                    piece_limit,
                 }))
             }
             WaiterState::Closed => {
@@ -655,6 +686,7 @@ impl Drop for Wait {
                     shared: self.shared.clone(),
                     class: w.class,
                     file: w.file,
+                    piece_limit: usize::MAX,
                 });
             }
             WaiterState::Closed => {}
@@ -694,6 +726,7 @@ mod tests {
             limit,
             share,
             background_share,
+            background_piece: 128 << 10,
         }
     }
 
@@ -812,6 +845,29 @@ mod tests {
     }
 
     #[test]
+    fn background_pieces_are_capped_only_while_latency_ops_are_active() {
+        let slots = Slots::new(cfg(8, 8, 2));
+        assert_eq!(now(&slots, Background, None).piece_limit(), usize::MAX);
+        let lookup = now(&slots, Latency, None);
+        assert_eq!(
+            lookup.piece_limit(),
+            usize::MAX,
+            "latency ops are never capped"
+        );
+        let capped = now(&slots, Background, None);
+        assert_eq!(capped.piece_limit(), 128 << 10);
+        // A waiter granted while latency is active is capped too.
+        let _other = now(&slots, Background, None);
+        let mut w = wait(&slots, Background, None);
+        drop(capped);
+        let Poll::Ready(Ok(p)) = poll(&mut w) else {
+            panic!("a background slot freed")
+        };
+        assert_eq!(p.piece_limit(), 128 << 10);
+        drop(lookup);
+    }
+
+    #[test]
     fn a_dropped_waiter_gives_back_what_it_was_granted() {
         let slots = Slots::new(cfg(1, 1, 1));
         let held = now(&slots, Latency, Some(1));
@@ -881,6 +937,7 @@ mod cost {
             limit: 512,
             share: 384,
             background_share: 2,
+            background_piece: 128 << 10,
         });
         let (sem, share) = (Arc::new(Semaphore::new(512)), Arc::new(Semaphore::new(384)));
         for round in 0..3 {

@@ -129,6 +129,11 @@ pub(crate) trait Op {
     fn inline(&mut self, _fd: RawFd) -> Inline {
         Inline::Ring
     }
+    /// Caps the next piece at `max` bytes (`usize::MAX`: no cap), before
+    /// [`sqe`](Op::sqe) or [`spawn_blocking`](Op::spawn_blocking) sizes it:
+    /// the scheduler's limit on background pieces while latency ops are
+    /// active (see `permit`). Ops that move data in pieces honour it.
+    fn limit_piece(&mut self, _max: usize) {}
     /// The next piece, for a ring.
     fn sqe(&mut self) -> RingOp<'_>;
     /// Whether ring pieces go through a bounce buffer, whose bytes are
@@ -557,6 +562,7 @@ impl<'a, O: Op> Core<'a, O> {
             self.bound.clone_from(&file);
         }
         let priority = self.ctx.priority();
+        self.op.limit_piece(permit.piece_limit());
         let Some(ring) = ring else {
             let pool = &self.ctx.blocking;
             let h = self.op.spawn_blocking(pool, file, permit)?;

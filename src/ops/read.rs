@@ -107,6 +107,8 @@ pub(crate) struct Read<D> {
     done: usize,
     /// Bytes asked of the piece in flight.
     piece: usize,
+    /// The cap on the next piece ([`Op::limit_piece`]).
+    limit: usize,
     /// A ring read came back short before the end of the file and the rest
     /// is being read: a later failure is then an error, not a short count.
     resumed: bool,
@@ -125,6 +127,7 @@ impl<D: Dest> Read<D> {
             total: 0,
             done: 0,
             piece: 0,
+            limit: usize::MAX,
             resumed: false,
             exact: false,
             dest,
@@ -146,6 +149,7 @@ impl<D: Dest> Read<D> {
     fn next_piece(&mut self) -> (u64, usize) {
         self.piece = (self.total - self.done)
             .min(self.dest.max_piece())
+            .min(self.limit)
             .min(MAX_RW);
         (self.offset + self.done as u64, self.piece)
     }
@@ -255,6 +259,10 @@ impl<D: Dest> Op for Read<D> {
             Nowait::Unsupported => Inline::Unsupported,
             Nowait::Ring => Inline::Ring,
         }
+    }
+
+    fn limit_piece(&mut self, max: usize) {
+        self.limit = max;
     }
 
     fn sqe(&mut self) -> RingOp<'_> {

@@ -62,6 +62,8 @@ pub(crate) struct Write<S> {
     offset: u64,
     done: usize,
     piece: usize,
+    /// The cap on the next piece ([`Op::limit_piece`]).
+    limit: usize,
     /// `write_all`: continue every short piece; a failure is an error.
     exact: bool,
 }
@@ -73,6 +75,7 @@ impl<S: Source> Write<S> {
             offset,
             done: 0,
             piece: 0,
+            limit: usize::MAX,
             exact,
         }
     }
@@ -80,6 +83,7 @@ impl<S: Source> Write<S> {
     fn next_piece(&mut self) -> (u64, usize) {
         self.piece = (self.src.len() - self.done)
             .min(self.src.max_piece())
+            .min(self.limit)
             .min(MAX_RW);
         (self.offset + self.done as u64, self.piece)
     }
@@ -88,6 +92,10 @@ impl<S: Source> Write<S> {
 impl<S: Source> Op for Write<S> {
     type Blocking = io::Result<usize>;
     const BLOCKING_DETACHABLE: bool = S::BLOCKING_DETACHABLE;
+
+    fn limit_piece(&mut self, max: usize) {
+        self.limit = max;
+    }
 
     fn name(&self) -> &'static str {
         "write"

@@ -93,9 +93,8 @@ const RETRY_AFTER: Duration = Duration::from_micros(500);
 pub(crate) struct RingConfig {
     pub(crate) entries: u32,
     pub(crate) in_flight: usize,
-    /// A file's share of `in_flight`, and background ops' (see `permit`).
-    pub(crate) share: usize,
-    pub(crate) background_share: usize,
+    /// The scheduler's settings for the ring's slots (`in_flight` of them).
+    pub(crate) slots: SlotsConfig,
     pub(crate) sqpoll_idle: Option<Duration>,
     pub(crate) coop_taskrun: bool,
     pub(crate) pool_count: usize,
@@ -323,11 +322,7 @@ impl Ring {
             uring,
             pool: ManuallyDrop::new(pool),
             pool_registered,
-            permits: Slots::new(SlotsConfig {
-                limit: cfg.in_flight,
-                share: cfg.share,
-                background_share: cfg.background_share,
-            }),
+            permits: Slots::new(cfg.slots),
             submit_pending: AtomicBool::new(false),
             polling: AtomicBool::new(false),
             whole_batch: AtomicBool::new(false),

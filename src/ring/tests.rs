@@ -20,7 +20,7 @@ use super::submit::DEFAULT_SHALLOW_BATCH;
 use super::{Dst, Ring, RingConfig, RingOp};
 use crate::files::{FileEntry, FileTable, RoutePolicy};
 use crate::id::FileId;
-use crate::permit::{Acquired, Permit, Priority};
+use crate::permit::{Acquired, Permit, Priority, SlotsConfig};
 use crate::util::lock;
 
 /// Bytes per read; one pool buffer each.
@@ -74,8 +74,12 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
     let cfg = RingConfig {
         entries,
         in_flight,
-        share: in_flight,
-        background_share: in_flight,
+        slots: SlotsConfig {
+            limit: in_flight,
+            share: in_flight,
+            background_share: in_flight,
+            background_piece: 128 << 10,
+        },
         sqpoll_idle: None,
         coop_taskrun: false,
         pool_count: chunks,

@@ -795,3 +795,69 @@ fn background_waiters_run_once_latency_activity_is_over() {
         fs.release_hangs();
     }
 }
+
+/// While a latency read is active, a background read longer than
+/// `background_piece` goes in pieces of that size, one slot each, and
+/// returns the right bytes; with no latency op active it goes in one piece.
+#[test]
+fn background_reads_go_in_pieces_while_latency_reads_are_active() {
+    let _shared = common::shared();
+    const PIECE: usize = 64 << 10;
+    const LEN_READ: usize = 4 * PIECE;
+    let names = ["a", "b"];
+    let seed = 0x7370;
+    let Some(fs) = mount(&names, seed) else {
+        return;
+    };
+    for (k, route) in ROUTES.into_iter().enumerate() {
+        let base = (k as u64 + 1) * REGION;
+        fs.clear_faults();
+        fs.set_fault("a", base..base + REGION, Fault::Hang);
+        let (fsc, files) = (fs.clone(), open_all(&fs, &names));
+        common::run("background_pieces", Flavor::Multi, 60, move || async move {
+            let fs = fsc;
+            let _release = Release(fs.clone());
+            let ctx = route.ctx(files, |b| {
+                b.rings(1)
+                    .max_in_flight(8)
+                    .background_piece(PIECE)
+                    .inline_nowait(false)
+                    .shutdown_timeout(Duration::from_millis(500))
+            });
+            let bg = ctx.with_priority(Priority::Background);
+            let check = |buf: &[u8], off: u64| {
+                assert!(
+                    buf == common::expected(seed + 1, LEN, off, LEN_READ).as_slice(),
+                    "{route:?}: wrong bytes at {off}"
+                );
+            };
+            // Alone: one piece.
+            let mut buf = vec![0u8; LEN_READ];
+            let off = base + MIB;
+            bg.read_exact(1u32, off, &mut buf).await.unwrap();
+            check(&buf, off);
+            let (_, b) = classes(&ctx);
+            assert_eq!((b.ops, b.bytes), (1, LEN_READ as u64), "{route:?}: {b:?}");
+            // A latency read hangs on A: the same read goes in four pieces.
+            let started = Arc::new(AtomicUsize::new(0));
+            let hung = read_task(&ctx, 0, base + MIB, &started);
+            assert!(
+                until(Duration::from_secs(10), || ctx.stats().latency.in_flight
+                    == 1)
+                .await,
+                "{route:?}"
+            );
+            let off = base + 2 * MIB;
+            bg.read_exact(1u32, off, &mut buf).await.unwrap();
+            check(&buf, off);
+            let (_, b) = classes(&ctx);
+            assert_eq!(
+                (b.ops, b.bytes),
+                (5, 2 * LEN_READ as u64),
+                "{route:?}: {b:?}"
+            );
+            finish(&fs, &ctx, vec![hung]).await;
+        });
+        fs.release_hangs();
+    }
+}
