@@ -107,8 +107,9 @@ pub(crate) struct Read<D> {
     done: usize,
     /// Bytes asked of the piece in flight.
     piece: usize,
-    /// The cap on the next piece ([`Op::limit_piece`]).
-    limit: usize,
+    /// The cap on the next piece ([`Op::limit_piece`]); a `u32` (pieces
+    /// are at most `MAX_RW`), which fits beside the flags.
+    limit: u32,
     /// A ring read came back short before the end of the file and the rest
     /// is being read: a later failure is then an error, not a short count.
     resumed: bool,
@@ -127,7 +128,7 @@ impl<D: Dest> Read<D> {
             total: 0,
             done: 0,
             piece: 0,
-            limit: usize::MAX,
+            limit: u32::MAX,
             resumed: false,
             exact: false,
             dest,
@@ -149,7 +150,7 @@ impl<D: Dest> Read<D> {
     fn next_piece(&mut self) -> (u64, usize) {
         self.piece = (self.total - self.done)
             .min(self.dest.max_piece())
-            .min(self.limit)
+            .min(self.limit as usize)
             .min(MAX_RW);
         (self.offset + self.done as u64, self.piece)
     }
@@ -262,7 +263,7 @@ impl<D: Dest> Op for Read<D> {
     }
 
     fn limit_piece(&mut self, max: usize) {
-        self.limit = max;
+        self.limit = u32::try_from(max).unwrap_or(u32::MAX);
     }
 
     fn sqe(&mut self) -> RingOp<'_> {

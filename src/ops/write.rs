@@ -62,8 +62,9 @@ pub(crate) struct Write<S> {
     offset: u64,
     done: usize,
     piece: usize,
-    /// The cap on the next piece ([`Op::limit_piece`]).
-    limit: usize,
+    /// The cap on the next piece ([`Op::limit_piece`]); a `u32` (pieces
+    /// are at most `MAX_RW`), which fits beside the flags.
+    limit: u32,
     /// `write_all`: continue every short piece; a failure is an error.
     exact: bool,
 }
@@ -75,7 +76,7 @@ impl<S: Source> Write<S> {
             offset,
             done: 0,
             piece: 0,
-            limit: usize::MAX,
+            limit: u32::MAX,
             exact,
         }
     }
@@ -83,7 +84,7 @@ impl<S: Source> Write<S> {
     fn next_piece(&mut self) -> (u64, usize) {
         self.piece = (self.src.len() - self.done)
             .min(self.src.max_piece())
-            .min(self.limit)
+            .min(self.limit as usize)
             .min(MAX_RW);
         (self.offset + self.done as u64, self.piece)
     }
@@ -94,7 +95,7 @@ impl<S: Source> Op for Write<S> {
     const BLOCKING_DETACHABLE: bool = S::BLOCKING_DETACHABLE;
 
     fn limit_piece(&mut self, max: usize) {
-        self.limit = max;
+        self.limit = u32::try_from(max).unwrap_or(u32::MAX);
     }
 
     fn name(&self) -> &'static str {
