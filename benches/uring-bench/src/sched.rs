@@ -804,6 +804,13 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
         true,
         Progress::Bar,
     )?;
+    if ds.generated {
+        // The new files' dirty pages would otherwise be written back while
+        // the first rows run.
+        eprintln!("writing the new dataset back (sync) before the runs");
+        // SAFETY: sync(2) takes no arguments and cannot fail.
+        unsafe { libc::sync() };
+    }
     let lookups = schedule(a.rate, a.secs, 1, 1, ds.blocks_per_file(), a.seed);
     if lookups.is_empty() {
         return Err(format!(
