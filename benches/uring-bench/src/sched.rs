@@ -800,6 +800,14 @@ fn json_row(run: serde_json::Value, case: Case, m: &Measured) -> serde_json::Val
 }
 
 pub fn run(a: &SchedArgs) -> Result<bool, String> {
+    // The arrival times do not depend on the blocks: checked before the
+    // dataset is made.
+    if schedule(a.rate, a.secs, 1, 1, 1, a.seed).is_empty() {
+        return Err(format!(
+            "--rate {} over {} s (+{:?} warm-up) gives no lookup: raise the rate or the time",
+            a.rate, a.secs, WARMUP
+        ));
+    }
     let ds = Dataset::ensure(
         &a.data_dir,
         2,
@@ -816,12 +824,6 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
         unsafe { libc::sync() };
     }
     let lookups = schedule(a.rate, a.secs, 1, 1, ds.blocks_per_file(), a.seed);
-    if lookups.is_empty() {
-        return Err(format!(
-            "--rate {} over {} s (+{:?} warm-up) gives no lookup: raise the rate or the time",
-            a.rate, a.secs, WARMUP
-        ));
-    }
     let env = Env {
         a,
         ds,
