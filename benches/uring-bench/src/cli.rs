@@ -366,8 +366,9 @@ pub struct SchedArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub background_share: Option<u64>,
 
-    /// Threads of the pread lookup pool.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    /// Threads of the pread lookup pool (as `open-loop`'s; a pool smaller
+    /// than rate × read latency queues lookups behind each other).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: u64,
 
     /// Directory holding the dataset (created and reused; the main run's
