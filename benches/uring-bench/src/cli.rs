@@ -322,6 +322,67 @@ pub enum Mode {
     /// One engine run of `mem-fair` (started by it, in its cgroup).
     #[command(hide = true)]
     MemFairChild(MemFairChildArgs),
+
+    /// Lookups under a scan: cold random 4 KiB point lookups on one file,
+    /// arriving at a fixed light rate (open loop, Poisson, latency from
+    /// arrival), alone and with a full-speed scan of another file on the
+    /// same context: the scan as a background op (`classes`, the scan's
+    /// default) and as a latency op (`no classes`). Against the same
+    /// lookups on a pool of pread threads with a `BufReader` scan on a
+    /// thread. Files O_DIRECT unless `--buffered` (then both are dropped
+    /// from the page cache before every row); every block verified.
+    Sched(SchedArgs),
+}
+
+/// Flags of `uring-bench sched`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SchedArgs {
+    /// Lookups per second (Poisson arrivals).
+    #[arg(long, default_value = "2000", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// Measured seconds per row (after a 0.5 s warm-up).
+    #[arg(short = 't', long, default_value = "5", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Size of each of the two files: file 0 takes the lookups, file 1
+    /// the scan (a multiple of 4 KiB; K/M/G/T suffixes).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub file_size: u64,
+
+    /// Read through the page cache instead of O_DIRECT; both files are
+    /// dropped from it before every row, and the scanned file after every
+    /// pass over it, so that every read goes to the device.
+    #[arg(long)]
+    pub buffered: bool,
+
+    /// Runs of the whole set of rows; with more than one, the medians are
+    /// printed after the runs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+
+    /// `Builder::background_share` of the crate's context (library default
+    /// if unset).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub background_share: Option<u64>,
+
+    /// Threads of the pread lookup pool (as `open-loop`'s; a pool smaller
+    /// than rate × read latency queues lookups behind each other).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub threads: u64,
+
+    /// Directory holding the dataset (created and reused; the main run's
+    /// dataset is reused when its file size matches).
+    #[arg(long, default_value = "bench-data")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the arrival schedule and the blocks looked up.
+    #[arg(long, default_value_t = 0x5c4e)]
+    pub seed: u64,
+
+    /// Where the run directory (sched-<time>) is created.
+    #[arg(short, long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
 }
 
 /// The workloads of `uring-bench mem-fair`.
@@ -762,6 +823,33 @@ mod tests {
         }
         for bad in ["0", "-0.5", "nan", "5"] {
             assert!(Args::try_parse_from(["uring-bench", "open-loop", "--load", bad]).is_err());
+        }
+        let a = Args::parse_from(["uring-bench", "sched"]);
+        let Some(Mode::Sched(s)) = a.mode else {
+            panic!("sched parses as its mode")
+        };
+        assert_eq!(
+            (s.rate, s.secs, s.file_size, s.repeat, s.background_share),
+            (2000.0, 5.0, 1 << 30, 1, None)
+        );
+        assert!(!s.buffered);
+        let a = Args::parse_from(["uring-bench", "sched", "--background-share", "8"]);
+        let Some(Mode::Sched(s)) = a.mode else {
+            panic!("sched parses as its mode")
+        };
+        assert_eq!(s.background_share, Some(8));
+        for bad in [
+            ["--rate", "0"],
+            ["--rate", "-1"],
+            ["--secs", "0"],
+            ["--repeat", "0"],
+            ["--background-share", "0"],
+            ["--threads", "0"],
+            ["--file-size", "12Q"],
+        ] {
+            let mut args = vec!["uring-bench", "sched"];
+            args.extend(bad);
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
         }
         let a = Args::parse_from(["uring-bench", "write"]);
         let Some(Mode::Write(w)) = a.mode else {

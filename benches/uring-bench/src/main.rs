@@ -4,12 +4,15 @@
 //! read on cached data against a raw ring loop; `uring-bench lines` counts
 //! the lines of a large text file every way of the study "Towards Fast IO on
 //! Linux using Rust" and with this crate's scan; `uring-bench write` the
-//! write path (random O_DIRECT writes, WAL group commit). See docs/BENCHMARKS.md.
+//! write path (random O_DIRECT writes, WAL group commit); `uring-bench
+//! sched` cold point lookups under a full-speed scan, with the crate's
+//! priority classes and without. See docs/BENCHMARKS.md.
 //!
 //! This file only hands the command line to its mode: `random_reads` (the
-//! default), `cpu_per_read`, `lines`, `open_loop` and `write_bench`. They
-//! share the kinds of `kinds`, the flags of `cli`, the dataset, the engines
-//! and the reports; `machine` describes the machine a run is measured on.
+//! default), `cpu_per_read`, `lines`, `open_loop`, `write_bench`,
+//! `mem_fair` and `sched`. They share the kinds of `kinds`, the flags of
+//! `cli`, the dataset, the engines and the reports; `machine` describes
+//! the machine a run is measured on.
 
 mod buf;
 mod cgroup;
@@ -26,6 +29,7 @@ mod open_loop;
 mod probes;
 mod random_reads;
 mod report;
+mod sched;
 mod stop;
 mod two_threads;
 mod verify;
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Some(Mode::Write(a)) => write_bench::run(a),
         Some(Mode::MemFair(a)) => mem_fair::run(a),
         Some(Mode::MemFairChild(a)) => mem_fair::child(a),
+        Some(Mode::Sched(a)) => sched::run(a),
         None => random_reads::run(&args),
     };
     match result {

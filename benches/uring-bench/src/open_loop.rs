@@ -43,13 +43,13 @@ use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
 /// Tokio workers of the runtime-based engines.
 const WORKERS: usize = 2;
 /// Lookups before the measured window (excluded from the histogram).
-const WARMUP: Duration = Duration::from_millis(500);
+pub(crate) const WARMUP: Duration = Duration::from_millis(500);
 
 /// One lookup: when it arrives (from the start) and what it reads.
 #[derive(Debug, Clone)]
-struct Lookup {
-    at: Duration,
-    reads: Vec<(u32, u64)>,
+pub(crate) struct Lookup {
+    pub(crate) at: Duration,
+    pub(crate) reads: Vec<(u32, u64)>,
 }
 
 /// xorshift64*: the schedule must be the same for every engine.
@@ -66,7 +66,14 @@ impl Rng {
     }
 }
 
-fn schedule(rate: f64, secs: f64, batch: usize, files: u32, blocks: u64, seed: u64) -> Vec<Lookup> {
+pub(crate) fn schedule(
+    rate: f64,
+    secs: f64,
+    batch: usize,
+    files: u32,
+    blocks: u64,
+    seed: u64,
+) -> Vec<Lookup> {
     let mut rng = Rng(seed | 1);
     let mut t = 0.0f64;
     let mut out = Vec::new();
@@ -194,15 +201,26 @@ impl Summary {
 }
 
 /// Latencies (ns, from arrival) of the lookups that arrived in the window.
-struct Recorder {
-    hist: Mutex<Histogram<u64>>,
-    done: AtomicU64,
-    errors: AtomicU64,
+pub(crate) struct Recorder {
+    pub(crate) hist: Mutex<Histogram<u64>>,
+    pub(crate) done: AtomicU64,
+    pub(crate) errors: AtomicU64,
     window_start: Instant,
 }
 
 impl Recorder {
-    fn record(&self, arrived: Instant, ok: bool) {
+    /// A recorder whose histogram takes the lookups that arrive from
+    /// `window_start` on.
+    pub(crate) fn new(window_start: Instant) -> Result<Arc<Recorder>, String> {
+        Ok(Arc::new(Recorder {
+            hist: Mutex::new(Histogram::new(3).map_err(|e| e.to_string())?),
+            done: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            window_start,
+        }))
+    }
+
+    pub(crate) fn record(&self, arrived: Instant, ok: bool) {
         self.done.fetch_add(1, Ordering::Relaxed);
         if !ok {
             self.errors.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +232,7 @@ impl Recorder {
     }
 }
 
-fn cpu_secs() -> f64 {
+pub(crate) fn cpu_secs() -> f64 {
     // SAFETY: getrusage writes only into the struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above; RUSAGE_SELF is always valid.
@@ -228,7 +246,11 @@ fn cpu_secs() -> f64 {
 /// request that has come in), then sleeps until the next one is due. A
 /// sleep overshoots by tens of µs, so at high rates each call carries
 /// several lookups; each keeps its own arrival time.
-fn generate(t0: Instant, lookups: &[Lookup], mut submit: impl FnMut(Vec<(Instant, Lookup)>)) {
+pub(crate) fn generate(
+    t0: Instant,
+    lookups: &[Lookup],
+    mut submit: impl FnMut(Vec<(Instant, Lookup)>),
+) {
     let mut next = 0;
     while next < lookups.len() {
         let now = Instant::now();
@@ -250,7 +272,7 @@ fn generate(t0: Instant, lookups: &[Lookup], mut submit: impl FnMut(Vec<(Instant
     }
 }
 
-fn check(ds_seed: u64, file: u32, block: u64, data: &[u8]) -> bool {
+pub(crate) fn check(ds_seed: u64, file: u32, block: u64, data: &[u8]) -> bool {
     verify_block(VerifyMode::Checksum, ds_seed, file, block, data).is_ok()
 }
 
@@ -272,15 +294,7 @@ fn run_engine(
     // or a ring's buffers take a while).
     let start = |(): ()| -> Result<(Instant, Arc<Recorder>), String> {
         let t0 = Instant::now() + Duration::from_millis(50);
-        Ok((
-            t0,
-            Arc::new(Recorder {
-                hist: Mutex::new(Histogram::new(3).map_err(|e| e.to_string())?),
-                done: AtomicU64::new(0),
-                errors: AtomicU64::new(0),
-                window_start: t0 + WARMUP,
-            }),
-        ))
+        Ok((t0, Recorder::new(t0 + WARMUP)?))
     };
     let (t0, rec);
     let total = lookups.len() as u64;
@@ -568,7 +582,7 @@ fn round_order(engines: usize, round: usize) -> impl Iterator<Item = usize> {
     (0..engines).map(move |i| (round + i) % engines)
 }
 
-fn us(ns: u64) -> String {
+pub(crate) fn us(ns: u64) -> String {
     if ns >= 10_000_000 {
         format!("{:.1}ms", ns as f64 / 1e6)
     } else {

@@ -479,6 +479,106 @@ fn open_loop_rounds_and_medians() {
     assert_eq!(first(1).as_deref(), Some("tokio-pread"));
 }
 
+/// `uring-bench sched` on a tiny dataset, buffered and (where the build
+/// filesystem allows it) O_DIRECT: every row, two runs and their medians,
+/// every lookup done and verified, the scans looping over their file.
+#[test]
+fn sched_rows_ratios_and_medians() {
+    let dir = tmp();
+    let mut modes: Vec<&[&str]> = vec![&["--buffered"]];
+    if direct_io_works(dir.path()) {
+        modes.push(&[]);
+    } else {
+        skip(
+            "sched's O_DIRECT run: no O_DIRECT on the build filesystem",
+            false,
+        );
+    }
+    for extra in modes {
+        let o = Command::new(BIN)
+            .args([
+                "sched",
+                "--rate",
+                "2000",
+                "-t",
+                "0.2",
+                "--repeat",
+                "2",
+                "--threads",
+                "4",
+                "--background-share",
+                "1",
+                "--file-size",
+                "256K",
+                "--data-dir",
+            ])
+            .arg(dir.path().join("data"))
+            .arg("--output-dir")
+            .arg(dir.path().join("results"))
+            .args(extra)
+            .output()
+            .expect("run uring-bench sched");
+        let out = stdout(&o);
+        assert!(o.status.success(), "{out}\n{}", stderr(&o));
+        for row in [
+            "lookups alone",
+            "scan alone",
+            "lookups + scan, classes",
+            "lookups + scan, no classes",
+            "pread lookups alone",
+            "BufReader scan alone",
+            "pread lookups + BufReader scan",
+        ] {
+            assert!(out.contains(&format!(" {row} ")), "{row}: {out}");
+        }
+        assert_eq!(
+            out.matches("verdict: with classes: lookup p99 ").count(),
+            2,
+            "{out}"
+        );
+        assert!(out.contains("medians over 2 runs"), "{out}");
+        assert!(
+            out.contains("median ratios, with classes: lookup p99"),
+            "{out}"
+        );
+        assert!(
+            out.contains("ctx.stats() of 'lookups + scan, classes': latency ops"),
+            "{out}"
+        );
+        assert!(out.contains("ioprio_honoured: lookup file "), "{out}");
+    }
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    for run in runs {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("sched.json")).unwrap())
+                .unwrap();
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 3 * 7, "{v}");
+        for r in rows {
+            if let Some(l) = r["lookups"].as_object() {
+                assert_eq!(l["errors"], 0, "{r}");
+                assert_eq!(l["done"], l["offered"], "{r}");
+            }
+            if let Some(s) = r["scan"].as_object() {
+                assert!(s["passes"].as_u64().unwrap() >= 1, "{r}");
+            }
+        }
+        let classes = rows
+            .iter()
+            .find(|r| r["row"] == "lookups + scan, classes")
+            .unwrap();
+        assert!(classes["stats"]["background"]["ops"].as_u64().unwrap() > 0);
+        let no_classes = rows
+            .iter()
+            .find(|r| r["row"] == "lookups + scan, no classes")
+            .unwrap();
+        assert_eq!(no_classes["stats"]["background"]["ops"], 0);
+    }
+}
+
 /// `uring-bench lines --size 3M --repeat 1 --quiet` with its data and
 /// results under `dir`, plus `extra` arguments.
 fn run_lines(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
