@@ -366,6 +366,11 @@ pub struct SchedArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub background_share: Option<u64>,
 
+    /// `Builder::background_piece` of the crate's context, e.g. `64KiB`
+    /// (library default if unset; the library checks it).
+    #[arg(long, value_parser = parse_size)]
+    pub background_piece: Option<u64>,
+
     /// Threads of the pread lookup pool (as `open-loop`'s; a pool smaller
     /// than rate × read latency queues lookups behind each other).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]

@@ -418,6 +418,9 @@ fn run_crate(env: &Env<'_>, case: Case) -> Result<Measured, String> {
         if let Some(n) = a.background_share {
             b = b.background_share(usize::try_from(n).unwrap_or(usize::MAX));
         }
+        if let Some(n) = a.background_piece {
+            b = b.background_piece(usize::try_from(n).unwrap_or(usize::MAX));
+        }
         b.build(files).map_err(|e| format!("UringContext: {e}"))?
     };
     let seed = env.ds.seed;
@@ -690,12 +693,12 @@ fn table(rows: &[(Case, Measured)]) -> String {
         .join("\n")
 }
 
-/// A class's slot counters. `ClassStats::bytes` is left out: the library
-/// counts an op's bytes when it takes its slot, before the read's first
-/// piece has a length, so it reads 0 for one-piece reads.
+/// A class's slot counters.
 fn class_line(name: &str, c: &ClassStats) -> String {
+    #[allow(clippy::cast_precision_loss, reason = "MiB for a reader")]
+    let mib = c.bytes as f64 / f64::from(1u32 << 20);
     format!(
-        "{name} ops {}, waited {} ({:.1} ms in all)",
+        "{name} ops {} ({mib:.0} MiB), waited {} ({:.1} ms in all)",
         c.ops,
         c.waited,
         c.wait_time.as_secs_f64() * 1e3
@@ -779,7 +782,7 @@ fn median_of(runs: &[Vec<Measured>], k: usize) -> Measured {
 fn json_row(run: serde_json::Value, case: Case, m: &Measured) -> serde_json::Value {
     let class = |c: &ClassStats| {
         serde_json::json!({
-            "ops": c.ops, "waited": c.waited,
+            "ops": c.ops, "bytes": c.bytes, "waited": c.waited,
             "wait_time_ns": u64::try_from(c.wait_time.as_nanos()).unwrap_or(u64::MAX),
         })
     };
@@ -848,7 +851,8 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
         "sched: lookups of one random 4 KiB block of file 0 ({:.2} GiB), Poisson at {}/s, \
          latency from arrival, {} s measured after a {:?} warm-up, every block verified; \
          scan of file 1 ({:.2} GiB) at full speed, looped, every block verified; files {}; \
-         crate: {WORKERS} tokio workers, background_share {}, scan ScanOptions::new(); \
+         crate: {WORKERS} tokio workers, background_share {}, background_piece {}, \
+         scan ScanOptions::new(); \
          threads: {} pread threads, BufReader of {} MiB{}; an unmeasured {WARM_UP_SECS} s \
          pass of the classes row and of the threads row first",
         gib(env.ds.file_size),
@@ -863,6 +867,11 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
         },
         a.background_share
             .map_or("2 (library default)".to_string(), |n| n.to_string()),
+        a.background_piece
+            .map_or("128 KiB (library default)".to_string(), |n| format!(
+                "{} KiB",
+                n >> 10
+            )),
         a.threads,
         BUFREADER_CAPACITY >> 20,
         if env.direct {
@@ -947,6 +956,7 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
             "command": std::env::args().collect::<Vec<_>>().join(" "),
             "rate": a.rate, "secs": a.secs, "file_size": env.ds.file_size,
             "direct": env.direct, "background_share": a.background_share,
+            "background_piece": a.background_piece,
             "threads": a.threads, "rows": json,
         }))
         .unwrap_or_default(),
