@@ -9,9 +9,10 @@
 //! - **Priority classes.** An op is [`Priority::Latency`] or
 //!   [`Priority::Background`]. While latency ops are active on these slots
 //!   (in flight, waiting, or one finished within [`LATENCY_WINDOW_NS`]),
-//!   background ops hold at most `background_share` slots; that many are
-//!   also theirs even under a flood of latency ops, so neither class
-//!   starves. Otherwise background ops use every slot.
+//!   background ops hold at most `background_share` slots, each for a
+//!   piece of at most `background_piece` bytes ([`Permit::piece_limit`]);
+//!   that many slots are also theirs even under a flood of latency ops, so
+//!   neither class starves. Otherwise background ops use every slot.
 //! - **Work-conserving file shares.** A file's ops may hold more than the
 //!   file's share (`Builder::max_in_flight_per_file`) while no op of
 //!   another file waits for these slots, except the last `reserve` slots,

@@ -371,6 +371,14 @@ pub struct SchedArgs {
     #[arg(long, value_parser = parse_size)]
     pub background_piece: Option<u64>,
 
+    /// The crate's scan runs on a tokio runtime of its own (one worker
+    /// thread) over the same context, as a compaction on its own threads:
+    /// its consumer's CPU work (verifying every block) then no longer holds
+    /// up the lookups' tasks on the lookups' workers, and what is left is
+    /// the I/O scheduling.
+    #[arg(long)]
+    pub scan_thread: bool,
+
     /// Threads of the pread lookup pool (as `open-loop`'s; a pool smaller
     /// than rate × read latency queues lookups behind each other).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]

@@ -425,8 +425,13 @@ fn run_crate(env: &Env<'_>, case: Case) -> Result<Measured, String> {
     };
     let seed = env.ds.seed;
     let stop = Arc::new(AtomicBool::new(false));
+    let scan_rt = if a.scan_thread {
+        Some(engines::tokio_runtime(Some(1), 8)?)
+    } else {
+        None
+    };
     let scan = if case.scan() {
-        Some(rt.spawn(crate_scan(
+        Some(scan_rt.as_ref().unwrap_or(&rt).spawn(crate_scan(
             ctx.clone(),
             case.scan_priority(),
             seed,
@@ -447,7 +452,10 @@ fn run_crate(env: &Env<'_>, case: Case) -> Result<Measured, String> {
     stop.store(true, Ordering::Relaxed);
     let scan = match scan {
         Some(h) => Some(
-            rt.block_on(async { tokio::time::timeout(DRAIN, h).await })
+            scan_rt
+                .as_ref()
+                .unwrap_or(&rt)
+                .block_on(async { tokio::time::timeout(DRAIN, h).await })
                 .map_err(|_| format!("the scan did not stop within {DRAIN:?} of the end"))?
                 .map_err(|e| format!("scan task: {e}"))??,
         ),
@@ -852,7 +860,7 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
          latency from arrival, {} s measured after a {:?} warm-up, every block verified; \
          scan of file 1 ({:.2} GiB) at full speed, looped, every block verified; files {}; \
          crate: {WORKERS} tokio workers, background_share {}, background_piece {}, \
-         scan ScanOptions::new(); \
+         scan ScanOptions::new(){}; \
          threads: {} pread threads, BufReader of {} MiB{}; an unmeasured {WARM_UP_SECS} s \
          pass of the classes row and of the threads row first",
         gib(env.ds.file_size),
@@ -872,6 +880,11 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
                 "{} KiB",
                 n >> 10
             )),
+        if a.scan_thread {
+            " on a runtime of its own (one worker), same context"
+        } else {
+            " on the lookups' runtime"
+        },
         a.threads,
         BUFREADER_CAPACITY >> 20,
         if env.direct {
@@ -956,7 +969,7 @@ pub fn run(a: &SchedArgs) -> Result<bool, String> {
             "command": std::env::args().collect::<Vec<_>>().join(" "),
             "rate": a.rate, "secs": a.secs, "file_size": env.ds.file_size,
             "direct": env.direct, "background_share": a.background_share,
-            "background_piece": a.background_piece,
+            "background_piece": a.background_piece, "scan_thread": a.scan_thread,
             "threads": a.threads, "rows": json,
         }))
         .unwrap_or_default(),
