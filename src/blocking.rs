@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Context;
 use std::time::Duration;
@@ -35,9 +35,8 @@ pub(crate) struct BlockingPool {
     /// ops wherever the future is polled from.
     runtime: Handle,
     closed: AtomicBool,
-    /// (submitted, completed) under one lock, so a snapshot is consistent;
-    /// each op's thread hop dwarfs the lock.
-    counts: Arc<Mutex<Counts>>,
+    /// Ops submitted and completed (see [`Tally`]).
+    counts: Arc<Tally>,
     idle: Arc<Notify>,
     /// `shutdown()` stopped waiting for the ops still running
     /// (`wait_idle` timed out): borrowed ops waiting for them fail.
@@ -68,16 +67,28 @@ pub(crate) struct Counts {
     pub(crate) completed: u64,
 }
 
-/// Counts a blocking op as completed however its task ends.
+/// The pool's counters, without a lock: hundreds of pool threads finish
+/// ops at once. `completed` is read before `submitted`, so a snapshot never
+/// has more completed than submitted.
+#[derive(Debug, Default)]
+struct Tally {
+    submitted: AtomicU64,
+    completed: AtomicU64,
+}
+
+/// Counts a blocking op as completed however its task ends; the op that
+/// leaves the pool idle wakes `wait_idle`.
 struct Done {
-    counts: Arc<Mutex<Counts>>,
+    counts: Arc<Tally>,
     idle: Arc<Notify>,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        crate::util::lock(&self.counts).completed += 1;
-        self.idle.notify_waiters();
+        let completed = self.counts.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        if completed == self.counts.submitted.load(Ordering::SeqCst) {
+            self.idle.notify_waiters();
+        }
     }
 }
 
@@ -98,7 +109,7 @@ impl BlockingPool {
         if self.closed.load(Ordering::Acquire) {
             return Err(shut_down_error());
         }
-        crate::util::lock(&self.counts).submitted += 1;
+        self.counts.submitted.fetch_add(1, Ordering::SeqCst);
         Ok(Done {
             counts: self.counts.clone(),
             idle: self.idle.clone(),
@@ -181,7 +192,11 @@ impl BlockingPool {
     }
 
     pub(crate) fn counters(&self) -> Counts {
-        *crate::util::lock(&self.counts)
+        let completed = self.counts.completed.load(Ordering::SeqCst);
+        Counts {
+            submitted: self.counts.submitted.load(Ordering::SeqCst),
+            completed,
+        }
     }
 
     pub(crate) fn close(&self) {
