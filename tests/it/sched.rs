@@ -861,3 +861,37 @@ fn background_reads_go_in_pieces_while_latency_reads_are_active() {
         fs.release_hangs();
     }
 }
+
+/// `ioprio_honoured` reads the I/O scheduler of a file's block device:
+/// `None` for a file on no block device (tmpfs), the same answer as `/sys`
+/// for a file on one, and `InvalidInput` for an unknown id.
+#[test]
+fn ioprio_honoured_says_what_sys_says() {
+    let _shared = common::shared();
+    common::run("ioprio_honoured", Flavor::Multi, 30, || async {
+        let disk = tempfile::tempfile_in(std::env::temp_dir()).unwrap();
+        let mut files = vec![disk];
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            files.push(tempfile::tempfile_in(shm).unwrap());
+        }
+        let n = files.len();
+        let ctx = UringContext::new(files).unwrap();
+        let on_disk = ctx.ioprio_honoured(0u32).unwrap();
+        eprintln!("temp dir file: {on_disk:?}");
+        if let Some(honoured) = on_disk {
+            // Some block device's scheduler was read: bfq or not.
+            let any_bfq = std::fs::read_dir("/sys/block").unwrap().flatten().any(|d| {
+                std::fs::read_to_string(d.path().join("queue/scheduler"))
+                    .is_ok_and(|s| s.contains("[bfq]"))
+            });
+            assert!(!honoured || any_bfq, "honoured, but no device uses bfq");
+        }
+        if n == 2 {
+            assert_eq!(ctx.ioprio_honoured(1u32).unwrap(), None, "tmpfs");
+        }
+        let e = ctx.ioprio_honoured(9u32).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        ctx.shutdown().await;
+    });
+}
