@@ -15,7 +15,7 @@
 //! slots.
 
 use crate::common;
-use crate::storage::ROUTES;
+use crate::storage::{Route, ROUTES};
 
 use std::fs::File;
 use std::io;
@@ -96,6 +96,24 @@ impl Drop for Release {
     }
 }
 
+/// A context on `route` with one ring (or pool) of `slots` slots, no
+/// inline path and a short shutdown timeout, and `more` settings.
+fn small_ctx(
+    route: Route,
+    files: Vec<File>,
+    slots: usize,
+    more: impl FnOnce(Builder) -> Builder,
+) -> UringContext {
+    route.ctx(files, |b| {
+        more(
+            b.rings(1)
+                .max_in_flight(slots)
+                .inline_nowait(false)
+                .shutdown_timeout(Duration::from_millis(500)),
+        )
+    })
+}
+
 fn classes(ctx: &UringContext) -> (ClassStats, ClassStats) {
     let s = ctx.stats();
     (s.latency, s.background)
@@ -174,12 +192,7 @@ fn a_file_over_its_share_gives_way_only_when_another_file_waits() {
         common::run("share_gives_way", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(64)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
-            });
+            let ctx = small_ctx(route, files, 64, |b| b);
             let lat = |ctx: &UringContext| ctx.stats().latency;
             let mut tasks = Vec::new();
             // 1. A alone.
@@ -303,13 +316,8 @@ fn latency_reads_go_first_but_background_keeps_its_share() {
         common::run("class_order", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .max_in_flight_per_file(8)
-                    .background_share(1)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
+            let ctx = small_ctx(route, files, 8, |b| {
+                b.max_in_flight_per_file(8).background_share(1)
             });
             let bg_ctx = ctx.with_priority(Priority::Background);
             let started = Arc::new(AtomicUsize::new(0));
@@ -405,12 +413,7 @@ fn background_reads_progress_under_saturating_latency_load() {
         );
         let files = open_all(&fs, &names);
         common::run("no_starvation", Flavor::Multi, 60, move || async move {
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
-            });
+            let ctx = small_ctx(route, files, 8, |b| b);
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let next = Arc::new(AtomicU64::new(1));
             let looper = |ctx: UringContext, fid: u32| {
@@ -472,13 +475,8 @@ fn background_alone_uses_every_slot() {
         common::run("bg_alone", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .max_in_flight_per_file(8)
-                    .background_share(2)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
+            let ctx = small_ctx(route, files, 8, |b| {
+                b.max_in_flight_per_file(8).background_share(2)
             });
             let bg_ctx = ctx.with_priority(Priority::Background);
             let started = Arc::new(AtomicUsize::new(0));
@@ -532,13 +530,8 @@ fn class_counters_count_ops_slots_and_waits() {
         common::run("class_counters", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .max_in_flight_per_file(8)
-                    .background_share(2)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
+            let ctx = small_ctx(route, files, 8, |b| {
+                b.max_in_flight_per_file(8).background_share(2)
             });
             let bg_ctx = ctx.with_priority(Priority::Background);
             let zero = ClassStats::default();
@@ -740,13 +733,7 @@ fn background_waiters_run_once_latency_activity_is_over() {
         common::run("bg_after_window", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .background_share(1)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
-            });
+            let ctx = small_ctx(route, files, 8, |b| b.background_share(1));
             let bg_ctx = ctx.with_priority(Priority::Background);
             let started = Arc::new(AtomicUsize::new(0));
             let stuck = read_task(&bg_ctx, 0, base + MIB, &started);
@@ -817,13 +804,7 @@ fn background_reads_go_in_pieces_while_latency_reads_are_active() {
         common::run("background_pieces", Flavor::Multi, 60, move || async move {
             let fs = fsc;
             let _release = Release(fs.clone());
-            let ctx = route.ctx(files, |b| {
-                b.rings(1)
-                    .max_in_flight(8)
-                    .background_piece(PIECE)
-                    .inline_nowait(false)
-                    .shutdown_timeout(Duration::from_millis(500))
-            });
+            let ctx = small_ctx(route, files, 8, |b| b.background_piece(PIECE));
             let bg = ctx.with_priority(Priority::Background);
             let check = |buf: &[u8], off: u64| {
                 assert!(
