@@ -68,8 +68,7 @@ pub(crate) struct Counts {
 }
 
 /// The pool's counters, without a lock: hundreds of pool threads finish
-/// ops at once. `completed` is read before `submitted`, so a snapshot never
-/// has more completed than submitted.
+/// ops at once (`BlockingPool::counters` takes a consistent snapshot).
 #[derive(Debug, Default)]
 struct Tally {
     submitted: AtomicU64,
@@ -191,10 +190,25 @@ impl BlockingPool {
         GiveUpWatch(detachable.then(|| Box::pin(self.gave_up_notify.clone().notified_owned())))
     }
 
+    /// A snapshot of the counters: `submitted` did not move while
+    /// `completed` was read, so `submitted - completed` is what was in
+    /// flight at that moment (after a few tries under constant submission,
+    /// a snapshot that at least never has more completed than submitted).
     pub(crate) fn counters(&self) -> Counts {
-        let completed = self.counts.completed.load(Ordering::SeqCst);
+        let t = &self.counts;
+        for _ in 0..64 {
+            let submitted = t.submitted.load(Ordering::SeqCst);
+            let completed = t.completed.load(Ordering::SeqCst);
+            if t.submitted.load(Ordering::SeqCst) == submitted {
+                return Counts {
+                    submitted,
+                    completed,
+                };
+            }
+        }
+        let completed = t.completed.load(Ordering::SeqCst);
         Counts {
-            submitted: self.counts.submitted.load(Ordering::SeqCst),
+            submitted: t.submitted.load(Ordering::SeqCst),
             completed,
         }
     }
