@@ -56,7 +56,9 @@ struct Merged<'a, B: IoBufMut> {
 }
 
 enum MergedState<'a, B: IoBufMut> {
-    Reading(ReadCore<'a, Owned<AlignedBuf>>),
+    /// Boxed: a merged read is rare beside the members it replaces, and
+    /// its own buffer is an allocation already.
+    Reading(Box<ReadCore<'a, Owned<AlignedBuf>>>),
     /// The merged read failed: every member is read on its own.
     Split(Vec<Option<(usize, UringReadOwnedFuture<'a, B>)>>),
 }
@@ -307,7 +309,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
                     ctx: ctx.share(),
                     start,
                     members,
-                    state: MergedState::Reading(core),
+                    state: MergedState::Reading(Box::new(core)),
                 }));
             }
             // No memory for the merged buffer: read them one by one.

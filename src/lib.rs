@@ -55,6 +55,7 @@
 //! | files | [`open`](UringContext::open) ([`OpenOptions`]), [`register_file`](UringContext::register_file), [`unregister_file`](UringContext::unregister_file), [`FileId`] | [below](#writes-durability-and-files), [`FileId`] |
 //! | settings | [`UringContext::builder`] → [`Builder`] | [below](#settings-stats-and-backends) |
 //! | counters | [`stats`](UringContext::stats) → [`Stats`] | above |
+//! | latency histograms per class and kind of op (opt-in) | [`Builder::latency_histograms`], [`latencies`](UringContext::latencies) → [`Latencies`], [`LatencyHistogram`] | [`LatencyHistogram`] |
 //! | backends | [`backend`](UringContext::backend) → [`BackendInfo`]; [`BackendChoice`] | [below](#settings-stats-and-backends) |
 //! | block cache (feature `cache`) | `BlockCache`, `CacheOptions`, `BlockRef` | `BlockCache` |
 //! | errors | `std::io::Error` throughout; [`os_error`] for the errno behind one | [`os_error`] |
@@ -239,7 +240,9 @@
 //!   `UringFile` (one read per range, one batch per set of ranges).
 //! - `tracing`: the context's one-time decisions (the fallback and why, a
 //!   file routed to the blocking pool, a ring that broke) as `tracing`
-//!   events.
+//!   events, and a `TRACE` span `op` around every op (its name, file,
+//!   offset, length and priority; at its end the bytes moved or the error,
+//!   and whether the page cache served it inline).
 #![deny(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 // The workspace lint set ([workspace.lints] in Cargo.toml) applies too; the
 // library is also held to all of clippy's pedantic lints, with each
@@ -264,6 +267,7 @@ mod files;
 mod flags;
 mod id;
 mod inline;
+mod latency;
 mod ops;
 mod permit;
 mod ring;
@@ -299,6 +303,7 @@ pub use file::{UringFile, UringOpenFileFuture};
 pub use files::FileRoute;
 pub use flags::{FallocateMode, SyncRange};
 pub use id::FileId;
+pub use latency::{ClassLatencies, Latencies, LatencyHistogram};
 pub use ops::open::{OpenOptions, UringOpenFuture};
 pub use ops::read::{
     UringReadExactOwnedFuture, UringReadFuture, UringReadOwnedFuture, BORROWED_CHUNK,

@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     /// through it (feature `cache`, see `changes.rs`).
     #[cfg(feature = "cache")]
     pub(crate) invalidation: crate::changes::Listeners,
+    /// `Builder::latency_histograms`.
+    pub(crate) latencies: Option<crate::latency::Recorder>,
 }
 
 impl Inner {

@@ -405,6 +405,29 @@ impl UringContext {
             })
     }
 
+    /// The latency histograms of the context's ops (from their first poll
+    /// to their result, per priority class and kind of op), if the context
+    /// keeps them ([`Builder::latency_histograms`](crate::Builder::latency_histograms));
+    /// `None` otherwise. Counts since the context was built: diff two
+    /// snapshots with [`Latencies::since`](crate::Latencies::since).
+    ///
+    /// ```
+    /// use uring_positioned_io::UringContext;
+    /// # fn main() -> std::io::Result<()> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let ctx = UringContext::new(vec![tempfile::tempfile()?])?;
+    /// assert!(ctx.latencies().is_none()); // off by default
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn latencies(&self) -> Option<crate::Latencies> {
+        self.inner
+            .latencies
+            .as_ref()
+            .map(crate::latency::Recorder::snapshot)
+    }
+
     /// How the ops on file `fid` are issued: through the rings (straight to
     /// io-wq for a FUSE or network file opted onto them), or on the
     /// blocking pool (`pread`, `pwrite`, ...) and why (every file of a context on the

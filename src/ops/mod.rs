@@ -46,6 +46,7 @@ use crate::error::{self, shut_down_error};
 use crate::files::FileEntry;
 use crate::id::FileId;
 use crate::inline;
+use crate::latency::OpKind;
 use crate::permit::{self, Acquired, Permit};
 use crate::ring::RingOp;
 use crate::shared::{Ctx, Inner, RingRef};
@@ -105,6 +106,8 @@ pub(crate) trait Op {
     const ON_FILE: bool = true;
     /// Whether it may be served inline from the page cache (reads).
     const INLINE: bool = false;
+    /// The histogram its latency counts in (`latency.rs`).
+    const KIND: OpKind = OpKind::Other;
     /// Whether a blocking-pool piece may be left to finish on its own once
     /// `shutdown()` gives up on it: its task owns everything it touches
     /// and nothing must come back to the caller (not an owned buffer).
@@ -122,6 +125,12 @@ pub(crate) trait Op {
     /// caller's memory the kernel sees)`, to word an `EINVAL` on an
     /// `O_DIRECT` file; `None` for an op that moves no data.
     fn transfer(&self) -> Option<(u64, usize, Option<usize>)> {
+        None
+    }
+    /// The whole transfer asked for, `(offset, length)`, for the op's span;
+    /// `None` for an op that moves no data.
+    #[cfg(feature = "tracing")]
+    fn request(&self) -> Option<(u64, usize)> {
         None
     }
     /// One inline step (`preadv2(RWF_NOWAIT)` of the next piece on `fd`),
@@ -230,6 +239,14 @@ pub(crate) struct Core<'a, O: Op> {
     checked: bool,
     route: Route,
     state: State<'a, O::Blocking>,
+    /// When it was first polled (`latency::now`), if the context keeps
+    /// latency histograms; 0 before.
+    started: u64,
+    /// Its span (feature `tracing`), made at its first poll and entered
+    /// during every poll; boxed, and only when a subscriber wants it, so
+    /// that an op without one grows by a word.
+    #[cfg(feature = "tracing")]
+    span: Option<Box<tracing::Span>>,
     pub(crate) op: O,
 }
 
@@ -242,6 +259,9 @@ impl<'a, O: Op> Core<'a, O> {
             checked: false,
             route: Route::Any,
             state: State::Start,
+            started: 0,
+            #[cfg(feature = "tracing")]
+            span: None,
             op,
         }
     }
@@ -285,6 +305,13 @@ impl<'a, O: Op> Core<'a, O> {
     }
 
     pub(crate) fn poll_op(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        #[cfg(feature = "tracing")]
+        let span = self.span();
+        #[cfg(feature = "tracing")]
+        let _entered = span.enter();
+        if self.started == 0 && self.ctx.latencies.is_some() {
+            self.started = crate::latency::now();
+        }
         // Every poll spends tokio's cooperative budget, so a task whose ops
         // complete at once (page-cache hits) still yields to its neighbours.
         let Poll::Ready(coop) = tokio::task::coop::poll_proceed(cx) else {
@@ -307,7 +334,61 @@ impl<'a, O: Op> Core<'a, O> {
         self.changed();
         coop.made_progress();
         self.state = State::Done;
-        Poll::Ready(self.op.finish(res))
+        let res = self.op.finish(res);
+        self.finished(&res);
+        Poll::Ready(res)
+    }
+
+    /// Counts the op's latency (if the context keeps histograms) and
+    /// records its result in its span.
+    fn finished(&self, res: &io::Result<usize>) {
+        if let (t0 @ 1.., Some(rec)) = (self.started, &self.ctx.latencies) {
+            let took = crate::latency::now().saturating_sub(t0);
+            rec.record(thread_slot(), self.ctx.priority(), O::KIND, took);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(span) = self.span.as_deref() {
+            match res {
+                Ok(n) => span.record("bytes", n),
+                Err(e) => span.record("error", tracing::field::display(e)),
+            };
+            span.record("inline", self.served_inline());
+        }
+        #[cfg(not(feature = "tracing"))]
+        let _ = res;
+    }
+
+    /// The op's span, made at its first poll: a `TRACE` span named `op`
+    /// with the op's name, file, offset and length (ops that move data),
+    /// priority, and at the end the bytes moved or the error and whether
+    /// the page cache served it inline.
+    #[cfg(feature = "tracing")]
+    fn span(&mut self) -> tracing::Span {
+        if let Some(span) = &self.span {
+            return (**span).clone();
+        }
+        if self.checked {
+            // Past its first poll with no span: it has none (a batch polls
+            // its pending members often; asking again each time is not free).
+            return tracing::Span::none();
+        }
+
+        let transfer = self.op.request();
+        let span = tracing::trace_span!(
+            "op",
+            op = self.op.name(),
+            fid = O::ON_FILE.then_some(self.fid.index()),
+            offset = transfer.map(|t| t.0),
+            len = transfer.map(|t| t.1),
+            priority = ?self.ctx.priority(),
+            bytes = tracing::field::Empty,
+            error = tracing::field::Empty,
+            inline = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            self.span = Some(Box::new(span.clone()));
+        }
+        span
     }
 
     /// Runs the op piece by piece: its result (`Ok`), or why a piece could

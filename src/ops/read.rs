@@ -24,6 +24,7 @@ use crate::buf::{AlignedBuf, IoBufMut};
 use crate::error;
 use crate::files::FileEntry;
 use crate::id::FileId;
+use crate::latency::OpKind;
 use crate::permit::Permit;
 use crate::ring::{Dst, RingOp, MAX_RW};
 use crate::shared::Ctx;
@@ -213,6 +214,7 @@ impl<D: Dest> Read<D> {
 impl<D: Dest> Op for Read<D> {
     type Blocking = D::Blocking;
     const INLINE: bool = true;
+    const KIND: OpKind = OpKind::Read;
     const BLOCKING_DETACHABLE: bool = D::BLOCKING_DETACHABLE;
 
     fn name(&self) -> &'static str {
@@ -232,6 +234,11 @@ impl<D: Dest> Op for Read<D> {
     fn transfer(&self) -> Option<(u64, usize, Option<usize>)> {
         let at = self.offset + self.done as u64;
         Some((at, self.piece, self.dest.addr(self.done)))
+    }
+
+    #[cfg(feature = "tracing")]
+    fn request(&self) -> Option<(u64, usize)> {
+        Some((self.offset, self.dest.len()))
     }
 
     #[inline]

@@ -16,6 +16,7 @@ use crate::error;
 use crate::files::FileEntry;
 use crate::flags::{FallocateMode, SyncRange};
 use crate::id::FileId;
+use crate::latency::OpKind;
 use crate::permit::Permit;
 use crate::ring::RingOp;
 use crate::sys;
@@ -50,6 +51,7 @@ impl Sync {
 impl Op for Sync {
     type Blocking = io::Result<usize>;
     const BLOCKING_DETACHABLE: bool = true;
+    const KIND: OpKind = OpKind::Sync;
 
     fn name(&self) -> &'static str {
         match self {

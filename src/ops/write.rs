@@ -23,6 +23,7 @@ use crate::buf::IoBuf;
 use crate::error;
 use crate::files::FileEntry;
 use crate::id::FileId;
+use crate::latency::OpKind;
 use crate::permit::Permit;
 use crate::ring::{RingOp, Src, MAX_RW};
 
@@ -93,6 +94,7 @@ impl<S: Source> Write<S> {
 impl<S: Source> Op for Write<S> {
     type Blocking = io::Result<usize>;
     const BLOCKING_DETACHABLE: bool = S::BLOCKING_DETACHABLE;
+    const KIND: OpKind = OpKind::Write;
 
     fn limit_piece(&mut self, max: usize) {
         self.limit = u32::try_from(max).unwrap_or(u32::MAX);
@@ -136,6 +138,11 @@ impl<S: Source> Op for Write<S> {
             self.piece,
             self.src.addr(self.done),
         ))
+    }
+
+    #[cfg(feature = "tracing")]
+    fn request(&self) -> Option<(u64, usize)> {
+        Some((self.offset, self.src.len()))
     }
 
     /// A `write` that wrote some pieces reports them, as write(2) does when

@@ -81,6 +81,10 @@ const CONSUMER_SHARE: u64 = 4;
 /// held (see [`Held`]): one block of the alignment, at most a page.
 const PROBE: usize = 4096;
 
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a scan's few slots are reading most of the time; boxing would allocate per read"
+)]
 enum SlotState<'a> {
     /// Reading into a window of the buffer: the continuation of a short
     /// read fills the rest of the same buffer.

@@ -367,3 +367,70 @@ fn shallow_batch_out_of_range_is_refused() {
         }
     }
 }
+
+/// `latency_histograms(true)` counts every op once, in its class and kind,
+/// on both backends and runtime flavours; off (the default), there are none.
+fn latency_histograms_count_each_op(choice: BackendChoice) {
+    use uring_positioned_io::{Priority, SyncRange};
+    for flavor in [Flavor::Current, Flavor::Multi] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![5u8; 64 << 10]).unwrap();
+        common::run("latency_histograms", flavor, 60, move || async move {
+            let rw = || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+            };
+            let off = UringContext::builder()
+                .backend(choice)
+                .build(vec![rw()])
+                .unwrap();
+            let mut buf = vec![0u8; 4096];
+            off.read(0, 0, &mut buf).await.unwrap();
+            assert!(off.latencies().is_none());
+
+            let ctx = UringContext::builder()
+                .backend(choice)
+                .latency_histograms(true)
+                .build(vec![rw()])
+                .unwrap();
+            let before = ctx.latencies().unwrap();
+            assert_eq!(before.latency.reads.count(), 0);
+            for i in 0..10u64 {
+                ctx.read(0, i * 4096, &mut buf).await.unwrap();
+            }
+            let bg = ctx.with_priority(Priority::Background);
+            for i in 0..4u64 {
+                bg.read(0, i * 4096, &mut buf).await.unwrap();
+            }
+            let file = ctx.file(0).unwrap();
+            for i in 0..3u64 {
+                file.write_all_at(&buf[..512], i * 512).await.unwrap();
+            }
+            file.sync_data().await.unwrap();
+            file.sync_range(0, 4096, SyncRange::WRITE).await.unwrap();
+            file.metadata().await.unwrap();
+            // A failed op counts too.
+            assert!(ctx.read(9, 0, &mut buf).await.is_err());
+            let l = ctx.latencies().unwrap().since(&before);
+            let counts = [
+                l.latency.reads.count(),
+                l.latency.writes.count(),
+                l.latency.syncs.count(),
+                l.latency.other.count(),
+                l.background.reads.count(),
+                l.background.writes.count(),
+            ];
+            assert_eq!(counts, [11, 3, 2, 1, 4, 0], "{choice:?}/{flavor:?}: {l:#?}");
+            let reads = &l.latency.reads;
+            let (p50, p99) = (reads.quantile(0.5).unwrap(), reads.quantile(0.99).unwrap());
+            assert!(p50 <= p99 && p99 <= reads.max(), "{reads:?}");
+            assert_eq!(reads.buckets().map(|(_, _, c)| c).sum::<u64>(), 11);
+        });
+    }
+}
+
+backend_tests!(latency_histograms_count_each_op);

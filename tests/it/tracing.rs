@@ -71,3 +71,106 @@ fn the_fallback_is_logged() {
         "no fallback event in {events:?}"
     );
 }
+
+/// Keeps every span's name, fields at creation and fields recorded later.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<(String, String)>>>);
+
+impl Subscriber for Spans {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut text = Text(String::new());
+        attrs.record(&mut text);
+        let mut spans = self.0.lock().unwrap();
+        spans.push((attrs.metadata().name().to_owned(), text.0));
+        Id::from_u64(spans.len() as u64)
+    }
+    fn record(&self, id: &Id, values: &Record<'_>) {
+        let mut text = Text(String::new());
+        values.record(&mut text);
+        let mut spans = self.0.lock().unwrap();
+        if let Some(s) = spans.get_mut(id.into_u64() as usize - 1) {
+            s.1.push_str(&text.0);
+        }
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// Every op gets a `TRACE` span `op` with its name, file, offset, length
+/// and priority, and at its end the bytes it moved or its error: a read,
+/// a write, an fdatasync, a read past a bad id, on both backends.
+#[test]
+fn every_op_has_a_span() {
+    use uring_positioned_io::Priority;
+    let _shared = common::shared();
+    for backend in [BackendChoice::IoUring, BackendChoice::Fallback] {
+        let spans = Spans::default();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 8192]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        tracing::subscriber::with_default(spans.clone(), || {
+            // Another test's thread may have cached this crate's callsites
+            // as uninteresting while this subscriber was being set up.
+            tracing::callsite::rebuild_interest_cache();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let Ok(ctx) = UringContext::builder().backend(backend).build(vec![file]) else {
+                    println!("SKIPPED: no io_uring here");
+                    return;
+                };
+                let mut buf = [0u8; 100];
+                assert_eq!(ctx.read(0, 4000, &mut buf).await.unwrap(), 100);
+                let f = ctx.file(0).unwrap().with_priority(Priority::Background);
+                f.write_all_at(&[9u8; 10], 8192).await.unwrap();
+                f.sync_data().await.unwrap();
+                assert!(ctx.read(7, 0, &mut buf).await.is_err());
+                ctx.shutdown().await;
+            });
+        });
+        let spans = spans.0.lock().unwrap().clone();
+        let ops: Vec<&(String, String)> = spans.iter().filter(|(n, _)| n == "op").collect();
+        let find = |what: &str| {
+            ops.iter()
+                .find(|(_, f)| f.contains(what))
+                .unwrap_or_else(|| panic!("{backend:?}: no span with {what} in {ops:?}"))
+                .1
+                .clone()
+        };
+        let read = find("op=\"read\"");
+        for field in [
+            "fid=0",
+            "offset=4000",
+            "len=100",
+            "priority=Latency",
+            "bytes=100",
+        ] {
+            assert!(
+                read.contains(field),
+                "{backend:?}: read span {read} lacks {field}"
+            );
+        }
+        let write = find("op=\"write\"");
+        for field in ["offset=8192", "len=10", "priority=Background", "bytes=10"] {
+            assert!(
+                write.contains(field),
+                "{backend:?}: write span {write} lacks {field}"
+            );
+        }
+        assert!(find("op=\"fdatasync\"").contains("bytes=0"), "{backend:?}");
+        let bad = find("fid=7 ");
+        assert!(bad.contains("error="), "{backend:?}: {bad}");
+    }
+}
