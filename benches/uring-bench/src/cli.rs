@@ -332,6 +332,94 @@ pub enum Mode {
     /// thread. Files O_DIRECT unless `--buffered` (then both are dropped
     /// from the page cache before every row); every block verified.
     Sched(SchedArgs),
+    /// Parquet through the crate's `ParquetFileReader` against
+    /// `tokio::fs::File` and a `spawn_blocking` reader (what
+    /// `object_store`'s local file system does): random row lookups with
+    /// the metadata loaded once, and full scans; hot and cold; every row
+    /// checked. Needs the bench built with `--features parquet`.
+    Parquet(ParquetArgs),
+}
+
+/// Flags of `uring-bench parquet`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ParquetArgs {
+    /// Readers compared.
+    #[arg(short, long, value_delimiter = ',', default_values = ["uring", "tokio-fs", "spawn-blocking"])]
+    pub engines: Vec<ParquetEngine>,
+
+    /// Regimes: `hot` (the file in the page cache) and `cold` (dropped from
+    /// it before every cell).
+    #[arg(short, long, value_delimiter = ',', default_values = ["hot", "cold"])]
+    pub regimes: Vec<ParquetRegime>,
+
+    /// Rows of the file the bench writes (once; reused afterwards).
+    #[arg(long, default_value_t = 4_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub rows: u64,
+
+    /// Rows per row group.
+    #[arg(long, default_value_t = 131_072, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub group_rows: u64,
+
+    /// Target size of a data page, KiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub page_kib: u64,
+
+    /// Lookups in flight (tasks).
+    #[arg(short, long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub depth: u64,
+
+    /// Measured seconds of a hot lookups cell.
+    #[arg(short = 't', long, default_value = "3", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Lookups of a cold cell (the file dropped from the page cache first).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub cold_lookups: u64,
+
+    /// Streams of a scan, each over every n-th row group, read at once.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub streams: u64,
+
+    /// Runs of every cell, interleaved; the table gives the medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+
+    /// Directory holding the Parquet file (created and reused).
+    #[arg(long, default_value = "bench-data")]
+    pub data_dir: PathBuf,
+
+    /// Seed of the rows looked up.
+    #[arg(long, default_value_t = 0x9a4e)]
+    pub seed: u64,
+}
+
+/// The readers of `uring-bench parquet`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ParquetEngine {
+    /// The crate's `ParquetFileReader` over a `UringFile`.
+    Uring,
+    /// `tokio::fs::File`, opened per stream (it keeps a position).
+    TokioFs,
+    /// Each request's ranges read with `pread` in one `spawn_blocking`.
+    SpawnBlocking,
+}
+
+#[cfg(feature = "parquet")]
+impl ParquetEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            ParquetEngine::Uring => "uring",
+            ParquetEngine::TokioFs => "tokio-fs",
+            ParquetEngine::SpawnBlocking => "spawn-blocking",
+        }
+    }
+}
+
+/// The regimes of `uring-bench parquet`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ParquetRegime {
+    Hot,
+    Cold,
 }
 
 /// Flags of `uring-bench sched`.

@@ -26,6 +26,8 @@ mod lines;
 mod machine;
 mod mem_fair;
 mod open_loop;
+#[cfg(feature = "parquet")]
+mod parquet_bench;
 mod probes;
 mod random_reads;
 mod report;
@@ -50,6 +52,12 @@ fn main() -> ExitCode {
         Some(Mode::MemFair(a)) => mem_fair::run(a),
         Some(Mode::MemFairChild(a)) => mem_fair::child(a),
         Some(Mode::Sched(a)) => sched::run(a),
+        #[cfg(feature = "parquet")]
+        Some(Mode::Parquet(a)) => parquet_bench::run(a),
+        #[cfg(not(feature = "parquet"))]
+        Some(Mode::Parquet(_)) => Err("this build has no Parquet reader: run \
+             `cargo run --release -p uring-bench --features parquet -- parquet`"
+            .to_string()),
         None => random_reads::run(&args),
     };
     match result {
