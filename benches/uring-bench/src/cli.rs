@@ -976,4 +976,47 @@ mod tests {
             assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
         }
     }
+
+    #[test]
+    fn parquet_mode_parses_and_checks() {
+        let a = Args::parse_from(["uring-bench", "parquet"]);
+        let Some(Mode::Parquet(p)) = a.mode else {
+            panic!("parquet parses as its mode")
+        };
+        assert_eq!(
+            p.engines,
+            [
+                ParquetEngine::Uring,
+                ParquetEngine::TokioFs,
+                ParquetEngine::SpawnBlocking
+            ]
+        );
+        assert_eq!(p.regimes, [ParquetRegime::Hot, ParquetRegime::Cold]);
+        let a = Args::parse_from([
+            "uring-bench",
+            "parquet",
+            "-e",
+            "uring",
+            "-r",
+            "cold",
+            "-d",
+            "8",
+        ]);
+        let Some(Mode::Parquet(p)) = a.mode else {
+            panic!("parquet parses as its mode")
+        };
+        assert_eq!((p.engines.len(), p.regimes.len(), p.depth), (1, 1, 8));
+        for bad in [
+            &["-e", "mmap"][..],
+            &["-r", "warm"],
+            &["--rows", "0"],
+            &["--depth", "0"],
+            &["--streams", "0"],
+            &["--page-kib", "0"],
+        ] {
+            let mut args = vec!["uring-bench", "parquet"];
+            args.extend(bad);
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
+    }
 }
