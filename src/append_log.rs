@@ -46,6 +46,18 @@ const DEFAULT_MAX_RECORD: usize = 16 << 20;
 /// Bytes read at once by recovery.
 const RECOVERY_CHUNK: usize = 1 << 20;
 
+/// The default cap on the bytes of records gathered into one write.
+const DEFAULT_MAX_GROUP: usize = 256 << 10;
+
+/// Payloads up to this length are checksummed whole under the log's lock;
+/// a longer one is checksummed before, and only its header (which holds
+/// the offset) under the lock, combined with the payload's CRC.
+const CRC_UNDER_LOCK: usize = 512;
+
+/// A group buffer is kept for the next group up to this capacity at
+/// least (twice the cap when that is more).
+const SPARE_MIN: usize = 64 << 10;
+
 fn checksum(offset: u64, len: u32, epoch: u32, payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&offset.to_le_bytes());
@@ -55,11 +67,41 @@ fn checksum(offset: u64, len: u32, epoch: u32, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Settings of an [`AppendLog`]: the largest record and preallocation.
-/// [`open`](Self::open) recovers a log and opens it for appends.
+/// Appends the frame of `payload` at `offset` to `out`: the header, then
+/// the payload. `body`: the payload's CRC state, if already computed.
+/// `len` is the payload's length.
+fn encode_frame(
+    out: &mut Vec<u8>,
+    offset: u64,
+    (epoch, len): (u32, u32),
+    payload: &[u8],
+    body: Option<&crc32fast::Hasher>,
+) {
+    let crc = match body {
+        Some(b) => {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&offset.to_le_bytes());
+            h.update(&len.to_le_bytes());
+            h.update(&epoch.to_le_bytes());
+            h.combine(b);
+            h.finalize()
+        }
+        None => checksum(offset, len, epoch, payload),
+    };
+    out.reserve(RECORD_HEADER_LEN + payload.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Settings of an [`AppendLog`]: the largest record, the largest group
+/// of records written at once, and preallocation. [`open`](Self::open)
+/// recovers a log and opens it for appends.
 #[derive(Clone, Debug)]
 pub struct AppendLogOptions {
     max_record_len: usize,
+    max_group_len: usize,
     preallocate: u64,
 }
 
@@ -70,13 +112,26 @@ impl Default for AppendLogOptions {
 }
 
 impl AppendLogOptions {
-    /// Records up to 16 MiB, no preallocation.
+    /// Records up to 16 MiB, groups up to 256 KiB, no preallocation.
     #[must_use]
     pub fn new() -> Self {
         AppendLogOptions {
             max_record_len: DEFAULT_MAX_RECORD,
+            max_group_len: DEFAULT_MAX_GROUP,
             preallocate: 0,
         }
+    }
+
+    /// The most bytes of records (frames: header and payload) gathered
+    /// into one write, 256 KiB by default. Records appended while the
+    /// log's earlier writes or its `fdatasync` are in flight are gathered
+    /// into one buffer and written as one group; a record whose frame is
+    /// larger than this is written alone, at once. 0: every record is
+    /// written alone.
+    #[must_use]
+    pub fn max_group_len(mut self, bytes: usize) -> Self {
+        self.max_group_len = bytes;
+        self
     }
 
     /// The largest payload an append takes (at most `u32::MAX` bytes less
@@ -93,7 +148,10 @@ impl AppendLogOptions {
     /// which extends the file's size: an `fdatasync` after a write into
     /// space allocated ahead need not record a new size). Recovery sees
     /// the zeroes after the last record and stops there. A file system
-    /// that cannot preallocate turns it off; the appends go on.
+    /// that cannot preallocate (or a failed `fallocate`, such as no space
+    /// left) stops it for the rest of this opening; the appends go on,
+    /// growing the file. [`AppendLog::stats`] says which
+    /// ([`Preallocation`]), and the `tracing` feature logs it once.
     #[must_use]
     pub fn preallocate(mut self, bytes: u64) -> Self {
         self.preallocate = bytes;
@@ -276,12 +334,18 @@ impl LogRecovery {
         })?;
         let tail = self.pos;
         let size = self.size.unwrap_or(0);
+        let prealloc = if self.options.preallocate > 0 {
+            Preallocation::Active { end: size }
+        } else {
+            Preallocation::Off
+        };
         Ok(AppendLog {
             inner: Arc::new(Inner {
                 file: self.file,
                 runtime,
                 epoch,
                 max_record_len: self.options.max_record_len,
+                max_group_len: self.options.max_group_len,
                 state: Mutex::new(State {
                     tail,
                     written: tail,
@@ -289,12 +353,21 @@ impl LogRecovery {
                     durable: tail,
                     waiters: BTreeMap::new(),
                     barriers: Vec::new(),
+                    writing: 0,
+                    pending: None,
+                    spare: Vec::new(),
                     syncing: false,
                     poisoned: None,
                     closed: false,
                     prealloc_step: self.options.preallocate,
                     prealloc_end: size,
-                    syncs: 0,
+                    stats: AppendLogStats {
+                        records: 0,
+                        writes: 0,
+                        syncs: 0,
+                        bytes: 0,
+                        preallocation: prealloc,
+                    },
                 }),
             }),
         })
@@ -339,6 +412,53 @@ impl Poison {
     }
 }
 
+/// Whether the log preallocates ahead of its tail (see
+/// [`AppendLogOptions::preallocate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Preallocation {
+    /// Not asked for (`preallocate(0)`, the default).
+    Off,
+    /// Preallocating: the file is allocated below `end`.
+    Active {
+        /// The end of the space allocated so far.
+        end: u64,
+    },
+    /// Asked for, but an `fallocate` failed (`EOPNOTSUPP` from a file
+    /// system that cannot preallocate, `ENOSPC`, ...): stopped for the
+    /// rest of this opening. Appends go on, growing the file, and each
+    /// `fdatasync` also records the new size.
+    Stopped {
+        /// The `fallocate` error's errno, if it had one.
+        errno: Option<i32>,
+    },
+}
+
+/// What an [`AppendLog`] has done since it was opened
+/// ([`AppendLog::stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AppendLogStats {
+    /// Records appended (offsets reserved).
+    pub records: u64,
+    /// Positioned writes issued: a group of records gathered while earlier
+    /// writes or a sync were in flight, or a record written alone.
+    /// `records / writes` is the write coalescing.
+    pub writes: u64,
+    /// `fdatasync` calls made: `records / syncs` is the group commit.
+    pub syncs: u64,
+    /// Bytes written (record frames: headers and payloads).
+    pub bytes: u64,
+    /// Whether the log preallocates.
+    pub preallocation: Preallocation,
+}
+
+/// Records gathered for one write, from `start`, back to back.
+struct Group {
+    start: u64,
+    buf: Vec<u8>,
+}
+
 struct State {
     /// Where the next record goes.
     tail: u64,
@@ -353,18 +473,62 @@ struct State {
     waiters: BTreeMap<u64, oneshot::Sender<io::Result<()>>>,
     /// `close` calls waiting for `durable` to reach their tail.
     barriers: Vec<(u64, oneshot::Sender<io::Result<()>>)>,
-    /// A sync task is running (at most one).
+    /// Writes in flight (or about to be issued by the append that took
+    /// them).
+    writing: usize,
+    /// Records gathered while writes or a sync are in flight, ending at
+    /// `tail`. Invariant: while there is one, `writing > 0` or the sync
+    /// task runs, and whichever finishes last writes it (the sync task,
+    /// which `kick` starts when the last write completes).
+    pending: Option<Group>,
+    /// An empty buffer for the next group (reused: no allocation per
+    /// group).
+    spare: Vec<u8>,
+    /// The sync task is running (at most one): it writes the pending group
+    /// once no write is in flight, and syncs.
     syncing: bool,
     poisoned: Option<Poison>,
     closed: bool,
     prealloc_step: u64,
     /// The file is allocated below.
     prealloc_end: u64,
-    /// `fdatasync` calls made.
-    syncs: u64,
+    stats: AppendLogStats,
 }
 
 impl State {
+    /// Takes the pending group to write it: a write in flight from now.
+    fn take_pending(&mut self) -> Option<Group> {
+        let g = self.pending.take()?;
+        self.writing += 1;
+        self.stats.writes += 1;
+        Some(g)
+    }
+
+    /// The write of `start..end` completed: advances `written` over it
+    /// and every completed write after it, or keeps it for later.
+    fn completed(&mut self, start: u64, end: u64) {
+        if start == self.written {
+            let mut written = end;
+            while let Some(e) = self.done.remove(&written) {
+                written = e;
+            }
+            self.written = written;
+        } else {
+            self.done.insert(start, end);
+        }
+    }
+
+    /// Keeps `buf` for the next group if none is kept and it is not too
+    /// large.
+    fn recycle(&mut self, mut buf: Vec<u8>, max_group_len: usize) {
+        if self.spare.capacity() == 0
+            && buf.capacity() <= max_group_len.saturating_mul(2).max(SPARE_MIN)
+        {
+            buf.clear();
+            self.spare = buf;
+        }
+    }
+
     /// Fails every append waiting and every later one.
     fn poison(&mut self, p: Poison) {
         for (_, tx) in std::mem::take(&mut self.waiters) {
@@ -401,6 +565,7 @@ struct Inner {
     runtime: tokio::runtime::Handle,
     epoch: u32,
     max_record_len: usize,
+    max_group_len: usize,
     state: Mutex<State>,
 }
 
@@ -413,36 +578,85 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts the sync task if something written is not durable and none
-    /// runs (called with the state locked).
+    /// Starts the sync task if none runs and there is work for it:
+    /// something written that is not durable, or a pending group and no
+    /// write in flight (called with the state locked).
     fn kick(self: &Arc<Self>, st: &mut State) {
-        if !st.syncing && st.poisoned.is_none() && st.written > st.durable {
+        if !st.syncing
+            && st.poisoned.is_none()
+            && (st.written > st.durable || (st.pending.is_some() && st.writing == 0))
+        {
             st.syncing = true;
             self.runtime.spawn(sync_loop(self.clone()));
         }
     }
+
+    /// Writes `group` (taken with `writing` counted), then marks it
+    /// written and kicks the sync task, or poisons the log. A short write
+    /// is continued (`write_all`); one that writes nothing fails.
+    async fn write_group(self: &Arc<Self>, group: Group) {
+        let Group { start, buf } = group;
+        let end = start + buf.len() as u64;
+        let (res, buf) = self.file.write_all_at_owned(buf, start).await;
+        let mut st = self.lock();
+        st.writing -= 1;
+        match res {
+            Ok(()) => {
+                st.stats.bytes += end - start;
+                st.completed(start, end);
+                st.recycle(buf, self.max_group_len);
+                self.kick(&mut st);
+            }
+            Err(e) => st.poison(Poison::new("write", &e)),
+        }
+    }
 }
 
-/// The one sync task: `fdatasync` everything written so far, acknowledge
-/// it, again while more was written meanwhile; preallocates ahead of the
-/// tail between syncs.
+/// The one sync task: writes the pending group once no write is in
+/// flight, and `fdatasync`s everything written so far, acknowledges it,
+/// again while there is more; preallocates ahead of the tail between
+/// syncs.
 async fn sync_loop(inner: Arc<Inner>) {
+    // A group was written since the last sync: sync before the next group
+    // (records gathered meanwhile wait for it), so that a steady stream of
+    // appends cannot put off the sync.
+    let mut wrote = false;
     loop {
-        let (target, prealloc) = {
+        let mut group = None;
+        let mut sync = None;
+        {
             let mut st = inner.lock();
-            if st.poisoned.is_some() || st.written <= st.durable {
+            if st.poisoned.is_some() {
                 st.syncing = false;
                 return;
             }
-            let step = st.prealloc_step;
-            let prealloc = if step > 0 && st.tail + step / 2 > st.prealloc_end {
-                let from = st.prealloc_end.max(st.tail);
-                Some((from, step))
-            } else {
-                None
-            };
-            st.syncs += 1;
-            (st.written, prealloc)
+            if st.writing == 0 && (!wrote || st.written <= st.durable) {
+                group = st.take_pending();
+            }
+            if group.is_none() {
+                if st.written <= st.durable {
+                    st.syncing = false;
+                    return;
+                }
+                let step = st.prealloc_step;
+                let prealloc = if step > 0 && st.tail + step / 2 > st.prealloc_end {
+                    let from = st.prealloc_end.max(st.tail);
+                    Some((from, step))
+                } else {
+                    None
+                };
+                st.stats.syncs += 1;
+                sync = Some((st.written, prealloc));
+            }
+        }
+        if let Some(group) = group {
+            // Its kick finds this task running: the loop syncs it next.
+            inner.write_group(group).await;
+            wrote = true;
+            continue;
+        }
+        let Some((target, prealloc)) = sync else {
+            continue;
         };
         if let Some((from, len)) = prealloc {
             let res = inner
@@ -451,13 +665,29 @@ async fn sync_loop(inner: Arc<Inner>) {
                 .await;
             let mut st = inner.lock();
             match res {
-                Ok(()) => st.prealloc_end = st.prealloc_end.max(from + len),
+                Ok(()) => {
+                    st.prealloc_end = st.prealloc_end.max(from + len);
+                    st.stats.preallocation = Preallocation::Active {
+                        end: st.prealloc_end,
+                    };
+                }
                 // Not supported here, no space left (the writes will say),
                 // or anything else: not a durability matter; stop trying.
-                Err(_) => st.prealloc_step = 0,
+                Err(e) => {
+                    st.prealloc_step = 0;
+                    st.stats.preallocation = Preallocation::Stopped {
+                        errno: e.raw_os_error(),
+                    };
+                    crate::util::decision!(
+                        warn,
+                        error = %e,
+                        "append log: fallocate failed, preallocation stopped; appends go on growing the file"
+                    );
+                }
             }
         }
         let res = inner.file.sync_data().await;
+        wrote = false;
         let mut st = inner.lock();
         match res {
             Ok(()) => st.made_durable(target),
@@ -479,8 +709,15 @@ async fn sync_loop(inner: Arc<Inner>) {
 ///
 /// - Positions: the log reserves each record's offset from an atomic tail
 ///   on the append's first poll: positions are in first-poll order.
-/// - Writes: each record is one positioned write of its frame (header and
-///   payload), issued at once — many in flight.
+/// - Writes: a record appended while the log is idle (no write and no
+///   `fdatasync` in flight) is written at once, alone. Records appended
+///   while earlier writes or a sync are in flight are gathered into one
+///   buffer, back to back, and written as one positioned write (a group)
+///   once no write is in flight — in practice right before the next sync:
+///   one write and one `fdatasync` per group, as a serial group commit
+///   does. A group holds at most
+///   [`max_group_len`](AppendLogOptions::max_group_len) bytes; a larger
+///   record is written alone, at once. A short write is continued.
 /// - Group commit: one `fdatasync` at a time covers every record written
 ///   contiguously from the start when it starts; appends whose writes
 ///   complete during it wait for the next. An append resolves only after
@@ -492,8 +729,10 @@ async fn sync_loop(inner: Arc<Inner>) {
 ///   by reopening). A failed append's record may or may not be recovered.
 ///
 /// An append dropped after its first poll still completes in the
-/// background (its write, then its place in a sync): dropping it only
-/// drops the acknowledgement. The file must not be `O_DIRECT` (records are
+/// background (its write, or its place in a group, then its place in a
+/// sync): dropping it only drops the acknowledgement.
+/// [`stats`](Self::stats) counts records, writes, syncs and bytes, and
+/// says whether preallocation is on. The file must not be `O_DIRECT` (records are
 /// not aligned) nor written by anything else.
 ///
 /// ```
@@ -610,10 +849,18 @@ impl AppendLog {
     }
 
     /// `fdatasync` calls made so far: appends acknowledged per sync is a
-    /// measure of the group commit.
+    /// measure of the group commit (also in [`stats`](Self::stats)).
     #[must_use]
     pub fn syncs(&self) -> u64 {
-        self.inner.lock().syncs
+        self.inner.lock().stats.syncs
+    }
+
+    /// What the log has done since it was opened: records, writes (groups
+    /// and records written alone), syncs, bytes written, and whether it
+    /// preallocates.
+    #[must_use]
+    pub fn stats(&self) -> AppendLogStats {
+        self.inner.lock().stats
     }
 
     /// The file the log is in.
@@ -638,9 +885,17 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
     // max_record_len keeps it within u32 less the header.
     let len =
         u32::try_from(payload.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let frame_len = (RECORD_HEADER_LEN + payload.len()) as u64;
-    // Reserve the offset.
-    let offset = {
+    let frame_len = RECORD_HEADER_LEN + payload.len();
+    let alone = frame_len > inner.max_group_len;
+    // A long payload's CRC is computed here, not under the lock.
+    let body = (alone || payload.len() > CRC_UNDER_LOCK).then(|| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(payload);
+        h
+    });
+    let head = (inner.epoch, len);
+    // Reserve the offset; join the pending group, or write at once.
+    let (offset, rx, before, own) = {
         let mut st = inner.lock();
         if let Some(p) = &st.poisoned {
             return Err(p.later());
@@ -652,39 +907,48 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
             ));
         }
         let offset = st.tail;
-        st.tail += frame_len;
-        offset
-    };
-    let end = offset + frame_len;
-    let mut frame = Vec::with_capacity(RECORD_HEADER_LEN + payload.len());
-    frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(&inner.epoch.to_le_bytes());
-    frame.extend_from_slice(&checksum(offset, len, inner.epoch, payload).to_le_bytes());
-    frame.extend_from_slice(payload);
-    let (res, _frame) = inner.file.write_all_at_owned(frame, offset).await;
-    let rx = {
-        let mut st = inner.lock();
-        if let Err(e) = res {
-            st.poison(Poison::new("write", &e));
-            return Err(e);
-        }
-        if let Some(p) = &st.poisoned {
-            return Err(p.later());
-        }
-        if offset == st.written {
-            let mut written = end;
-            while let Some(e) = st.done.remove(&written) {
-                written = e;
-            }
-            st.written = written;
-        } else {
-            st.done.insert(offset, end);
-        }
+        st.tail += frame_len as u64;
+        st.stats.records += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.insert(end, tx);
-        inner.kick(&mut st);
-        rx
+        st.waiters.insert(offset + frame_len as u64, tx);
+        let joins = st.pending.as_ref().is_some_and(|g| {
+            g.start + g.buf.len() as u64 == offset && g.buf.len() + frame_len <= inner.max_group_len
+        });
+        let mut before = None;
+        let mut own = None;
+        if alone {
+            // Written alone, at once; a pending group before it can grow
+            // no more: this append writes it first.
+            before = st.take_pending();
+            st.writing += 1;
+            st.stats.writes += 1;
+            own = Some(Vec::new());
+        } else if joins {
+            let g = st.pending.as_mut().expect("joins a pending group");
+            encode_frame(&mut g.buf, offset, head, payload, body.as_ref());
+        } else if st.pending.is_some() || st.writing > 0 || st.syncing {
+            // A new group (the one before it, full, is written by this
+            // append); whoever finishes last writes it.
+            before = st.take_pending();
+            let mut buf = std::mem::take(&mut st.spare);
+            encode_frame(&mut buf, offset, head, payload, body.as_ref());
+            st.pending = Some(Group { start: offset, buf });
+            inner.kick(&mut st);
+        } else {
+            // An idle log: written at once.
+            st.writing += 1;
+            st.stats.writes += 1;
+            own = Some(std::mem::take(&mut st.spare));
+        }
+        (offset, rx, before, own)
     };
+    if let Some(group) = before {
+        inner.write_group(group).await;
+    }
+    if let Some(mut buf) = own {
+        encode_frame(&mut buf, offset, head, payload, body.as_ref());
+        inner.write_group(Group { start: offset, buf }).await;
+    }
     match rx.await {
         Ok(Ok(())) => Ok(offset),
         Ok(Err(e)) => Err(e),

@@ -282,7 +282,8 @@ pub use adapters::ParquetFileReader;
 pub use adapters::UringFileCursor;
 #[cfg(feature = "append-log")]
 pub use append_log::{
-    AppendFuture, AppendLog, AppendLogOptions, LogRecord, LogRecovery, RECORD_HEADER_LEN,
+    AppendFuture, AppendLog, AppendLogOptions, AppendLogStats, LogRecord, LogRecovery,
+    Preallocation, RECORD_HEADER_LEN,
 };
 pub use batch::{ReadBatch, ReadBatchStream};
 pub use buf::{AlignedBuf, IoBuf, IoBufMut, Slice, SliceError};

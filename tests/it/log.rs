@@ -6,6 +6,11 @@
 //! preallocated zeroes end the log; a failed `fdatasync` or write fails
 //! the appends it covers and poisons the log (FUSE faults); errors for
 //! oversize records and a closed log; a dropped append still completes.
+//! Write coalescing: concurrent appends are gathered into fewer writes
+//! than records (counted by `stats`), a dropped append inside a group, a
+//! short write of a group continued (or poisoning when nothing is
+//! written), records above the group cap written alone; preallocation on
+//! a file system that refuses `fallocate` reported stopped.
 
 use crate::common;
 
@@ -20,8 +25,8 @@ use std::time::Duration;
 use common::fuse::{Fault, FaultFs, FileSpec};
 use common::Flavor;
 use uring_positioned_io::{
-    AppendLog, AppendLogOptions, BackendChoice, LogRecord, OpenOptions, UringContext, UringFile,
-    RECORD_HEADER_LEN,
+    AppendLog, AppendLogOptions, BackendChoice, LogRecord, OpenOptions, Preallocation,
+    UringContext, UringFile, RECORD_HEADER_LEN,
 };
 
 fn rw() -> OpenOptions {
@@ -288,9 +293,24 @@ backend_tests!(
     failed_write_poisons,
     no_acknowledgement_past_a_hole,
     small_record_waits_for_a_large_one_before_it,
+    concurrent_appends_are_coalesced,
+    dropped_appends_inside_a_group,
+    records_above_the_group_cap_are_written_alone,
+    short_group_write_is_continued,
+    group_write_of_nothing_poisons,
+    preallocation_refused_is_reported,
 );
 
-/// A log in a writable FUSE file, for faults.
+type FuseBody = Box<
+    dyn FnOnce(
+            std::sync::Arc<FaultFs>,
+            AppendLog,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+        + Send
+        + 'static,
+>;
+
+/// A log in a writable FUSE file (through the page cache), for faults.
 fn fuse_log(
     choice: BackendChoice,
     test: &'static str,
@@ -301,7 +321,20 @@ fn fuse_log(
         + Send
         + 'static,
 ) {
-    let Some(fs) = FaultFs::mount_writable_or_skip(&[FileSpec::new("w", 0, 0x106)], false) else {
+    fuse_log_with(choice, test, AppendLogOptions::new(), false, Box::new(body));
+}
+
+/// [`fuse_log`] with `options`, and `direct_io` (no page cache: a
+/// `pwrite` is one FUSE request, and a short reply a short write).
+fn fuse_log_with(
+    choice: BackendChoice,
+    test: &'static str,
+    options: AppendLogOptions,
+    direct_io: bool,
+    body: FuseBody,
+) {
+    let Some(fs) = FaultFs::mount_writable_or_skip(&[FileSpec::new("w", 0, 0x106)], direct_io)
+    else {
         return;
     };
     let fs = std::sync::Arc::new(fs);
@@ -316,7 +349,7 @@ fn fuse_log(
             b.shutdown_timeout(Duration::from_secs(1))
         });
         let file = ctx.file(0u32).unwrap();
-        let (log, records) = AppendLogOptions::new().open(file).await.unwrap();
+        let (log, records) = options.open(file).await.unwrap();
         assert!(records.is_empty());
         body(fs, log).await;
     });
@@ -409,39 +442,341 @@ fn small_record_waits_for_a_large_one_before_it(choice: BackendChoice) {
     );
 }
 
-/// A record whose write hangs is a hole: the records after it, written
-/// and synced, are not acknowledged while it hangs; when its write fails,
-/// they fail too.
+/// A record whose write hangs is a hole: the records after it are not
+/// acknowledged while it hangs — one above the group cap issued alone, at
+/// once, and a small one gathered — and when its write fails, they fail
+/// too.
 fn no_acknowledgement_past_a_hole(choice: BackendChoice) {
-    fuse_log(choice, "log_hole", |fs, log| {
-        Box::pin(async move {
-            log.append(vec![1u8; 100]).await.unwrap();
-            let at = log.tail();
-            fs.set_write_fault("w", at..at + 1, Fault::Hang);
-            let hung = tokio::spawn(log.append(vec![2u8; 100]));
-            let fs2 = fs.clone();
-            let n = tokio::task::spawn_blocking(move || {
-                fs2.wait_writes_hung("w", 1, Duration::from_secs(10))
+    let options = AppendLogOptions::new().max_group_len(1024);
+    fuse_log_with(
+        choice,
+        "log_hole",
+        options,
+        false,
+        Box::new(|fs, log| {
+            Box::pin(async move {
+                log.append(vec![1u8; 100]).await.unwrap();
+                let at = log.tail();
+                fs.set_write_fault("w", at..at + 1, Fault::Hang);
+                let hung = tokio::spawn(log.append(vec![2u8; 100]));
+                let fs2 = fs.clone();
+                let n = tokio::task::spawn_blocking(move || {
+                    fs2.wait_writes_hung("w", 1, Duration::from_secs(10))
+                })
+                .await
+                .unwrap();
+                assert_eq!(n, 1, "the first write did not reach the server");
+                // Above the cap: issued alone, at once, past the hole (the
+                // kernel may hold it behind the hung one: FUSE serializes
+                // a file's writes); the small one after it is gathered.
+                let later = tokio::spawn(log.append(vec![3u8; 2000]));
+                let small = tokio::spawn(log.append(vec![4u8; 10]));
+                while log.stats().records < 4 {
+                    tokio::task::yield_now().await;
+                }
+                let st = log.stats();
+                assert_eq!(
+                    st.writes, 3,
+                    "the record above the cap not issued alone: {st:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert!(
+                    !later.is_finished(),
+                    "a record after a hole resolved: {:?}",
+                    later.await
+                );
+                assert!(!small.is_finished(), "a record after a hole resolved");
+                fs.release_hangs();
+                let e = hung.await.unwrap().unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+                assert!(
+                    later.await.unwrap().is_err(),
+                    "a record after a hole acknowledged"
+                );
+                assert!(
+                    small.await.unwrap().is_err(),
+                    "a record after a hole acknowledged"
+                );
             })
+        }),
+    );
+}
+
+/// Appends polled together (one task, `join_all`) while the first one's
+/// write is in flight are gathered: the first record is written alone at
+/// once (an idle log), the other 23 as one group — 2 writes, 1 sync for 24
+/// records; each resolves to its reservation order's position, and
+/// recovery gives every record back, intact, in that order. Then 16 tasks
+/// appending in loops: fewer writes than records, every record recovered.
+fn concurrent_appends_are_coalesced(choice: BackendChoice) {
+    common::run("log_coalesce", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let options = AppendLogOptions::new();
+        let (_ctx, log, _) = reopen(choice, &path, &options).await;
+        let payloads: Vec<Vec<u8>> = (0..24).map(|i| payload(1, i)).collect();
+        let appends: Vec<_> = payloads.iter().map(|p| log.append(p.clone())).collect();
+        let lsns: Vec<u64> = futures::future::join_all(appends)
             .await
-            .unwrap();
-            assert_eq!(n, 1, "the first write did not reach the server");
-            let later = tokio::spawn(log.append(vec![3u8; 100]));
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            assert!(
-                !later.is_finished(),
-                "a record after a hole resolved: {:?}",
-                later.await
-            );
-            fs.release_hangs();
-            let e = hung.await.unwrap().unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
-            assert!(
-                later.await.unwrap().is_err(),
-                "a record after a hole acknowledged"
-            );
-        })
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let st = log.stats();
+        assert_eq!(st.records, 24);
+        assert_eq!(
+            (st.writes, st.syncs),
+            (2, 1),
+            "24 appends at once: one record alone, then one group ({st:?})"
+        );
+        assert_eq!(st.bytes, log.tail());
+        assert_eq!(st.preallocation, Preallocation::Off);
+        let mut at = 0;
+        for (lsn, p) in lsns.iter().zip(&payloads) {
+            assert_eq!(*lsn, at, "positions in reservation (first-poll) order");
+            at += (RECORD_HEADER_LEN + p.len()) as u64;
+        }
+        log.close().await.unwrap();
+        drop(log);
+        let (_ctx, log, records) = reopen(choice, &path, &options).await;
+        assert_eq!(records.len(), 24);
+        for ((r, p), lsn) in records.iter().zip(&payloads).zip(&lsns) {
+            assert_eq!((&r.payload, r.offset), (p, *lsn));
+        }
+
+        // Many tasks: fewer writes than records; all recovered at their
+        // positions.
+        let mut tasks = Vec::new();
+        for w in 0..16u64 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0..30u64 {
+                    let p = payload(w, i);
+                    acked.push((log.append(p.clone()).await.unwrap(), p));
+                }
+                acked
+            }));
+        }
+        let mut acked = HashMap::new();
+        for t in tasks {
+            acked.extend(t.await.unwrap());
+        }
+        log.close().await.unwrap();
+        let st = log.stats();
+        assert_eq!(st.records, 480);
+        assert!(st.writes < st.records, "no coalescing: {st:?}");
+        drop(log);
+        let (_ctx, _log, records) = reopen(choice, &path, &options).await;
+        assert_eq!(records.len(), 24 + 480);
+        check_contiguous(&records);
+        for r in &records[24..] {
+            assert_eq!(acked.get(&r.offset), Some(&r.payload));
+        }
     });
+}
+
+/// Appends dropped after their first poll, inside a group and while
+/// writing alone, still end up in the log, and the others are
+/// acknowledged (no hole left behind).
+fn dropped_appends_inside_a_group(choice: BackendChoice) {
+    common::run(
+        "log_drop_in_group",
+        Flavor::Current,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("wal");
+            let options = AppendLogOptions::new();
+            let (_ctx, log, _) = reopen(choice, &path, &options).await;
+            let mut futs: Vec<_> = (0..6u8).map(|i| log.append(vec![i; 50])).collect();
+            for f in &mut futs {
+                let _ = common::poll_once(std::pin::Pin::new(f)).await;
+            }
+            // 0 is writing alone; 1..6 are gathered. Drop 0, 2 and 5.
+            let mut kept = Vec::new();
+            for (i, f) in futs.into_iter().enumerate() {
+                if ![0, 2, 5].contains(&i) {
+                    kept.push(f);
+                }
+            }
+            for r in futures::future::join_all(kept).await {
+                r.unwrap();
+            }
+            log.close().await.unwrap();
+            assert_eq!(log.stats().writes, 2);
+            drop(log);
+            let (_ctx, _log, records) = reopen(choice, &path, &options).await;
+            let got: Vec<Vec<u8>> = records.into_iter().map(|r| r.payload).collect();
+            let want: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 50]).collect();
+            assert_eq!(got, want);
+        },
+    );
+}
+
+/// With a group cap of 1 KiB, records above it are written alone (and the
+/// group gathered before one is written then): 6 records, 5 writes.
+fn records_above_the_group_cap_are_written_alone(choice: BackendChoice) {
+    common::run("log_group_cap", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let options = AppendLogOptions::new().max_group_len(1024);
+        let (_ctx, log, _) = reopen(choice, &path, &options).await;
+        let lens = [10usize, 2000, 30, 40, 3000, 60];
+        let payloads: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8 + 1; n])
+            .collect();
+        let appends: Vec<_> = payloads.iter().map(|p| log.append(p.clone())).collect();
+        for r in futures::future::join_all(appends).await {
+            r.unwrap();
+        }
+        // 10 alone (idle log); 2000 alone; 30+40 a group, written by the
+        // 3000's append before its own; 60 a group.
+        let st = log.stats();
+        assert_eq!((st.records, st.writes), (6, 5), "{st:?}");
+        log.close().await.unwrap();
+        drop(log);
+        let (_ctx, _log, records) = reopen(choice, &path, &options).await;
+        let got: Vec<Vec<u8>> = records.into_iter().map(|r| r.payload).collect();
+        assert_eq!(got, payloads);
+    });
+}
+
+/// Appends at once on a FUSE file without the page cache: one record
+/// alone, then a group of 15. `set`: the fault on the group's first byte.
+fn fuse_group(
+    fs: &FaultFs,
+    log: &AppendLog,
+    fault: Fault,
+) -> Vec<futures::future::BoxFuture<'static, std::io::Result<u64>>> {
+    let first = log.append(vec![0xaa; 64]);
+    let group_at = log.tail() + (RECORD_HEADER_LEN + 64) as u64;
+    fs.set_write_fault("w", group_at..group_at + 1, fault);
+    let mut all: Vec<futures::future::BoxFuture<'static, _>> = vec![Box::pin(first)];
+    for i in 0..15u8 {
+        all.push(Box::pin(log.append(vec![i; 64])));
+    }
+    all
+}
+
+/// A group write that comes back short (the server takes 100 bytes) is
+/// continued: every record is acknowledged and in the file.
+fn short_group_write_is_continued(choice: BackendChoice) {
+    fuse_log_with(
+        choice,
+        "log_short_group",
+        AppendLogOptions::new(),
+        true,
+        Box::new(|fs, log| {
+            Box::pin(async move {
+                let appends = fuse_group(&fs, &log, Fault::Short(100));
+                let lsns: Vec<u64> = futures::future::join_all(appends)
+                    .await
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect();
+                let st = log.stats();
+                assert_eq!((st.records, st.writes), (16, 2), "{st:?}");
+                let frame = (RECORD_HEADER_LEN + 64) as u64;
+                let writes = fs.write_log();
+                assert!(
+                    writes
+                        .iter()
+                        .any(|w| w.offset == frame && matches!(w.fault, Some(Fault::Short(_)))),
+                    "the group's write was not cut short: {writes:?}"
+                );
+                assert!(
+                    writes.iter().any(|w| w.offset == frame + 100),
+                    "the short group write was not continued: {writes:?}"
+                );
+                let content = fs.content("w");
+                assert_eq!(content.len() as u64, 16 * frame);
+                for (i, lsn) in lsns.iter().enumerate().skip(1) {
+                    let at = *lsn as usize + RECORD_HEADER_LEN;
+                    assert!(content[at..at + 64].iter().all(|&b| b == i as u8 - 1));
+                }
+                log.close().await.unwrap();
+            })
+        }),
+    );
+}
+
+/// A group write of which the server takes nothing fails: no append of
+/// the group is acknowledged, and the log is poisoned.
+fn group_write_of_nothing_poisons(choice: BackendChoice) {
+    fuse_log_with(
+        choice,
+        "log_zero_group",
+        AppendLogOptions::new(),
+        true,
+        Box::new(|fs, log| {
+            Box::pin(async move {
+                let appends = fuse_group(&fs, &log, Fault::Short(0));
+                let results = futures::future::join_all(appends).await;
+                for (i, r) in results.iter().enumerate().skip(1) {
+                    let e = r
+                        .as_ref()
+                        .expect_err("a record of a group never written acknowledged");
+                    assert!(e.to_string().contains("write"), "record {i}: {e}");
+                }
+                fs.clear_faults();
+                let e = log.append(b"after".to_vec()).await.unwrap_err();
+                assert!(e.to_string().contains("failed earlier"), "{e}");
+            })
+        }),
+    );
+}
+
+/// FUSE here refuses `fallocate` (`EOPNOTSUPP`): a log asked to
+/// preallocate reports it stopped, and appends go on; on the temp dir's
+/// file system it is active, ahead of the tail.
+fn preallocation_refused_is_reported(choice: BackendChoice) {
+    common::run(
+        "log_prealloc_stats",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("wal");
+            let options = AppendLogOptions::new().preallocate(1 << 20);
+            let (_ctx, log, _) = reopen(choice, &path, &options).await;
+            assert_eq!(log.stats().preallocation, Preallocation::Active { end: 0 });
+            log.append(vec![1u8; 100]).await.unwrap();
+            if let Preallocation::Active { end } = log.stats().preallocation {
+                assert!(end >= 1 << 20, "{end}");
+            } else {
+                // Only a file system that refuses fallocate gets here.
+                let st = log.stats();
+                eprintln!("the temp dir refuses fallocate: {st:?}");
+            }
+        },
+    );
+    let options = AppendLogOptions::new().preallocate(1 << 20);
+    fuse_log_with(
+        choice,
+        "log_prealloc_refused",
+        options,
+        false,
+        Box::new(|fs, log| {
+            Box::pin(async move {
+                for i in 0..20u8 {
+                    log.append(vec![i; 100]).await.unwrap();
+                }
+                let st = log.stats();
+                assert_eq!(
+                    st.preallocation,
+                    Preallocation::Stopped {
+                        errno: Some(libc::EOPNOTSUPP)
+                    },
+                    "{st:?}"
+                );
+                assert_eq!(st.records, 20);
+                log.close().await.unwrap();
+                assert_eq!(fs.content("w").len(), 20 * (RECORD_HEADER_LEN + 100));
+            })
+        }),
+    );
 }
 
 // ------------------------------------------------------------ crash test

@@ -35,9 +35,10 @@
 //! (the serial committer blocking its worker in `pwrite` + `fdatasync`: the
 //! serial group commit with an I/O path that costs nothing — a bound, not a
 //! design), and `append-log` (the crate's `AppendLog` helper: no committer,
-//! each writer appends itself; each record one positioned write at once,
-//! one `fdatasync` at a time covering every record written contiguously;
-//! its own framing, checked by its own recovery). Commit latency is from `append` to its acknowledgement. After
+//! each writer appends itself; records appended while writes or a sync
+//! are in flight gathered into one write, one `fdatasync` at a time
+//! covering every record written contiguously; its own framing, checked by
+//! its own recovery; its writes per commit printed after the table). Commit latency is from `append` to its acknowledgement. After
 //! each run the log is parsed and every acknowledged record checked. Before
 //! each round, the flush floor: one writer's serial record + `fdatasync`,
 //! whose p50 sets the ceiling `writers / p50` commits/s that no engine can
@@ -653,9 +654,10 @@ enum WalEngine {
     Blocking,
     /// The crate's `AppendLog` (feature `append-log`): each writer appends
     /// its records itself (no committer task); the log reserves offsets,
-    /// writes each record at once, and one `fdatasync` at a time covers
-    /// every record written contiguously. Its own framing, so checked by
-    /// its own recovery.
+    /// gathers the records appended while writes or a sync are in flight
+    /// into one write, and one `fdatasync` at a time covers every record
+    /// written contiguously. Its own framing, so checked by its own
+    /// recovery.
     AppendLog,
 }
 
@@ -664,6 +666,8 @@ struct WalOutcome {
     hist: Histogram<u64>,
     groups: u64,
     acked: Vec<(u64, u64)>,
+    /// `append-log` only: records per write and per sync (its stats).
+    per_write_sync: Option<(f64, f64)>,
 }
 
 type Ack = tokio::sync::oneshot::Sender<()>;
@@ -895,6 +899,7 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
             hist,
             groups,
             acked,
+            per_write_sync: None,
         })
     })
 }
@@ -951,7 +956,12 @@ fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
         }
         let elapsed = started.elapsed().as_secs_f64();
         log.close().await.map_err(err)?;
-        let groups = log.syncs();
+        let st = log.stats();
+        let groups = st.syncs;
+        let per_write_sync = (
+            st.records as f64 / st.writes.max(1) as f64,
+            st.records as f64 / st.syncs.max(1) as f64,
+        );
         drop(log);
         // Recovery through a fresh open: every acknowledged record back.
         let file = ctx.open_file(&path, &opts).await.map_err(err)?;
@@ -976,6 +986,7 @@ fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
             hist,
             groups,
             acked,
+            per_write_sync: Some(per_write_sync),
         })
     })
 }
@@ -1048,6 +1059,7 @@ fn wal_threads(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
         hist,
         groups,
         acked,
+        per_write_sync: None,
     })
 }
 
@@ -1182,6 +1194,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
     let mut floors = Vec::new();
     let mut overflowed = 0u64;
     let mut concurrent = Vec::new();
+    let mut coalescing = Vec::new();
     for _ in 0..a.repeat {
         // One writer, one flush at a time: tens of thousands a second at most.
         prepare_log(&path, kind, prealloc_bytes(50_000.0, a, dir))?;
@@ -1206,6 +1219,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
             if e != WalEngine::AppendLog {
                 verify_log(&path, &out.acked, a.record_bytes as usize)?;
             }
+            coalescing.extend(out.per_write_sync);
             if kind == LogKind::Preallocated
                 && std::fs::metadata(&path).map_err(|e| e.to_string())?.len() > bytes
             {
@@ -1290,6 +1304,13 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         println!(
             "append-log (the crate's AppendLog): {:.2}x the no-backend reference",
             al.0 / nb.0
+        );
+    }
+    if !coalescing.is_empty() {
+        println!(
+            "append-log: {:.1} records per write, {:.1} per fdatasync (its stats)",
+            median(coalescing.iter().map(|c| c.0).collect()),
+            median(coalescing.iter().map(|c| c.1).collect())
         );
     }
     println!(
