@@ -1,10 +1,11 @@
 //! Owned buffers, on both backends, with `std` (`pread`) as the
-//! oracle: reads fill the spare capacity (`bytes_init()..bytes_total()`) and
-//! grow the initialised length; windows (`slice`) are filled from their
-//! start; `read_exact_owned` fills everything or says `UnexpectedEof`; the
-//! `'static` futures can be spawned and dropped. Includes the read cases of
-//! tokio-uring's and tokio-epoll-uring's suites: read into spare capacity,
-//! read at EOF, read_exact, sub-slice reads.
+//! oracle: reads write from the buffer's start, at most `bytes_total()`
+//! bytes, and raise the initialised length to the count (never lower it);
+//! windows (`slice`) are filled from their start; `read_exact_owned` fills
+//! everything or says `UnexpectedEof`; the `'static` futures can be spawned
+//! and dropped. Includes the read cases of tokio-uring's and
+//! tokio-epoll-uring's suites (read into a `Vec`'s capacity, read at EOF,
+//! read_exact, sub-slice reads).
 
 use crate::common;
 
@@ -41,36 +42,30 @@ fn hello_file() -> std::fs::File {
 
 /// tokio-uring `basic_read`: a `Vec::with_capacity(1024)` gets the file,
 /// and its `len()` says how much.
-fn read_into_spare_capacity(choice: BackendChoice) {
-    with_files(
-        "spare_capacity",
-        choice,
-        vec![hello_file()],
-        |ctx| async move {
-            let (r, buf) = ctx.read_owned(0u32, 0, Vec::with_capacity(1024)).await;
-            assert_eq!(r.unwrap(), HELLO.len());
-            assert_eq!(buf, HELLO);
-            // Existing bytes are kept; the read appends after them.
-            let mut buf = Vec::with_capacity(64);
-            buf.extend_from_slice(b">>");
-            let (r, buf) = ctx.read_owned(0u32, 6, buf).await;
-            assert_eq!(r.unwrap(), HELLO.len() - 6);
-            assert_eq!(buf, b">>world...");
-            // An AlignedBuf the same way.
-            let (r, buf) = ctx
-                .read_owned(0u32, 0, AlignedBuf::with_capacity(4096, 4096))
-                .await;
-            assert_eq!((r.unwrap(), buf.as_slice()), (HELLO.len(), HELLO));
-            // Only the spare capacity is written: a small one limits the read.
-            let mut buf = Vec::with_capacity(8);
-            buf.extend_from_slice(b"abcde");
-            let room = buf.capacity() - 5;
-            let (r, buf) = ctx.read_owned(0u32, 0, buf).await;
-            assert_eq!(r.unwrap(), room);
-            assert_eq!(&buf[..5], b"abcde");
-            assert_eq!(&buf[5..], &HELLO[..room]);
-        },
-    );
+fn read_into_capacity(choice: BackendChoice) {
+    with_files("capacity", choice, vec![hello_file()], |ctx| async move {
+        let (r, buf) = ctx.read_owned(0u32, 0, Vec::with_capacity(1024)).await;
+        assert_eq!(r.unwrap(), HELLO.len());
+        assert_eq!(buf, HELLO);
+        // Existing bytes are overwritten from the start.
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(b">>");
+        let (r, buf) = ctx.read_owned(0u32, 6, buf).await;
+        assert_eq!(r.unwrap(), HELLO.len() - 6);
+        assert_eq!(buf, b"world...");
+        // An AlignedBuf the same way.
+        let (r, buf) = ctx
+            .read_owned(0u32, 0, AlignedBuf::with_capacity(4096, 4096))
+            .await;
+        assert_eq!((r.unwrap(), buf.as_slice()), (HELLO.len(), HELLO));
+        // The capacity bounds the read, whatever the len().
+        let mut buf = Vec::with_capacity(8);
+        buf.extend_from_slice(b"abcde");
+        let cap = buf.capacity();
+        let (r, buf) = ctx.read_owned(0u32, 0, buf).await;
+        assert_eq!(r.unwrap(), cap);
+        assert_eq!(buf, &HELLO[..cap]);
+    });
 }
 
 /// tokio-epoll-uring's "read at EOF": `Ok(0)`, the buffer unchanged.
@@ -88,30 +83,31 @@ fn read_at_eof_leaves_the_buffer(choice: BackendChoice) {
             assert_eq!(r.unwrap(), 0);
             assert_eq!(s.into_inner(), b"window");
         }
-        // An empty buffer reads nothing, like read(&mut []).
-        let (r, b) = ctx.read_owned(0u32, 0, Vec::new()).await;
-        assert_eq!((r.unwrap(), b.len()), (0, 0));
-        let (r, _) = ctx.read_exact_owned(0u32, 0, Vec::new()).await;
-        r.unwrap();
     });
 }
 
-/// A full buffer has no spare capacity: an error naming the fix, never an
-/// `Ok(0)` that looks like the end of the file. The buffer comes back.
-fn full_buffers_are_refused(choice: BackendChoice) {
-    with_files("full", choice, vec![hello_file()], |ctx| async move {
-        let (r, b) = ctx.read_owned(0u32, 0, vec![1u8; 16]).await;
+/// A buffer of 0 bytes: an error naming the fix, never an `Ok(0)` that
+/// looks like the end of the file. The buffer comes back.
+fn empty_buffers_are_refused(choice: BackendChoice) {
+    with_files("empty", choice, vec![hello_file()], |ctx| async move {
+        let (r, b) = ctx.read_owned(0u32, 0, Vec::new()).await;
         let e = r.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        assert!(e.to_string().contains("spare capacity"), "{e}");
-        assert_eq!(b, vec![1u8; 16]);
+        assert!(e.to_string().contains("Vec::with_capacity"), "{e}");
+        assert!(b.is_empty());
         let (r, b) = ctx
-            .read_exact_owned(0u32, 0, AlignedBuf::new(512, 512))
+            .read_exact_owned(0u32, 0, AlignedBuf::with_capacity(0, 512))
             .await;
         assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
-        assert_eq!(b.len(), 512);
-        let (r, _) = ctx.read_owned_static(0u32, 0, vec![0u8; 1]).await;
+        assert_eq!(b.capacity(), 0);
+        let (r, _) = ctx
+            .read_owned_static(0u32, 0, Vec::<u8>::new().into_boxed_slice())
+            .await;
         assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        // Full buffers are read (from their start).
+        let (r, b) = ctx.read_exact_owned(0u32, 0, AlignedBuf::new(8, 512)).await;
+        r.unwrap();
+        assert_eq!(b.as_slice(), &HELLO[..8]);
     });
 }
 
@@ -128,14 +124,13 @@ fn read_exact_owned_fills_or_says_eof(choice: BackendChoice) {
             let (r, buf) = ctx.read_exact_owned(0u32, 0, Vec::with_capacity(len)).await;
             r.unwrap();
             assert_eq!(buf, file.pread(0, len));
-            // Appends after what is there, exactly up to the capacity.
+            // Overwrites what is there, exactly up to the capacity.
             let mut buf = Vec::with_capacity(10_000);
             buf.extend_from_slice(b"xy");
-            let room = buf.capacity() - 2;
+            let cap = buf.capacity();
             let (r, buf) = ctx.read_exact_owned(0u32, 777, buf).await;
             r.unwrap();
-            assert_eq!(&buf[..2], b"xy");
-            assert_eq!(&buf[2..], &file.pread(777, room)[..]);
+            assert_eq!(buf, file.pread(777, cap));
             // Across the end of the file: UnexpectedEof, every byte kept.
             for off in [file.len - 10, file.len, file.len + 5] {
                 let (r, buf) = ctx
@@ -171,14 +166,7 @@ fn windows_target_part_of_a_buffer(choice: BackendChoice) {
     let file = set.files[0].clone();
     with_files("windows", choice, set.open_all(), move |ctx| async move {
         let data = file.pread(0, 100);
-        for (begin, end) in [
-            (0usize, 30usize),
-            (10, 30),
-            (5, 15),
-            (0, 15),
-            (29, 30),
-            (30, 30),
-        ] {
+        for (begin, end) in [(0usize, 30usize), (10, 30), (5, 15), (0, 15), (29, 30)] {
             let buf = vec![b'.'; 30];
             let (r, s) = ctx.read_owned(0u32, 40, buf.slice(begin..end)).await;
             let n = r.unwrap();
@@ -256,7 +244,8 @@ fn o_direct_owned(choice: BackendChoice) {
     );
 }
 
-/// `BytesMut` (feature `bytes`): reads fill `len()..capacity()`.
+/// `BytesMut` (feature `bytes`): reads fill it from the start of its view
+/// up to its capacity, as a `Vec`.
 #[cfg(feature = "bytes")]
 fn bytes_mut(choice: BackendChoice) {
     let set = common::FileSet::new(0xb7e, &[50_000]);
@@ -267,17 +256,23 @@ fn bytes_mut(choice: BackendChoice) {
             .await;
         assert_eq!(r.unwrap(), 4096);
         assert_eq!(&b[..], &file.pread(100, 4096)[..]);
-        // Split off what was read; the rest of the capacity is read next.
+        // Bytes already there are overwritten; after a split, a read
+        // fills the rest of the storage from its own start.
         let mut b = bytes::BytesMut::with_capacity(8192);
         b.extend_from_slice(b"hdr");
         let (r, mut b) = ctx.read_exact_owned(0u32, 0, b).await;
         r.unwrap();
-        let head = b.split_to(3);
-        assert_eq!(&head[..], b"hdr");
         assert_eq!(&b[..], &file.pread(0, b.len())[..]);
-        let (r, b) = ctx.read_owned(0u32, 49_990, b.slice(..)).await;
+        let head = b.split_to(3);
+        assert_eq!(&head[..], &file.pread(0, 3)[..]);
+        let (r, b) = ctx.read_owned(0u32, 49_990, b).await;
         assert_eq!(r.unwrap(), 10);
         assert_eq!(&b[..10], &file.pread(49_990, 10)[..]);
+        assert_eq!(
+            &head[..],
+            &file.pread(0, 3)[..],
+            "the split-off head is untouched"
+        );
     });
 }
 
@@ -383,6 +378,22 @@ fn proptest_windows_against_pread(choice: BackendChoice) {
                 "fid {fi} @ {off}, init {init} cap {cap}, window {begin}..{end}, kind {kind}"
             );
             let before = buf.clone();
+            if kind < 2 && begin == end {
+                // An empty window: nothing to read into, refused.
+                let (r, b) = if kind == 0 {
+                    let (r, s) = ctx.read_owned(fi as u32, off, buf.slice(begin..end)).await;
+                    (r.map(drop), s.into_inner())
+                } else {
+                    let (r, s) = ctx
+                        .read_exact_owned(fi as u32, off, buf.slice(begin..end))
+                        .await;
+                    (r, s.into_inner())
+                };
+                let e = r.expect_err(&what);
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{what}: {e}");
+                assert_eq!(b, before, "{what}");
+                continue;
+            }
             let (n, after) = match kind {
                 0 => {
                     let (r, s) = ctx.read_owned(fi as u32, off, buf.slice(begin..end)).await;
@@ -403,20 +414,20 @@ fn proptest_windows_against_pread(choice: BackendChoice) {
                     (want, s.into_inner())
                 }
                 _ => {
-                    // The whole spare capacity (no window): begin = init.
+                    // The whole buffer (no window): from 0 up to the capacity.
                     let (r, b) = ctx.read_owned(fi as u32, off, buf).await;
-                    if cap == init && cap > 0 {
-                        // No spare capacity: refused, the buffer unchanged.
+                    if cap == 0 {
+                        // Nothing to read into: refused, the buffer unchanged.
                         let e = r.expect_err(&what);
                         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{what}: {e}");
                         assert_eq!(b, before, "{what}");
                         continue;
                     }
                     let n = r.unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert_eq!(n, file.pread(off, cap - init).len(), "{what}");
-                    assert_eq!(b.len(), init + n, "{what}");
-                    assert_eq!(&b[..init], &before[..], "{what}");
-                    assert_eq!(&b[init..], &file.pread(off, n)[..], "{what}");
+                    assert_eq!(n, file.pread(off, cap).len(), "{what}");
+                    assert_eq!(b.len(), init.max(n), "{what}");
+                    assert_eq!(&b[..n], &file.pread(off, n)[..], "{what}");
+                    assert_eq!(&b[n..], &before[n.min(init)..], "{what}");
                     continue;
                 }
             };
@@ -439,9 +450,9 @@ fn proptest_windows_against_pread(choice: BackendChoice) {
 backend_tests!(bytes_mut);
 
 backend_tests!(
-    read_into_spare_capacity,
+    read_into_capacity,
     read_at_eof_leaves_the_buffer,
-    full_buffers_are_refused,
+    empty_buffers_are_refused,
     read_exact_owned_fills_or_says_eof,
     windows_target_part_of_a_buffer,
     o_direct_owned,
