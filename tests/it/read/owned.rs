@@ -5,7 +5,8 @@
 //! everything or says `UnexpectedEof`; the `'static` futures can be spawned
 //! and dropped. Includes the read cases of tokio-uring's and
 //! tokio-epoll-uring's suites (read into a `Vec`'s capacity, read at EOF,
-//! read_exact, sub-slice reads).
+//! read_exact, sub-slice reads) and the peers' meaning of the buffer
+//! methods (`peers_*`).
 
 use crate::common;
 
@@ -445,6 +446,236 @@ fn proptest_windows_against_pread(choice: BackendChoice) {
         }
     });
 }
+
+/// The peers' meaning (tokio-uring, monoio, compio), with std's
+/// `FileExt::read_at` as the oracle: an owned read writes at the buffer's
+/// start, at most `bytes_total()` bytes (a `Vec`'s capacity), and raises
+/// its `len()` to the count, never lowering it. `vec![0u8; 4096]` works
+/// (alone, in a batch, merged, through a handle) and keeps `len() == 4096`.
+fn peers_full_vec_is_read_from_its_start(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9ee5, &[10_000]);
+    let file = set.files[0].clone();
+    let path = file.path.clone();
+    with_files(
+        "peers_full_vec",
+        choice,
+        set.open_all(),
+        move |ctx| async move {
+            for off in [0u64, 100, 8192, 9_999] {
+                let want = file.pread(off, 4096);
+                let (r, b) = ctx.read_owned(0u32, off, vec![0u8; 4096]).await;
+                let n = r.unwrap_or_else(|e| panic!("read_owned @ {off}: {e}"));
+                assert_eq!(n, want.len(), "count @ {off}");
+                assert_eq!(b.len(), 4096, "len stays @ {off}");
+                assert_eq!(&b[..n], &want[..], "bytes 0..n @ {off}");
+                assert!(b[n..].iter().all(|&x| x == 0), "bytes after n kept @ {off}");
+                // The same through the handle.
+                let handle = ctx.file(0u32).unwrap();
+                let (r, b) = handle.read_at_owned(vec![0u8; 4096], off).await;
+                assert_eq!((r.unwrap(), b.len()), (want.len(), 4096), "handle @ {off}");
+                assert_eq!(&b[..want.len()], &want[..]);
+            }
+            // In a batch, alone and merged.
+            for merge in [false, true] {
+                let reads = (0..3u64).map(|i| (0u32, i * 4096, vec![0u8; 4096]));
+                let batch = ctx.read_batch(reads);
+                let batch = if merge { batch.merge_gap(0) } else { batch };
+                for (i, (r, b)) in batch.await.into_iter().enumerate() {
+                    let want = file.pread(i as u64 * 4096, 4096);
+                    let n = r.unwrap_or_else(|e| panic!("batch read {i} (merge {merge}): {e}"));
+                    assert_eq!(
+                        (n, b.len()),
+                        (want.len(), 4096),
+                        "batch read {i} (merge {merge})"
+                    );
+                    assert_eq!(&b[..n], &want[..], "batch read {i} (merge {merge})");
+                }
+            }
+            // A Box<[u8]> and a zeroed AlignedBuf are read whole, from the start.
+            let (r, b) = ctx
+                .read_owned(0u32, 5, vec![9u8; 64].into_boxed_slice())
+                .await;
+            assert_eq!((r.unwrap(), &b[..]), (64, &file.pread(5, 64)[..]));
+            let (r, b) = ctx
+                .read_owned(0u32, 4096, AlignedBuf::new(4096, 4096))
+                .await;
+            assert_eq!(
+                (r.unwrap(), b.as_slice()),
+                (4096, &file.pread(4096, 4096)[..])
+            );
+            // std on the same file says the same (the oracle, spelled out).
+            use std::os::unix::fs::FileExt;
+            let mut std_buf = vec![0u8; 4096];
+            let n = std::fs::File::open(&path)
+                .unwrap()
+                .read_at(&mut std_buf, 9_000)
+                .unwrap();
+            let (r, b) = ctx.read_owned(0u32, 9_000, vec![0u8; 4096]).await;
+            assert_eq!((r.unwrap(), b), (n, std_buf));
+        },
+    );
+}
+
+/// `Vec::with_capacity(n)` comes back with `len()` the count; a partly
+/// filled `Vec` has its first bytes overwritten (not kept, not appended
+/// to), reads up to its capacity, and keeps a `len()` longer than the count.
+fn peers_capacity_and_partly_filled(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9ee6, &[5_000]);
+    let file = set.files[0].clone();
+    with_files(
+        "peers_partly",
+        choice,
+        set.open_all(),
+        move |ctx| async move {
+            let (r, b) = ctx.read_owned(0u32, 0, Vec::with_capacity(1000)).await;
+            let cap = b.capacity();
+            assert_eq!((r.unwrap(), b.len()), (cap, cap));
+            assert_eq!(b, file.pread(0, cap));
+            let (r, b) = ctx.read_owned(0u32, 4_990, Vec::with_capacity(1000)).await;
+            assert_eq!((r.unwrap(), b), (10, file.pread(4_990, 10)));
+            // Partly filled: the read starts at 0, goes up to the capacity.
+            let mut buf = Vec::with_capacity(64);
+            buf.extend_from_slice(b"previous contents");
+            let cap = buf.capacity();
+            let (r, b) = ctx.read_owned(0u32, 100, buf).await;
+            assert_eq!(r.unwrap(), cap, "reads the whole capacity");
+            assert_eq!(b, file.pread(100, cap), "first bytes overwritten");
+            // Longer than the count: len() is kept, bytes past n unchanged.
+            let mut buf = Vec::with_capacity(64);
+            buf.extend_from_slice(&[7u8; 40]);
+            let (r, b) = ctx.read_owned(0u32, 4_990, buf).await;
+            assert_eq!((r.unwrap(), b.len()), (10, 40));
+            assert_eq!(&b[..10], &file.pread(4_990, 10)[..]);
+            assert!(b[10..].iter().all(|&x| x == 7));
+            // A reused buffer reads into the same place each time.
+            let mut b = vec![0u8; 256];
+            for off in [0u64, 1000, 2000] {
+                let (r, back) = ctx.read_owned(0u32, off, b).await;
+                assert_eq!(r.unwrap(), 256);
+                assert_eq!(back, file.pread(off, 256), "reuse @ {off}");
+                b = back;
+            }
+        },
+    );
+}
+
+/// At the end of the file: `Ok(0)`, the buffer unchanged in length and
+/// contents; `read_exact_owned` into a full `Vec` past the end is
+/// `UnexpectedEof`, with the bytes up to the end at its start.
+fn peers_eof_and_read_exact(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9ee7, &[3_000]);
+    let file = set.files[0].clone();
+    with_files("peers_eof", choice, set.open_all(), move |ctx| async move {
+        for off in [3_000u64, 3_001, 1 << 40] {
+            let (r, b) = ctx.read_owned(0u32, off, vec![5u8; 16]).await;
+            assert_eq!((r.unwrap(), b), (0, vec![5u8; 16]), "@ {off}");
+        }
+        let (r, b) = ctx.read_exact_owned(0u32, 1_000, vec![0u8; 2_000]).await;
+        r.unwrap();
+        assert_eq!(b, file.pread(1_000, 2_000));
+        let (r, b) = ctx.read_exact_owned(0u32, 2_500, vec![1u8; 1_000]).await;
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+        assert_eq!(b.len(), 1_000);
+        assert_eq!(&b[..500], &file.pread(2_500, 500)[..]);
+        assert!(b[500..].iter().all(|&x| x == 1));
+        let (r, b) = ctx
+            .read_exact_owned(0u32, 2_990, Vec::with_capacity(100))
+            .await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(b, file.pread(2_990, 10));
+    });
+}
+
+/// Nothing to read into (`bytes_total() == 0`): `InvalidInput` naming the
+/// op, never an `Ok(0)` that looks like the end of the file.
+fn peers_zero_capacity_is_refused(choice: BackendChoice) {
+    fn refused<T: std::fmt::Debug>(what: &str, r: &io::Result<T>) {
+        let e = r.as_ref().expect_err(what);
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{what}: {e}");
+        assert!(e.to_string().contains(what), "{what}: {e}");
+        assert!(e.to_string().contains("0 bytes"), "{what}: {e}");
+    }
+    with_files("peers_zero", choice, vec![hello_file()], |ctx| async move {
+        let (r, _) = ctx.read_owned(0u32, 0, Vec::new()).await;
+        refused("read_owned", &r);
+        let (r, _) = ctx.read_exact_owned(0u32, 0, Vec::new()).await;
+        refused("read_exact_owned", &r);
+        let (r, b) = ctx.read_owned(0u32, 0, vec![0u8; 8].slice(3..3)).await;
+        refused("read_owned", &r);
+        assert_eq!(b.into_inner(), vec![0u8; 8]);
+        let (r, _) = ctx
+            .read_vectored_owned(0u32, 0, vec![Vec::<u8>::new(), Vec::new()])
+            .await;
+        refused("read_vectored_owned", &r);
+        let (r, _) = ctx
+            .read_vectored_owned(0u32, 0, Vec::<Vec<u8>>::new())
+            .await;
+        refused("read_vectored_owned", &r);
+        let res = ctx
+            .read_batch([(0u32, 0, Vec::new()), (0u32, 0, Vec::with_capacity(4))])
+            .await;
+        refused("read_batch", &res[0].0);
+        assert_eq!(*res[1].0.as_ref().unwrap(), res[1].1.capacity());
+        let handle = ctx.file(0u32).unwrap();
+        // The handle's read is the context's, named so.
+        let (r, _) = handle.read_at_owned(Vec::new(), 0).await;
+        refused("read_owned", &r);
+    });
+}
+
+/// Vectored owned reads: each buffer filled from its start up to its
+/// capacity, in turn, whatever its `len()`.
+fn peers_vectored_mixed(choice: BackendChoice) {
+    let set = common::FileSet::new(0x9ee8, &[1_000]);
+    let file = set.files[0].clone();
+    with_files(
+        "peers_vectored",
+        choice,
+        set.open_all(),
+        move |ctx| async move {
+            let mut partly = Vec::with_capacity(8);
+            partly.extend_from_slice(b"abc");
+            let p_cap = partly.capacity();
+            let bufs = vec![vec![0u8; 3], Vec::with_capacity(0), partly, vec![4u8; 10]];
+            let total = 3 + p_cap + 10;
+            let (r, b) = ctx.read_vectored_owned(0u32, 10, bufs).await;
+            assert_eq!(r.unwrap(), total);
+            let want = file.pread(10, total);
+            assert_eq!(b[0], &want[..3]);
+            assert!(b[1].is_empty());
+            assert_eq!(b[2], &want[3..3 + p_cap]);
+            assert_eq!(b[3], &want[3 + p_cap..]);
+            // Short at the end of the file: later buffers keep their bytes.
+            let bufs = vec![vec![1u8; 4], vec![2u8; 4], vec![3u8; 4]];
+            let (r, b) = ctx.read_vectored_owned(0u32, 994, bufs).await;
+            assert_eq!(r.unwrap(), 6);
+            let want = file.pread(994, 6);
+            assert_eq!(b[0], &want[..4]);
+            assert_eq!((&b[1][..2], &b[1][2..]), (&want[4..], &[2u8, 2][..]));
+            assert_eq!(b[2], vec![3u8; 4]);
+            // Through the handle, with `Vec::with_capacity` buffers.
+            let handle = ctx.file(0u32).unwrap();
+            let (r, b) = handle
+                .read_vectored_at_owned(vec![Vec::with_capacity(5), Vec::with_capacity(7)], 0)
+                .await;
+            let (c0, c1) = (b[0].capacity(), b[1].capacity());
+            assert_eq!(r.unwrap(), c0 + c1);
+            assert_eq!(
+                (b[0].clone(), b[1].clone()),
+                (file.pread(0, c0), file.pread(c0 as u64, c1))
+            );
+        },
+    );
+}
+
+backend_tests!(
+    peers_full_vec_is_read_from_its_start,
+    peers_capacity_and_partly_filled,
+    peers_eof_and_read_exact,
+    peers_zero_capacity_is_refused,
+    peers_vectored_mixed,
+);
 
 #[cfg(feature = "bytes")]
 backend_tests!(bytes_mut);
