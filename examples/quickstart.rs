@@ -64,8 +64,8 @@ async fn main() -> std::io::Result<()> {
     }
     let el = start.elapsed();
 
-    // An owned read: a checked id, the spare capacity of an aligned buffer
-    // filled with no copy, and the future ('static: it holds a handle to
+    // An owned read: a checked id, an aligned buffer filled from its start
+    // up to its capacity with no copy, and the future ('static: it holds a handle to
     // the context) spawned as it is.
     let fid = ctx.file_id(0)?;
     let block = AlignedBuf::with_capacity(BLOCK, BLOCK);

@@ -245,12 +245,15 @@ impl LogRecovery {
             // At least `n` (within the file), at most a chunk more.
             let left = usize::try_from(size - at).unwrap_or(usize::MAX);
             let want = n.max(RECOVERY_CHUNK).min(left);
-            let (res, buf) = self
-                .file
-                .read_exact_at_owned(Vec::with_capacity(want), at)
-                .await;
-            res?;
-            self.buf = buf;
+            self.buf = Vec::new();
+            if want > 0 {
+                let (res, buf) = self
+                    .file
+                    .read_exact_at_owned(Vec::with_capacity(want), at)
+                    .await;
+                res?;
+                self.buf = buf;
+            }
             self.buf_start = at;
         }
         let from = usize::try_from(at - self.buf_start).unwrap_or(usize::MAX);

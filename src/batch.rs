@@ -7,7 +7,7 @@
 //! [`Deferral`], so each ring submits the whole batch in one enter.
 //!
 //! A merged read is one exact owned read into an aligned buffer of its own,
-//! copied into each member's spare capacity; if it fails, its members are
+//! copied into each member's buffer from its start; if it fails, its members are
 //! read one by one, so each gets the result an unmerged read would have.
 
 use std::collections::VecDeque;
@@ -50,7 +50,7 @@ enum Unit<'a, B: IoBufMut> {
 struct Merged<'a, B: IoBufMut> {
     ctx: Ctx<'a>,
     start: u64,
-    /// Sorted by offset; each with its spare capacity measured at planning.
+    /// Sorted by offset; each with its `bytes_total()` measured at planning.
     members: Vec<(Request<B>, usize)>,
     state: MergedState<'a, B>,
 }
@@ -63,20 +63,19 @@ enum MergedState<'a, B: IoBufMut> {
     Split(Vec<Option<(usize, UringReadOwnedFuture<'a, B>)>>),
 }
 
-/// Copies `src` into `buf`'s spare capacity and counts it as initialised;
-/// returns the bytes copied.
+/// Copies `src` into `buf` from its start, as an owned read would write
+/// it, and raises its initialised length to cover it; returns the bytes
+/// copied.
 fn put<B: IoBufMut>(buf: &mut B, src: &[u8]) -> usize {
-    let total = buf.bytes_total();
-    let init = buf.bytes_init().min(total);
-    let n = src.len().min(total - init);
+    let n = src.len().min(buf.bytes_total());
     if n > 0 {
         // SAFETY: IoBufMut promises bytes_total() writable bytes at
-        // stable_mut_ptr() while `buf` lives; init + n <= total. `src` is
+        // stable_mut_ptr() while `buf` lives; n <= bytes_total(). `src` is
         // the merged read's own buffer, never `buf`'s storage. After the
-        // copy the first init + n bytes are initialised.
+        // copy the first n bytes are initialised.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.stable_mut_ptr().add(init), n);
-            buf.set_init(init + n);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.stable_mut_ptr(), n);
+            buf.set_init(n);
         }
     }
     n
@@ -139,7 +138,7 @@ impl<B: IoBufMut> Merged<'_, B> {
 
 /// The owned read of request `r`, holding the context as the batch does.
 fn read_owned<'a, B: IoBufMut>(ctx: &Ctx<'a>, r: Request<B>) -> UringReadOwnedFuture<'a, B> {
-    UringReadOwnedFuture::new(ctx.share(), r.fid, r.offset, r.buf)
+    UringReadOwnedFuture::new(ctx.share(), r.fid, r.offset, r.buf).named("read_batch")
 }
 
 /// How a batch merges nearby reads.
@@ -207,7 +206,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         over
     }
 
-    /// Whether request `r` (with `room` bytes of spare capacity) may be
+    /// Whether request `r` (reading `room` bytes, its `bytes_total()`) may be
     /// merged: it reads 1..=`max_len` bytes ending within `i64::MAX`, on a
     /// local file system (`FileRoute::Ring`: only there is a short count the
     /// end of the file), aligned to `BOUNCE_ALIGN` on an `O_DIRECT` file.
@@ -229,7 +228,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         }
         if file.direct {
             let align = BOUNCE_ALIGN as u64;
-            let at = r.buf.stable_ptr() as usize + r.buf.bytes_init();
+            let at = r.buf.stable_ptr() as usize;
             return r.offset % align == 0 && room % BOUNCE_ALIGN == 0 && at % BOUNCE_ALIGN == 0;
         }
         true
@@ -250,7 +249,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
         let (mut cands, singles): (Vec<_>, Vec<_>) = requests
             .into_iter()
             .map(|r| {
-                let room = r.buf.bytes_total() - r.buf.bytes_init().min(r.buf.bytes_total());
+                let room = r.buf.bytes_total();
                 (r, room)
             })
             .partition(|(r, room)| self.mergeable(r, *room, max_len));
@@ -303,7 +302,7 @@ impl<'a, B: IoBufMut> BatchCore<'a, B> {
                 let core = ReadCore::new(
                     ctx.share(),
                     fid,
-                    Read::new(fid, start, Owned::new(buf)).exact(),
+                    Read::new(fid, start, Owned::new(buf, "read_batch")).exact(),
                 );
                 self.units.push(Unit::Merged(Merged {
                     ctx: ctx.share(),
@@ -503,14 +502,14 @@ impl<'a, B: IoBufMut> ReadBatch<'a, B> {
     /// `gap` bytes apart into one read into one buffer (up to
     /// [`max_merged_len`](Self::max_merged_len) bytes, 128 KiB by default),
     /// whose bytes are then copied into each read's buffer. A read's range
-    /// is `offset..offset + spare capacity`.
+    /// is `offset..offset + bytes_total()` (a `Vec`'s capacity).
     ///
     /// Each read's result is the one it would have had on its own: the same
     /// count at the end of the file (the merged read continues until its
     /// range is full or the file ends), and if the merged read fails, its
     /// reads are issued one by one, so an error reaches only the reads it
     /// concerns. Not merged: reads of more than `max_merged_len` bytes,
-    /// with no spare capacity, ending beyond `i64::MAX`, of an unknown
+    /// into 0 bytes, ending beyond `i64::MAX`, of an unknown
     /// file, of a file on FUSE or a network file system (whose server may
     /// answer any request short, which a read alone returns as it is),
     /// and, on files opened with `O_DIRECT`, reads whose offset,
@@ -660,9 +659,11 @@ impl<B: IoBufMut> Stream for ReadBatchStream<'_, B> {
 
 impl UringContext {
     /// Reads many `(file, offset, buffer)` at once, each as
-    /// [`read_owned`](Self::read_owned) would (into the buffer's spare
-    /// capacity), and returns every result with its buffer, in the order
-    /// given.
+    /// [`read_owned`](Self::read_owned) would: into the buffer from its
+    /// start, `bytes_total()` bytes at most (a `Vec`'s capacity, not its
+    /// `len()`; `buf.slice(..n)` reads `n` bytes); and returns every
+    /// result with its buffer, in the order given. A buffer of 0 bytes gets
+    /// `InvalidInput`, as alone.
     ///
     /// The reads are submitted together: those the page cache cannot serve
     /// reach the kernel in one `io_uring_enter` per ring (usually one for

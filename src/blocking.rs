@@ -135,8 +135,8 @@ impl BlockingPool {
         }))
     }
 
-    /// A read into bytes `range` of the caller's owned buffer (its spare
-    /// capacity, possibly uninitialised), lent to the task through `lent`.
+    /// A read into bytes `range` of the caller's owned buffer's storage
+    /// (possibly uninitialised), lent to the task through `lent`.
     pub(crate) fn read_owned<B: IoBufMut>(
         &self,
         file: Arc<FileEntry>,

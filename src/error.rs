@@ -214,16 +214,17 @@ pub(crate) fn direct_einval(
     explained(io::ErrorKind::InvalidInput, os, format!("{what}: {why}"))
 }
 
-/// An owned read into a buffer with no spare capacity (`bytes_init() ==
-/// bytes_total() > 0`), which would read nothing and look like end of file.
-pub(crate) fn no_spare_capacity(fid: FileId, total: usize) -> io::Error {
+/// An owned read (`op`) whose destination has no storage
+/// (`bytes_total() == 0`, or 0 in all for a vectored read): it would read
+/// nothing, which would look like the end of the file.
+pub(crate) fn nothing_to_read_into(op: &str, fid: FileId) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
         format!(
-            "read of {fid} into a full buffer ({total} of {total} bytes initialised): owned reads \
-             fill the spare capacity bytes_init()..bytes_total() — pass an empty buffer \
-             (Vec::with_capacity, AlignedBuf::with_capacity, or clear() it), or buf.slice(..) \
-             to overwrite its bytes"
+            "{op} of {fid} into 0 bytes of buffer: an owned read fills the buffer from its start \
+             up to bytes_total() (a Vec's capacity, not its len()), and a read of nothing would \
+             look like the end of the file — pass a buffer with storage (Vec::with_capacity(n), \
+             vec![0u8; n], AlignedBuf::with_capacity), or a window buf.slice(..n) to read n bytes"
         ),
     )
 }

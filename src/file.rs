@@ -57,8 +57,9 @@ use crate::shared::Ctx;
 ///
 /// The owned-buffer methods behave exactly as the context's
 /// ([`UringContext::read_owned`] and the others): the kernel reads into a
-/// buffer's spare capacity and writes its initialised bytes; the buffer
-/// comes back with the result.
+/// buffer from its start, at most `bytes_total()` bytes (a `Vec`'s
+/// capacity; `buf.slice(..n)` for `n` bytes), and writes its initialised
+/// bytes; the buffer comes back with the result.
 ///
 /// ```
 /// use uring_positioned_io::{OpenOptions, UringContext};
@@ -319,8 +320,10 @@ impl UringFile {
         UringReadVectoredFuture::new(self.shared(), self.fid, offset, bufs)
     }
 
-    /// Reads into the spare capacity of the owned buffer `buf` at `offset`,
-    /// with no copy, and hands it back grown by the bytes read: exactly
+    /// Reads into the owned buffer `buf` at `offset`, with no copy, from
+    /// its start, at most `bytes_total()` bytes (a `Vec`'s capacity, not
+    /// its `len()`; `buf.slice(..n)` reads `n`), and hands it back with its
+    /// initialised length raised to the count if shorter: exactly
     /// [`UringContext::read_owned`], with a `'static` future.
     ///
     /// ```
@@ -343,7 +346,8 @@ impl UringFile {
         UringReadOwnedFuture::new(self.shared(), self.fid, offset, buf)
     }
 
-    /// Fills all of the owned buffer's spare capacity from `offset`:
+    /// Fills the owned buffer with exactly `bytes_total()` bytes (a `Vec`'s
+    /// capacity; `buf.slice(..n)` for `n`) from `offset`, into its start:
     /// exactly [`UringContext::read_exact_owned`], with a `'static` future.
     ///
     /// ```
@@ -367,7 +371,8 @@ impl UringFile {
         UringReadExactOwnedFuture::new(self.shared(), self.fid, offset, buf)
     }
 
-    /// A vectored read into owned buffers from `offset`: exactly
+    /// A vectored read into owned buffers from `offset`, each filled from
+    /// its start up to its `bytes_total()` in turn: exactly
     /// [`UringContext::read_vectored_owned`], with a `'static` future.
     ///
     /// ```
@@ -724,7 +729,8 @@ impl UringFile {
     }
 
     /// Reads many `(buffer, offset)` of the file at once, each into the
-    /// buffer's spare capacity: [`UringContext::read_batch`] for this file
+    /// buffer from its start, at most `bytes_total()` bytes (a `Vec`'s
+    /// capacity): [`UringContext::read_batch`] for this file
     /// (merging, unordered results and all), as a `'static` batch.
     ///
     /// ```

@@ -29,7 +29,8 @@
 //!     ctx.read_exact(0, 0, &mut buf[..5]).await?;
 //!
 //!     // Owned buffers avoid the copy: the kernel writes straight into
-//!     // their spare capacity, and they come back grown by the bytes read.
+//!     // them from their start, up to their capacity, and they come back
+//!     // with the bytes read (`buf.slice(..n)` reads exactly n bytes).
 //!     let (res, buf) = ctx.read_owned(0, 0, Vec::with_capacity(5)).await;
 //!     assert_eq!((res?, &buf[..]), (5, &b"hello"[..]));
 //!     println!("backend: {}, {:?}", ctx.backend(), ctx.stats());
@@ -209,9 +210,11 @@
 //! at any point is therefore safe: an operation still in the kernel is marked
 //! *ignored* and its buffer is recycled only when its completion arrives.
 //! [`UringContext::read_owned`] takes the buffer by value instead (no copy)
-//! and fills its spare capacity — a `Vec`'s `len()..capacity()`, an
-//! [`AlignedBuf`]'s (aligned, for `O_DIRECT`), a `BytesMut`'s with the
-//! `bytes` feature, or a window of any of them ([`IoBufMut::slice`]);
+//! and writes into it from its start, at most `bytes_total()` bytes — a
+//! `Vec`'s `capacity()` (not its `len()`, which is raised to the count if
+//! shorter, never lowered), an [`AlignedBuf`]'s (aligned, for `O_DIRECT`),
+//! a `BytesMut`'s with the `bytes` feature, or a window of any of them
+//! ([`IoBufMut::slice`]: `buf.slice(..n)` reads `n` bytes);
 //! [`UringContext::read_exact_owned`] fills all of it. A dropped owned read
 //! parks the buffer in the context until the kernel is done with it.
 //! Dropping a read the kernel holds also sends it a cancel

@@ -34,7 +34,7 @@ pub(crate) enum Nowait {
 /// `preadv2(fd, buf, offset, RWF_NOWAIT)`: reads only what the page cache
 /// already holds, never waiting for the device. The caller guarantees
 /// `offset + buf.len() <= i64::MAX` (see `read::clamp_len`). `buf` may be
-/// uninitialised (an owned buffer's spare capacity); the bytes read are
+/// uninitialised (an owned buffer's storage); the bytes read are
 /// initialised by the kernel.
 pub(crate) fn pread_nowait(fd: RawFd, buf: &mut [MaybeUninit<u8>], offset: u64) -> Nowait {
     let iov = [libc::iovec {
@@ -77,7 +77,7 @@ pub(crate) unsafe fn preadv_nowait(fd: RawFd, iov: &[libc::iovec], offset: u64) 
 }
 
 /// `pread(fd, buf, offset)`, into memory that may be uninitialised (an
-/// owned buffer's spare capacity); the bytes read are initialised by the
+/// owned buffer's storage); the bytes read are initialised by the
 /// kernel. An offset beyond `i64::MAX` is clamped (the read then fails or
 /// reads nothing, as for any offset past the end).
 pub(crate) fn pread(file: &File, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<usize> {

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use crate::buf::{IoBufMut, Slice};
 use crate::file::UringFile;
 
-/// A window of exactly `len` bytes of a new `Vec`, or an error saying why
-/// there is none.
+/// A window of exactly `len` bytes of a new `Vec` (an owned read fills
+/// exactly its window), or an error saying why there is none.
 fn window(len: u64, offset: u64) -> io::Result<Slice<Vec<u8>>> {
     let too_long = || {
         io::Error::new(
@@ -59,6 +59,10 @@ impl UringFile {
     ) -> impl Future<Output = io::Result<Bytes>> + Send + 'static {
         let file = self.clone();
         async move {
+            if len == 0 {
+                // Nothing to read (an owned read of 0 bytes is refused).
+                return Ok(Bytes::new());
+            }
             let win = window(len as u64, offset)?;
             let (res, win) = file.read_exact_at_owned(win, offset).await;
             res?;
@@ -108,11 +112,24 @@ impl UringFile {
                         format!("read_ranges_bytes: the range {r:?} ends before it starts"),
                     )
                 })?;
-                reads.push((window(len, r.start)?, r.start));
+                // Empty ranges are not read (an owned read of 0 bytes is
+                // refused): they are empty `Bytes`.
+                if len > 0 {
+                    reads.push((window(len, r.start)?, r.start));
+                }
             }
-            let done = file.read_batch(reads).await;
+            let mut done = file.read_batch(reads).await.into_iter();
             let mut out = Vec::with_capacity(ranges.len());
-            for ((res, win), r) in done.into_iter().zip(ranges) {
+            for r in ranges {
+                if r.is_empty() {
+                    out.push(Bytes::new());
+                    continue;
+                }
+                let Some((res, win)) = done.next() else {
+                    return Err(io::Error::other(
+                        "read_ranges_bytes: a range has no read (a bug in the crate)",
+                    ));
+                };
                 let n = res?;
                 let len = win.end();
                 let mut buf = win.into_inner();

@@ -16,10 +16,12 @@ use crate::sys;
 /// which the first `len()` are initialised and visible (it derefs to them),
 /// like a `Vec<u8>` that cannot grow.
 ///
-/// [`with_capacity`](Self::with_capacity) makes an empty one, for owned
-/// reads (which fill `len()..capacity()`); [`new`](Self::new) a zeroed,
-/// full one, to use as a plain `&mut [u8]` (or as owned storage through
-/// [`slice`](IoBufMut::slice)).
+/// An owned read fills it from its start, up to its `capacity()`, and
+/// raises its `len()` to the count if shorter (never lowers it), as for a
+/// `Vec`. [`with_capacity`](Self::with_capacity) makes an empty one
+/// (uninitialised: its `len()` after a read is the count);
+/// [`new`](Self::new) a zeroed, full one, also a plain `&mut [u8]`.
+/// A window [`slice`](IoBufMut::slice) reads part of it.
 ///
 /// [`new_huge`](Self::new_huge) makes a buffer that can be backed by
 /// transparent huge pages, for large `O_DIRECT` reads (see there).
@@ -40,11 +42,12 @@ use crate::sys;
 /// let ctx = UringContext::new(vec![file])?;
 /// let block = AlignedBuf::with_capacity(4096, 4096);
 /// assert_eq!((block.len(), block.capacity()), (0, 4096));
-/// let (n, mut block) = ctx.read_owned(0, 4096, block).await;
+/// let (n, block) = ctx.read_owned(0, 4096, block).await;
 /// assert_eq!((n?, block.len(), block[0]), (4096, 4096, 9));
-/// block.clear(); // reuse: empty again, same storage
-/// let (n, block) = ctx.read_owned(0, 8192, block).await;
-/// assert_eq!((n?, block.as_slice().len()), (1808, 1808)); // to the end of the file
+/// // Reuse: read again from its start, into the same storage.
+/// let (n, mut block) = ctx.read_owned(0, 8192, block).await;
+/// assert_eq!((n?, block.len()), (1808, 4096)); // to the end of the file
+/// block.truncate(1808); // keep only the bytes just read
 /// # Ok(())
 /// # })
 /// # }
@@ -255,7 +258,7 @@ impl AlignedBuf {
         self.align
     }
 
-    /// Bytes of storage (the most an owned read can fill).
+    /// Bytes of storage (what an owned read fills, from the start, at most).
     #[must_use]
     pub fn capacity(&self) -> usize {
         self.cap
@@ -273,8 +276,8 @@ impl AlignedBuf {
         self
     }
 
-    /// Makes the buffer empty (`len() == 0`), keeping its storage: the
-    /// next owned read fills it from the start.
+    /// Makes the buffer empty (`len() == 0`), keeping its storage: after
+    /// the next owned read its `len()` is that read's count.
     pub fn clear(&mut self) {
         self.len = 0;
     }

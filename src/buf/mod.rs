@@ -25,20 +25,47 @@ pub(crate) const BOUNCE_ALIGN: usize = 4096;
 
 /// A buffer that can be handed to the kernel by value for a zero-copy read
 /// ([`UringContext::read_owned`](crate::UringContext::read_owned) and the
-/// other owned reads).
+/// other owned reads). **An owned read writes at the buffer's start, at
+/// most `bytes_total()` bytes** — a `Vec`'s `capacity()`, not its `len()`
+/// — and to read `n` bytes you read into [`buf.slice(..n)`](Self::slice).
 ///
-/// A buffer has `bytes_total()` bytes of storage, of which the first
+/// A buffer has `bytes_total()` bytes of storage at
+/// [`stable_mut_ptr`](Self::stable_mut_ptr), of which the first
 /// `bytes_init()` are initialised (a `Vec`'s `len()` of its `capacity()`).
-/// **An owned read fills the spare capacity**, `bytes_init()..bytes_total()`:
-/// the bytes already there are kept, and a read of `n` bytes makes the
-/// buffer's initialised length `bytes_init() + n` (through
-/// [`set_init`](Self::set_init)), so a `Vec::with_capacity(4096)` comes back
-/// with `len() == n`. A buffer with no spare capacity is an error
-/// (`InvalidInput`), not a read of nothing that would look like the end of
-/// the file: [`clear`](Vec::clear) it to reuse it, or read into
-/// [`buf.slice(..)`](Self::slice) to overwrite its bytes. A [`Slice`] —
-/// a window of a buffer — is all spare capacity: a read fills the window
-/// from its start.
+/// After a read of `n` bytes the crate calls [`set_init(n)`](Self::set_init),
+/// which raises the initialised length to `n` if it is shorter and never
+/// lowers it: `vec![0u8; 4096]` read with `n == 10` keeps `len() == 4096`
+/// (its first 10 bytes are the file's), and `Vec::with_capacity(4096)` comes
+/// back with `len() == 10`. This is the meaning tokio-uring, monoio and
+/// compio give these methods. A read into a buffer that already holds bytes
+/// overwrites them from the start; the returned count says how many bytes
+/// are the file's. A buffer with no storage (`bytes_total() == 0`, e.g.
+/// `Vec::new()`) is an error (`InvalidInput`), not a read of nothing that
+/// would look like the end of the file. A [`Slice`] — a window
+/// `begin..end` of a buffer — is read from the window's start, at most
+/// `end - begin` bytes, leaving the bytes around it as they were.
+///
+/// ```
+/// # use std::io::Write;
+/// use uring_positioned_io::{IoBufMut, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(b"0123456789")?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// // A full Vec is read from its start; its len() stays.
+/// let (n, buf) = ctx.read_owned(0, 4, vec![b'.'; 8]).await;
+/// assert_eq!((n?, &buf[..]), (6, &b"456789.."[..]));
+/// // An empty Vec with capacity comes back with len() the count.
+/// let (n, buf) = ctx.read_owned(0, 0, Vec::with_capacity(64)).await;
+/// assert_eq!((n?, &buf[..]), (10, &b"0123456789"[..]));
+/// // Exactly 3 bytes, into bytes 2..5: a window.
+/// let (n, buf) = ctx.read_owned(0, 0, vec![b'.'; 8].slice(2..5)).await;
+/// assert_eq!((n?, &buf.into_inner()[..]), (3, &b"..012..."[..]));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 ///
 /// While a read is in flight the crate owns the buffer: if the read future is
 /// dropped, the buffer is parked inside the context until the kernel has
@@ -50,16 +77,18 @@ pub(crate) const BOUNCE_ALIGN: usize = 4096;
 ///
 /// - `stable_ptr` and `stable_mut_ptr` return the same address, the start
 ///   of `bytes_total()` bytes that the value owns and that are valid for
-///   reads and writes; that memory neither moves nor is freed while the
-///   value is alive, *even when the value itself is moved* (heap storage,
-///   not inline storage), and nothing else reads or writes it while the
-///   crate holds the value.
+///   reads and writes (a read writes anywhere in them, initialised or
+///   not); that memory neither moves nor is freed while the value is
+///   alive, *even when the value itself is moved* (heap storage, not
+///   inline storage), and nothing else reads or writes it while the crate
+///   holds the value.
 /// - `bytes_init() <= bytes_total()`, and the first `bytes_init()` bytes are
 ///   initialised.
 /// - `bytes_init()` and `bytes_total()` change only through `&mut self`
-///   (the crate reads them once, when a read starts, and holds the value
-///   until it is over), and [`set_init`](Self::set_init) never lowers
-///   `bytes_init()`.
+///   (the crate reads `bytes_total()` once, when a read starts, and holds
+///   the value until it is over), and [`set_init`](Self::set_init) never
+///   lowers `bytes_init()` (it may raise it to `pos`, which the caller
+///   promises initialised; the crate calls it with the count of a read).
 ///
 /// # Example
 ///
@@ -116,17 +145,17 @@ pub unsafe trait IoBufMut: Unpin + Send + 'static {
     /// [`stable_ptr`](Self::stable_ptr)), for writing.
     fn stable_mut_ptr(&mut self) -> *mut u8;
 
-    /// How many bytes from the start are initialised and kept by a read,
-    /// which writes after them (a `Vec`'s `len()`; 0 for a [`Slice`], whose
-    /// whole window is written).
+    /// How many bytes from the start are initialised (a `Vec`'s `len()`).
+    /// A read does not look at it: it writes from the start whatever it is.
     fn bytes_init(&self) -> usize;
 
-    /// Size of the storage in bytes (a `Vec`'s `capacity()`).
+    /// Size of the storage in bytes (a `Vec`'s `capacity()`): how many bytes
+    /// an owned read may write, from the start.
     fn bytes_total(&self) -> usize;
 
     /// Records that the first `pos` bytes are initialised: the crate calls
-    /// it after a read of `n` bytes with `pos = bytes_init() + n`. A buffer
-    /// with a length grows it to `pos` if it is shorter (never shrinks it).
+    /// it after a read of `n` bytes with `pos = n`. A buffer with a length
+    /// raises it to `pos` if it is shorter, and never lowers it.
     ///
     /// # Safety
     ///
@@ -189,6 +218,9 @@ pub unsafe trait IoBufMut: Unpin + Send + 'static {
     }
 }
 
+/// A read fills it from index 0 up to its `capacity()`; its `len()` is
+/// raised to the count if shorter (`Vec::with_capacity(n)` comes back with
+/// `len()` the count, `vec![0u8; n]` keeps `len() == n`).
 // SAFETY: a Vec's elements live on the heap; moving the Vec moves only its
 // (ptr, len, cap) header, so the pointer stays valid for `capacity` bytes,
 // of which the first `len` are initialised; `set_len` only grows here.
@@ -214,8 +246,8 @@ unsafe impl IoBufMut for Vec<u8> {
     }
 }
 
-/// Always full (no spare capacity): read into it through
-/// [`slice`](IoBufMut::slice), e.g. `boxed.slice(..)`.
+/// All initialised (`bytes_init() == bytes_total() == len()`): a read
+/// fills it from its start, up to its length.
 // SAFETY: a boxed slice is an initialised heap allocation that does not
 // move with the box; its length never changes.
 unsafe impl IoBufMut for Box<[u8]> {
@@ -234,11 +266,14 @@ unsafe impl IoBufMut for Box<[u8]> {
     unsafe fn set_init(&mut self, _pos: usize) {}
 }
 
-/// With the `bytes` feature: reads fill `len()..capacity()`.
+/// With the `bytes` feature: as a `Vec`, a read fills it from the start of
+/// its view up to its `capacity()`, and raises its `len()` to the count if
+/// shorter (never lowers it).
 // SAFETY: a BytesMut's storage is a heap allocation (never inline) that it
 // views uniquely — other handles split off it view disjoint ranges — and
-// that does not move when the BytesMut moves; its first `len()` bytes are
-// initialised, and `set_len` only grows here.
+// that does not move when the BytesMut moves; `as_mut_ptr()` is the start
+// of its view and `capacity()` bytes from there are its own; its first
+// `len()` bytes are initialised, and `set_len` only grows here.
 #[cfg(feature = "bytes")]
 unsafe impl IoBufMut for bytes::BytesMut {
     fn stable_ptr(&self) -> *const u8 {

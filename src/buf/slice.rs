@@ -42,9 +42,12 @@ unsafe impl<B: IoBufMut> IoBuf for Slice<B> {
 
 /// An owned window `begin..end` of a buffer, made by
 /// [`IoBufMut::slice`]: an owned read into it fills the window **from its
-/// start** (the window is all spare capacity, whatever it held), and the
-/// buffer's initialised length grows to cover the bytes read if they end
-/// beyond it. [`into_inner`](Self::into_inner) gives the whole buffer back.
+/// start**, at most `end - begin` bytes (its `bytes_total()`), whatever it
+/// held, and leaves the bytes around it as they were; the buffer's
+/// initialised length grows to cover the bytes read if they end beyond it.
+/// It is how to give an owned read an explicit length: `buf.slice(..n)`
+/// reads `n` bytes (at most) into the start of `buf`.
+/// [`into_inner`](Self::into_inner) gives the whole buffer back.
 ///
 /// The window starts within the buffer's initialised bytes (so no
 /// uninitialised gap can come before what is read) and ends within its
@@ -206,10 +209,12 @@ impl<B: IoBufMut> DerefMut for Slice<B> {
 // SAFETY: the window `begin..end` lies within the buffer's storage
 // (end <= bytes_total(), checked when made; the Slice owns the buffer and
 // hands out no `&mut B`, so the storage cannot change size), which the
-// buffer's own IoBufMut promises stable. bytes_init() is 0: a read writes
-// the window from its start, and `set_init` hands the buffer
-// `begin + pos`, whose first `begin` bytes were initialised already
-// (begin <= bytes_init() of the buffer) and whose rest the read wrote.
+// buffer's own IoBufMut promises stable. bytes_init() is the initialised
+// part of the window, which only grows (the buffer's never lowers);
+// `set_init` hands the buffer `begin + pos`, whose first `begin` bytes
+// were initialised already (begin <= bytes_init() of the buffer) and whose
+// rest the caller promises initialised, and the buffer never lowers its
+// own length.
 unsafe impl<B: IoBufMut> IoBufMut for Slice<B> {
     fn stable_ptr(&self) -> *const u8 {
         self.buf.stable_ptr().wrapping_add(self.begin)
@@ -218,7 +223,7 @@ unsafe impl<B: IoBufMut> IoBufMut for Slice<B> {
         self.buf.stable_mut_ptr().wrapping_add(self.begin)
     }
     fn bytes_init(&self) -> usize {
-        0
+        self.init_len()
     }
     fn bytes_total(&self) -> usize {
         self.end - self.begin
@@ -296,7 +301,7 @@ mod tests {
         let s = v.slice(2..8);
         assert_eq!(
             (&s[..], s.bytes_init(), s.bytes_total()),
-            (&b"234567"[..], 0, 6)
+            (&b"234567"[..], 6, 6)
         );
         let s = s.slice(1..=2);
         assert_eq!((s.begin(), s.end(), &s[..]), (3, 5, &b"34"[..]));

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::buf::{AlignedBuf, IoBufMut};
+use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::util::lock;
 
 /// Largest region: one huge page where the system gives them.
@@ -169,7 +169,8 @@ impl Pool {
 }
 
 /// One block-sized buffer of the pool; back on the free list when dropped.
-/// A read fills it from `filled` on (it is an owned buffer: a read future
+/// A read fills it from its start, a short one continued into
+/// [`rest`](Self::rest) (it is an owned buffer: a read future
 /// dropped while the kernel holds it parks it in the context until the
 /// kernel is done, and only then does it come back).
 pub(super) struct PoolBuf {
@@ -193,6 +194,13 @@ impl PoolBuf {
     /// The bytes read so far.
     pub(super) fn filled(&self) -> usize {
         self.filled
+    }
+
+    /// The part of the block not read yet (`filled()..`), as a window an
+    /// owned read fills from its start: how a short read is continued.
+    pub(super) fn rest(self) -> Slice<PoolBuf> {
+        let filled = self.filled;
+        self.slice(filled..)
     }
 
     /// The bytes read so far, as a slice.

@@ -418,8 +418,8 @@ async fn run_flight(
                     break;
                 }
                 let at = (b << state.shift) + buf.filled() as u64;
-                let (r, back) = state.ctx.read_owned(file.id, at, buf).await;
-                buf = back;
+                let (r, back) = state.ctx.read_owned(file.id, at, buf.rest()).await;
+                buf = back.into_inner();
                 res = r;
             }
             outcomes.push(match res {

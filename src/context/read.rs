@@ -96,22 +96,26 @@ impl UringContext {
     }
 
     /// Reads into an owned buffer with no copy: the kernel writes straight
-    /// into `buf`'s **spare capacity**, `bytes_init()..bytes_total()` (a
-    /// `Vec`'s `len()..capacity()`), and `buf` is handed back with the
-    /// result, its initialised length grown by the bytes read (`Vec::set_len`).
+    /// into `buf` **from its start, at most `bytes_total()` bytes** (a
+    /// `Vec`'s `capacity()`, not its `len()`; [`buf.slice(..n)`](IoBufMut::slice)
+    /// reads `n` bytes), and `buf` is handed back with the result, its
+    /// initialised length raised to the count if shorter, never lowered
+    /// ([`IoBufMut::set_init`]): `vec![0u8; 4096]` keeps `len() == 4096`,
+    /// `Vec::with_capacity(4096)` comes back with `len()` the count.
     /// `buf` may be a [`Vec<u8>`], an [`AlignedBuf`](crate::AlignedBuf)
-    /// (for `O_DIRECT`), a `bytes::BytesMut` (with the `bytes` feature), a
-    /// [`Slice`](crate::Slice) of any of them (a window, filled from its
-    /// start: [`IoBufMut::slice`]), or your own [`IoBufMut`].
+    /// (for `O_DIRECT`), a `Box<[u8]>`, a `bytes::BytesMut` (with the
+    /// `bytes` feature), a [`Slice`](crate::Slice) of any of them (a
+    /// window, filled from its start), or your own [`IoBufMut`].
     ///
     /// Returns the number of bytes read, as [`read`](Self::read) does:
     /// `Ok(0)` at or past the end of the file, with the buffer unchanged;
-    /// fewer bytes than the spare capacity at the end of the file. A buffer
-    /// with *no* spare capacity (`bytes_init() == bytes_total() > 0`, e.g.
-    /// `vec![0u8; n]`) is refused with `InvalidInput` rather than read into
-    /// nothing, which would look like the end of the file; an empty one
-    /// (`Vec::new()`) reads `Ok(0)`. Errors are those of `read`; if an error
-    /// comes after some bytes were read, the buffer still grows by them.
+    /// fewer bytes than `bytes_total()` at the end of the file. Bytes the
+    /// buffer held are overwritten from its start; those past the count
+    /// are left as they were. A buffer of 0 bytes (`bytes_total() == 0`,
+    /// e.g. `Vec::new()`) is refused with `InvalidInput` rather than read
+    /// into nothing, which would look like the end of the file. Errors are
+    /// those of `read`; if an error comes after some bytes were read, the
+    /// buffer still counts them.
     ///
     /// The future borrows the context; [`read_owned_static`](Self::read_owned_static)
     /// makes one that can be spawned. Dropping the future while the read is
@@ -127,21 +131,26 @@ impl UringContext {
     /// # file.write_all(&[1u8; 8192])?;
     /// # tokio::runtime::Runtime::new()?.block_on(async {
     /// let ctx = UringContext::new(vec![file])?;
-    /// // A Vec is filled from len() up to its capacity, and handed back.
+    /// // A Vec is filled from its start up to its capacity, and handed back.
     /// let (n, buf) = ctx.read_owned(0, 0, Vec::with_capacity(4096)).await;
     /// assert_eq!((n?, buf.len(), buf[0]), (4096, 4096, 1));
-    /// // Reading again appends; at the end of the file nothing changes.
-    /// let mut buf = buf;
-    /// buf.reserve_exact(4096);
-    /// let (n, buf) = ctx.read_owned(0, 4096, buf).await;
-    /// assert_eq!((n?, buf.len()), (4096, 8192));
-    /// let (n, buf) = ctx.read_owned(0, 8192, buf.slice(..10)).await; // a window
-    /// assert_eq!((n?, buf.into_inner().len()), (0, 8192));
+    /// // Reused: read again into the same place; at the end of the file
+    /// // nothing changes.
+    /// let (n, buf) = ctx.read_owned(0, 6000, buf).await;
+    /// assert_eq!((n?, buf.len()), (2192, 4096));
+    /// let (n, buf) = ctx.read_owned(0, 8192, buf).await;
+    /// assert_eq!((n?, buf.len()), (0, 4096));
+    /// // A full Vec works the same: its len() stays.
+    /// let (n, buf) = ctx.read_owned(0, 0, vec![0u8; 16]).await;
+    /// assert_eq!((n?, buf.len()), (16, 16));
+    /// // An explicit length: a window of 10 bytes.
+    /// let (n, buf) = ctx.read_owned(0, 0, buf.slice(..10)).await;
+    /// assert_eq!((n?, buf.into_inner().len()), (10, 16));
     /// // An aligned buffer, as O_DIRECT files need, works the same way.
     /// let (n, buf) = ctx.read_owned(0, 4096, AlignedBuf::with_capacity(4096, 4096)).await;
     /// assert_eq!((n?, buf.len(), buf.align()), (4096, 4096, 4096));
-    /// // A full buffer has no room: an error, not a read of nothing.
-    /// let (n, _) = ctx.read_owned(0, 0, vec![0u8; 16]).await;
+    /// // A buffer of 0 bytes: an error, not a read of nothing.
+    /// let (n, _) = ctx.read_owned(0, 0, Vec::new()).await;
     /// assert_eq!(n.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
     /// # Ok(())
     /// # })
@@ -242,11 +251,13 @@ impl UringContext {
     }
 
     /// A vectored read into owned buffers with no copy: the kernel writes
-    /// straight into the **spare capacity** of each buffer of `bufs`
-    /// (`bytes_init()..bytes_total()`, see [`read_owned`](Self::read_owned)),
-    /// in order — one `IORING_OP_READV` on the ring, `preadv` on the
-    /// blocking pool, `preadv2(RWF_NOWAIT)` from the page cache. The buffers
-    /// come back with the result, each grown by the bytes read into it.
+    /// straight into each buffer of `bufs` in turn, **each from its start,
+    /// at most its `bytes_total()` bytes** (a `Vec`'s capacity; see
+    /// [`read_owned`](Self::read_owned)), so the read's length is their
+    /// sum — one `IORING_OP_READV` on the ring, `preadv` on the blocking
+    /// pool, `preadv2(RWF_NOWAIT)` from the page cache. The buffers come
+    /// back with the result, each with its initialised length raised to the
+    /// bytes read into it if shorter (never lowered).
     ///
     /// Returns the total number of bytes read, as
     /// [`read_owned`](Self::read_owned) does. Dropping the future while the
@@ -255,9 +266,10 @@ impl UringContext {
     ///
     /// # Errors
     ///
-    /// As [`read_owned`](Self::read_owned): a buffer with no spare capacity
-    /// (`bytes_init() == bytes_total() > 0`) is `InvalidInput`, and so are
-    /// more than 1024 (`IOV_MAX`) buffers; the buffers are handed back.
+    /// As [`read_owned`](Self::read_owned): buffers of 0 bytes in all (no
+    /// buffer, or only empty ones) are `InvalidInput` (an empty buffer
+    /// among others is skipped), and so are more than 1024 (`IOV_MAX`)
+    /// buffers; the buffers are handed back.
     ///
     /// ```
     /// # use std::io::Write;
@@ -312,16 +324,18 @@ impl UringContext {
         UringReadVectoredOwnedFuture::new(self.ctx_static(), fid.into(), offset, bufs)
     }
 
-    /// Fills `buf`'s whole spare capacity (`bytes_init()..bytes_total()`,
-    /// see [`read_owned`](Self::read_owned)) from file `fid` at `offset`,
-    /// continuing short reads; `buf` is handed back either way, its
-    /// initialised length grown by every byte read.
+    /// Fills `buf` with **exactly `bytes_total()` bytes from its start** (a
+    /// `Vec`'s capacity, not its `len()`; [`buf.slice(..n)`](IoBufMut::slice)
+    /// reads exactly `n`), see [`read_owned`](Self::read_owned), from file
+    /// `fid` at `offset`, continuing short reads where they stopped; `buf`
+    /// is handed back either way, its initialised length raised to cover
+    /// every byte read (never lowered).
     ///
     /// # Errors
     ///
     /// `UnexpectedEof` if the file ends first (the buffer then holds what
-    /// was there); `InvalidInput` for a buffer with no spare capacity (and
-    /// `bytes_total() > 0`); otherwise as [`read`](Self::read)
+    /// was there at its start); `InvalidInput` for a buffer of 0 bytes;
+    /// otherwise as [`read`](Self::read)
     /// (`Interrupted` is retried). All pieces read the same file, the one
     /// `fid` named at the first poll.
     ///
@@ -340,6 +354,10 @@ impl UringContext {
     /// let (res, buf) = ctx.read_exact_owned(0, 8192, Vec::with_capacity(4096)).await;
     /// assert_eq!(res.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     /// assert_eq!(buf.len(), 10_000 - 8192);
+    /// // A full Vec: exactly its len() (= capacity) bytes, from its start.
+    /// let (res, buf) = ctx.read_exact_owned(0, 0, vec![0u8; 100]).await;
+    /// res?;
+    /// assert_eq!(buf, [5u8; 100]);
     /// // A window of a buffer: exactly bytes 2..6.
     /// let (res, s) = ctx.read_exact_owned(0, 0, vec![0u8; 8].slice(2..6)).await;
     /// res?;

@@ -398,31 +398,27 @@ impl Dest for Borrowed<'_> {
     }
 }
 
-/// An owned destination: the kernel writes straight into its spare
-/// capacity, `bytes_init()..bytes_total()` as they were when the read was
-/// made. On the blocking pool the buffer travels to its task through
+/// An owned destination: the kernel writes straight into its storage,
+/// from its start, at most `bytes_total()` bytes as it was when the read
+/// was made. On the blocking pool the buffer travels to its task through
 /// `lent`, so it comes back even if that task is cancelled before it runs.
 pub(crate) struct Owned<B> {
     buf: Option<B>,
     lent: Option<Arc<Mutex<Option<B>>>>,
-    /// `bytes_init()` at the start: where the read writes.
-    init: usize,
-    /// The spare capacity: how many bytes the read may write.
-    room: usize,
-    /// `bytes_total()` at the start.
+    /// `bytes_total()` at the start: how many bytes the read may write.
     total: usize,
+    /// The op's name, for the error of a buffer of 0 bytes.
+    op: &'static str,
 }
 
 impl<B: IoBufMut> Owned<B> {
-    pub(crate) fn new(buf: B) -> Self {
-        let total = buf.bytes_total();
-        let init = buf.bytes_init().min(total);
+    /// The destination of the owned read `op` (its name in errors).
+    pub(crate) fn new(buf: B, op: &'static str) -> Self {
         Owned {
+            total: buf.bytes_total(),
             buf: Some(buf),
             lent: None,
-            init,
-            room: total - init,
-            total,
+            op,
         }
     }
 
@@ -431,7 +427,7 @@ impl<B: IoBufMut> Owned<B> {
     }
 
     /// Hands the buffer back once the read is over, with the `filled` bytes
-    /// the read wrote counted as initialised.
+    /// the read wrote at its start counted as initialised.
     pub(crate) fn take(&mut self, filled: usize) -> B {
         if let Some(lent) = self.lent.take() {
             self.buf = crate::util::lock(&lent).take();
@@ -442,9 +438,9 @@ impl<B: IoBufMut> Owned<B> {
             .expect("the owned buffer was lost by a panicking blocking read");
         if filled > 0 {
             // SAFETY: the read wrote `filled` bytes (counted only after a
-            // successful syscall or CQE) right after the `init` bytes that
-            // were initialised already, and filled <= room.
-            unsafe { buf.set_init(self.init + filled.min(self.room)) };
+            // successful syscall or CQE) at the start of the storage, so
+            // they are initialised, and filled <= total = bytes_total().
+            unsafe { buf.set_init(filled.min(self.total)) };
         }
         buf
     }
@@ -455,11 +451,11 @@ impl<B: IoBufMut> Dest for Owned<B> {
 
     type Blocking = io::Result<usize>;
     fn len(&self) -> usize {
-        self.room
+        self.total
     }
     fn check(&self, fid: FileId) -> io::Result<()> {
-        if self.room == 0 && self.total > 0 {
-            return Err(error::no_spare_capacity(fid, self.total));
+        if self.total == 0 {
+            return Err(error::nothing_to_read_into(self.op, fid));
         }
         Ok(())
     }
@@ -467,23 +463,21 @@ impl<B: IoBufMut> Dest for Owned<B> {
         MAX_RW
     }
     fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait {
-        let (init, room) = (self.init, self.room);
+        let total = self.total;
         let b = self.buf();
-        // SAFETY: IoBufMut promises bytes_total() = init + room writable
-        // bytes at the pointer while `b` lives, not necessarily
-        // initialised (hence MaybeUninit); the slice does not outlive
-        // this call.
+        // SAFETY: IoBufMut promises bytes_total() = total writable bytes
+        // at the pointer while `b` lives, not necessarily initialised
+        // (hence MaybeUninit); the slice does not outlive this call.
         let dest: &mut [MaybeUninit<u8>] =
-            unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr().add(init).cast(), room) };
+            unsafe { std::slice::from_raw_parts_mut(b.stable_mut_ptr().cast(), total) };
         pread_nowait(fd, &mut dest[range], at)
     }
     fn ring_dst(&mut self, done: usize, len: usize) -> Dst {
-        let init = self.init;
-        assert!(done + len <= self.room, "read piece out of bounds");
+        assert!(done + len <= self.total, "read piece out of bounds");
         let b = self.buf();
-        // SAFETY: init + done + len <= bytes_total, so the pointer stays in
+        // SAFETY: done + len <= bytes_total, so the pointer stays in
         // bounds.
-        Dst::Caller(unsafe { b.stable_mut_ptr().add(init + done) }, len)
+        Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len)
     }
     fn bounced(&self) -> bool {
         false
@@ -497,7 +491,7 @@ impl<B: IoBufMut> Dest for Owned<B> {
         len: usize,
         permit: Permit,
     ) -> io::Result<JoinHandle<Self::Blocking>> {
-        let at = self.init + done;
+        let at = done;
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
         pool.read_owned(file, offset, at..at + len, lent, permit)
@@ -514,12 +508,13 @@ impl<B: IoBufMut> Dest for Owned<B> {
     }
     fn addr(&self, done: usize) -> Option<usize> {
         let b = self.buf.as_ref()?;
-        Some(b.stable_ptr() as usize + self.init + done)
+        Some(b.stable_ptr() as usize + done)
     }
 }
 
 impl<B: IoBufMut> ReadCore<'_, Owned<B>> {
-    /// The buffer, once the read is over, grown by the bytes read.
+    /// The buffer, once the read is over, its initialised length raised to
+    /// the bytes read if shorter.
     fn take_buf(&mut self) -> B {
         let done = self.op.done;
         self.op.dest.take(done)
@@ -561,9 +556,10 @@ impl fmt::Debug for UringReadFuture<'_> {
 /// The future returned by [`UringContext::read_owned`](crate::UringContext::read_owned)
 /// (borrowing the context) and
 /// [`read_owned_static`](crate::UringContext::read_owned_static)
-/// (`'static`): the kernel writes straight into the buffer's spare
-/// capacity, and the buffer comes back with the result, its initialised
-/// length grown by the bytes read. Dropped while the read is in the kernel,
+/// (`'static`): the kernel writes straight into the buffer from its start,
+/// at most `bytes_total()` bytes, and the buffer comes back with the
+/// result, its initialised length raised to the bytes read if shorter
+/// (never lowered). Dropped while the read is in the kernel,
 /// the buffer is kept by the context until the kernel is done, then freed.
 #[must_use = "futures do nothing unless polled"]
 pub struct UringReadOwnedFuture<'a, B: IoBufMut> {
@@ -573,8 +569,18 @@ pub struct UringReadOwnedFuture<'a, B: IoBufMut> {
 impl<'a, B: IoBufMut> UringReadOwnedFuture<'a, B> {
     pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, buf: B) -> Self {
         UringReadOwnedFuture {
-            core: Core::new(ctx, fid, Read::new(fid, offset, Owned::new(buf))),
+            core: Core::new(
+                ctx,
+                fid,
+                Read::new(fid, offset, Owned::new(buf, "read_owned")),
+            ),
         }
+    }
+
+    /// Names the op in the error for a buffer of 0 bytes (a batch's reads).
+    pub(crate) fn named(mut self, op: &'static str) -> Self {
+        self.core.op.dest.op = op;
+        self
     }
 
     /// Makes this read skip the inline path and go to a ring even when its
@@ -619,9 +625,10 @@ impl<B: IoBufMut> fmt::Debug for UringReadOwnedFuture<'_, B> {
 /// [`UringContext::read_exact_owned`](crate::UringContext::read_exact_owned)
 /// (borrowing the context) and
 /// [`read_exact_owned_static`](crate::UringContext::read_exact_owned_static)
-/// (`'static`): fills the buffer's whole spare capacity, continuing short
-/// reads, or fails with `UnexpectedEof` at the end of the file; the buffer
-/// comes back either way, grown by every byte read. Dropping it is as sound
+/// (`'static`): fills the buffer with exactly `bytes_total()` bytes from
+/// its start, continuing short reads, or fails with `UnexpectedEof` at the
+/// end of the file; the buffer comes back either way, its initialised
+/// length raised to cover every byte read. Dropping it is as sound
 /// as dropping [`UringReadOwnedFuture`].
 #[must_use = "futures do nothing unless polled"]
 pub struct UringReadExactOwnedFuture<'a, B: IoBufMut> {
@@ -631,7 +638,11 @@ pub struct UringReadExactOwnedFuture<'a, B: IoBufMut> {
 impl<'a, B: IoBufMut> UringReadExactOwnedFuture<'a, B> {
     pub(crate) fn new(ctx: Ctx<'a>, fid: FileId, offset: u64, buf: B) -> Self {
         UringReadExactOwnedFuture {
-            core: Core::new(ctx, fid, Read::new(fid, offset, Owned::new(buf)).exact()),
+            core: Core::new(
+                ctx,
+                fid,
+                Read::new(fid, offset, Owned::new(buf, "read_exact_owned")).exact(),
+            ),
         }
     }
 }
@@ -642,10 +653,10 @@ impl<B: IoBufMut> Future for UringReadExactOwnedFuture<'_, B> {
         let this = self.get_mut();
         let res = ready!(this.core.poll_op(cx));
         let read = &this.core.op;
-        let (fid, offset, room) = (read.fid, read.offset, read.dest.room);
+        let (fid, offset, total) = (read.fid, read.offset, read.dest.total);
         let res = match res {
-            Ok(n) if n == room => Ok(()),
-            Ok(n) => Err(error::ends_before(fid, offset, n, room)),
+            Ok(n) if n == total => Ok(()),
+            Ok(n) => Err(error::ends_before(fid, offset, n, total)),
             Err(e) => Err(e),
         };
         Poll::Ready((res, this.core.take_buf()))

@@ -7,9 +7,12 @@
 //!
 //! | path | borrowed (`read_vectored`) | owned (`read_vectored_owned`) |
 //! |---|---|---|
-//! | page cache, inline | `preadv2(RWF_NOWAIT)` straight into the slices | the same, into the spare capacities |
-//! | ring | `IORING_OP_READ(_FIXED)` into one bounce buffer the op owns, scattered into the slices on completion | `IORING_OP_READV` straight into the spare capacities; the iovec array and the buffers stay with the op until its CQE |
-//! | blocking pool (fallback backend, FUSE) | `pread` into a buffer the blocking task owns, then scattered | `preadv` into the spare capacities (the buffers are lent to the task) |
+//! | page cache, inline | `preadv2(RWF_NOWAIT)` straight into the slices | the same, into the buffers' storage |
+//! | ring | `IORING_OP_READ(_FIXED)` into one bounce buffer the op owns, scattered into the slices on completion | `IORING_OP_READV` straight into the buffers' storage; the iovec array and the buffers stay with the op until its CQE |
+//! | blocking pool (fallback backend, FUSE) | `pread` into a buffer the blocking task owns, then scattered | `preadv` into the buffers' storage (the buffers are lent to the task) |
+//!
+//! An owned buffer's part of the iovec array is its whole storage, from its
+//! start: `bytes_total()` bytes, whatever its initialised length.
 //!
 //! The kernel is never handed a borrowed slice: a dropped borrowed future
 //! leaves only its bounce buffer with the ring, as `read` does.
@@ -178,42 +181,28 @@ impl Dest for BorrowedVec<'_, '_> {
     }
 }
 
-/// Owned destination: the spare capacities of a `Vec` of owned buffers,
-/// filled in order. On the ring the kernel writes straight into them
-/// (`IORING_OP_READV`), through `iov`, which stays with them.
+/// Owned destination: the storage of a `Vec` of owned buffers, each from
+/// its start, filled in order. On the ring the kernel writes straight into
+/// them (`IORING_OP_READV`), through `iov`, which stays with them.
 pub(crate) struct OwnedVec<B> {
     bufs: Option<Vec<B>>,
     /// The buffers, lent to a blocking-pool read (see `read::Owned`).
     lent: Option<Arc<Mutex<Option<Vec<B>>>>>,
-    /// Per buffer, `(bytes_init, spare capacity)` when the read was made.
-    spans: Vec<(usize, usize)>,
-    /// The sum of the spare capacities.
+    /// Per buffer, `bytes_total()` when the read was made.
+    totals: Vec<usize>,
+    /// Their sum.
     room: usize,
-    /// A buffer with no spare capacity (and `bytes_total() > 0`), refused.
-    full: Option<usize>,
     iov: Iovecs,
 }
 
 impl<B: IoBufMut> OwnedVec<B> {
     fn new(bufs: Vec<B>) -> Self {
-        let spans: Vec<(usize, usize)> = bufs
-            .iter()
-            .map(|b| {
-                let total = b.bytes_total();
-                let init = b.bytes_init().min(total);
-                (init, total - init)
-            })
-            .collect();
-        let full = bufs
-            .iter()
-            .find(|b| b.bytes_total() > 0 && b.bytes_init() >= b.bytes_total())
-            .map(IoBufMut::bytes_total);
+        let totals: Vec<usize> = bufs.iter().map(IoBufMut::bytes_total).collect();
         OwnedVec {
-            room: spans.iter().map(|s| s.1).fold(0, usize::saturating_add),
+            room: totals.iter().fold(0, |a, &t| a.saturating_add(t)),
             bufs: Some(bufs),
             lent: None,
-            spans,
-            full,
+            totals,
             iov: Iovecs::default(),
         }
     }
@@ -224,8 +213,8 @@ impl<B: IoBufMut> OwnedVec<B> {
         }
     }
 
-    /// The buffers once the read is over, each grown by its share of the
-    /// `filled` bytes (in order).
+    /// The buffers once the read is over, each with its initialised length
+    /// raised to its share of the `filled` bytes (in order).
     fn take(&mut self, filled: usize) -> Vec<B> {
         self.bring_home();
         let mut bufs = self
@@ -233,14 +222,13 @@ impl<B: IoBufMut> OwnedVec<B> {
             .take()
             .expect("the owned buffers were lost by a panicking blocking read");
         let mut left = filled.min(self.room);
-        for (b, &(init, room)) in bufs.iter_mut().zip(&self.spans) {
-            let n = left.min(room);
+        for (b, &total) in bufs.iter_mut().zip(&self.totals) {
+            let n = left.min(total);
             if n > 0 {
-                // SAFETY: the read wrote its bytes in order into the spare
-                // capacities (counted only after a successful syscall or
-                // CQE): this buffer's first `n` spare bytes, right after its
-                // `init` initialised ones; n <= room.
-                unsafe { b.set_init(init + n) };
+                // SAFETY: the read wrote its bytes in order into the
+                // buffers' storage (counted only after a successful syscall
+                // or CQE): this buffer's first `n` bytes; n <= total.
+                unsafe { b.set_init(n) };
             }
             left -= n;
         }
@@ -248,15 +236,14 @@ impl<B: IoBufMut> OwnedVec<B> {
     }
 }
 
-/// The spare capacities of `bufs`, as (start, length).
-fn spare<'s, B: IoBufMut>(
+/// The storage of `bufs`, as (start, length): each buffer's whole storage.
+fn storage<'s, B: IoBufMut>(
     bufs: &'s mut [B],
-    spans: &'s [(usize, usize)],
+    totals: &'s [usize],
 ) -> impl Iterator<Item = (*mut u8, usize)> + 's {
-    bufs.iter_mut().zip(spans).map(|(b, &(init, room))| {
-        // `init <= bytes_total()`: the pointer stays within the storage.
-        (b.stable_mut_ptr().wrapping_add(init), room)
-    })
+    bufs.iter_mut()
+        .zip(totals)
+        .map(|(b, &total)| (b.stable_mut_ptr(), total))
 }
 
 impl<B: IoBufMut> Dest for OwnedVec<B> {
@@ -267,24 +254,24 @@ impl<B: IoBufMut> Dest for OwnedVec<B> {
         self.room
     }
     fn check(&self, fid: FileId) -> io::Result<()> {
-        if self.spans.len() > IOV_MAX {
-            return Err(too_many(fid, self.spans.len()));
+        if self.totals.len() > IOV_MAX {
+            return Err(too_many(fid, self.totals.len()));
         }
-        match self.full {
-            Some(total) => Err(error::no_spare_capacity(fid, total)),
-            None => Ok(()),
+        if self.room == 0 {
+            return Err(error::nothing_to_read_into("read_vectored_owned", fid));
         }
+        Ok(())
     }
     fn max_piece(&self) -> usize {
         MAX_RW
     }
     fn nowait(&mut self, fd: RawFd, range: Range<usize>, at: u64) -> Nowait {
-        let mut iov = Vec::with_capacity(self.spans.len());
+        let mut iov = Vec::with_capacity(self.totals.len());
         let bufs = self.bufs.as_mut().expect("owned buffers are at home");
-        iovecs_for(spare(bufs, &self.spans), range, &mut iov);
+        iovecs_for(storage(bufs, &self.totals), range, &mut iov);
         // SAFETY: IoBufMut promises bytes_total() writable bytes at each
         // buffer's pointer while it lives (possibly uninitialised); the
-        // iovecs lie within the spare capacities, and the buffers are held
+        // iovecs lie within that storage, and the buffers are held
         // here for the whole (synchronous) call. `at + range.len()` is
         // within i64::MAX (the read's length is clamped).
         unsafe { sys::preadv_nowait(fd, &iov, at) }
@@ -294,7 +281,11 @@ impl<B: IoBufMut> Dest for OwnedVec<B> {
         let bufs = self.bufs.as_mut().expect("owned buffers are at home");
         // Rebuilt only between pieces, when no op uses the array.
         self.iov.0.clear();
-        iovecs_for(spare(bufs, &self.spans), done..done + len, &mut self.iov.0);
+        iovecs_for(
+            storage(bufs, &self.totals),
+            done..done + len,
+            &mut self.iov.0,
+        );
         debug_assert!(self.iov.0.len() <= IOV_MAX);
         Dst::CallerVec(self.iov.0.as_ptr(), self.iov.0.len())
     }
@@ -312,15 +303,15 @@ impl<B: IoBufMut> Dest for OwnedVec<B> {
     ) -> io::Result<JoinHandle<Self::Blocking>> {
         let lent = Arc::new(Mutex::new(self.bufs.take()));
         self.lent = Some(lent.clone());
-        let spans = self.spans.clone();
+        let totals = self.totals.clone();
         pool.run(permit, move || {
             let mut guard = crate::util::lock(&lent);
             let bufs = guard
                 .as_mut()
                 .expect("owned buffers lent to the blocking read");
-            let mut iov = Vec::with_capacity(spans.len());
-            iovecs_for(spare(bufs, &spans), done..done + len, &mut iov);
-            // SAFETY: the iovecs lie within the buffers' spare capacities
+            let mut iov = Vec::with_capacity(totals.len());
+            iovecs_for(storage(bufs, &totals), done..done + len, &mut iov);
+            // SAFETY: the iovecs lie within the buffers' storage
             // (IoBufMut: writable while the buffer lives); the lock keeps
             // the buffers in place for the call.
             unsafe { sys::preadv(&file.file, &iov, offset) }
@@ -379,8 +370,9 @@ impl fmt::Debug for UringReadVectoredFuture<'_, '_> {
 /// The future returned by
 /// [`UringContext::read_vectored_owned`](crate::UringContext::read_vectored_owned)
 /// and [`read_vectored_owned_static`](crate::UringContext::read_vectored_owned_static):
-/// the buffers come back with the result, each grown by the bytes read into
-/// it. Dropped while the read is in the kernel, the buffers are kept by the
+/// each buffer is filled from its start, up to its `bytes_total()`, in
+/// turn; the buffers come back with the result, each with its initialised
+/// length raised to the bytes read into it if shorter. Dropped while the read is in the kernel, the buffers are kept by the
 /// context until the kernel is done, then freed.
 #[must_use = "futures do nothing unless polled"]
 pub struct UringReadVectoredOwnedFuture<'a, B: IoBufMut> {

@@ -310,8 +310,20 @@ fn merged_batches_match_unmerged(choice: BackendChoice) {
                     }
                     assert_eq!(m.1, p.1, "{what}: buffers differ");
                     if let (Ok(n), Some(file)) = (&m.0, files.get(f as usize)) {
-                        assert_eq!(*n, file.pread(o, room).len(), "{what}: pread count");
-                        assert_eq!(&m.1[init..], &file.pread(o, room)[..], "{what}: data");
+                        // From the buffer's start, up to its capacity.
+                        let cap = m.1.capacity();
+                        assert_eq!(cap, room + init, "{what}: capacity");
+                        let want = file.pread(o, cap);
+                        assert_eq!(*n, want.len(), "{what}: pread count");
+                        assert_eq!(m.1.len(), init.max(*n), "{what}: len");
+                        assert_eq!(&m.1[..*n], &want[..], "{what}: data");
+                        assert!(
+                            m.1[*n..]
+                                .iter()
+                                .enumerate()
+                                .all(|(i, &x)| x == (*n + i) as u8),
+                            "{what}: bytes past the read"
+                        );
                     }
                 }
             }

@@ -493,8 +493,8 @@ impl Drop for Tracked {
 
 // SAFETY: the bytes live in the Vec's heap allocation, which does not move
 // when `Tracked` moves and lives until `Tracked` is dropped.
-// It says none of its bytes are initialised (they all are: zeroed), so a
-// read fills it from the start; set_init need not record anything.
+// All of its bytes are initialised (zeroed), as a `Box<[u8]>`'s, so
+// set_init has nothing to record.
 unsafe impl uring_positioned_io::IoBufMut for Tracked {
     fn stable_ptr(&self) -> *const u8 {
         self.data.as_ptr()
@@ -503,7 +503,7 @@ unsafe impl uring_positioned_io::IoBufMut for Tracked {
         self.data.as_mut_ptr()
     }
     fn bytes_init(&self) -> usize {
-        0
+        self.data.len()
     }
     fn bytes_total(&self) -> usize {
         self.data.len()

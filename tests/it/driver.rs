@@ -668,8 +668,8 @@ struct Reentrant {
 
 // SAFETY: the bytes live in `data`'s heap block, which does not move when
 // `Reentrant` moves and lives as long as it does.
-// It says none of its bytes are initialised (they all are), so a read fills
-// it from the start; set_init need not record anything.
+// All of its bytes are initialised, as a `Box<[u8]>`'s, so set_init has
+// nothing to record.
 unsafe impl IoBufMut for Reentrant {
     fn stable_ptr(&self) -> *const u8 {
         self.data.as_ptr()
@@ -678,7 +678,7 @@ unsafe impl IoBufMut for Reentrant {
         self.data.as_mut_ptr()
     }
     fn bytes_init(&self) -> usize {
-        0
+        self.data.len()
     }
     fn bytes_total(&self) -> usize {
         self.data.len()
@@ -978,8 +978,8 @@ struct PanicsOnDrop(Vec<u8>);
 static PANICKING_DROPS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: the bytes live in the Vec's heap block, which does not move when
-// `PanicsOnDrop` moves and lives as long as it does; no byte counts as
-// initialised, so set_init need not record anything.
+// `PanicsOnDrop` moves and lives as long as it does; all of its bytes are
+// initialised (zeroed), so set_init has nothing to record.
 unsafe impl IoBufMut for PanicsOnDrop {
     fn stable_ptr(&self) -> *const u8 {
         self.0.as_ptr()
@@ -988,7 +988,7 @@ unsafe impl IoBufMut for PanicsOnDrop {
         self.0.as_mut_ptr()
     }
     fn bytes_init(&self) -> usize {
-        0
+        self.0.len()
     }
     fn bytes_total(&self) -> usize {
         self.0.len()
