@@ -2,12 +2,14 @@
 //! blocks of registered files kept in memory the cache owns, for engines
 //! that keep their own cache over `O_DIRECT` files.
 //!
-//! - **Hits** are served on the caller's thread at the first poll: a shard
-//!   read lock of the map (`quick_cache`) and a reference count, no
-//!   allocation, no syscall; they spend tokio's coop budget and the inline
-//!   path's stretch (`inline::turn_over`), so a task looping on hits yields.
+//! - **Hits** are served on the caller's thread at the first poll: a load
+//!   from the file's dense block table (`table.rs`), a pin on the frame
+//!   that holds the block and a check of its tag (`frames.rs`); no lock, no
+//!   hash, no allocation, no syscall. They spend tokio's coop budget and
+//!   the inline path's stretch (`inline::turn_over`), so a task looping on
+//!   hits yields.
 //! - **Misses** are *flights* (`Flight`): one owned read per block into a
-//!   pool buffer (`pool.rs`), all the misses of one call in one
+//!   free frame (`frames.rs`), all the misses of one call in one
 //!   [`read_batch`](crate::UringContext::read_batch) (one `io_uring_enter`
 //!   per ring). A flight is a [`Shared`] future: every caller missing the
 //!   same block while it is in flight joins it (the `flights` map), any of
@@ -26,8 +28,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::ops::{Deref, Range};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
@@ -36,80 +38,18 @@ use crate::context::UringContext;
 use crate::error::{self, os_error};
 use crate::id::FileId;
 
+mod frames;
 mod options;
-mod pool;
 mod state;
+mod table;
 
 pub(crate) use crate::changes::Invalidate;
+pub use frames::BlockRef;
+use frames::Core;
 pub use options::{CacheOptions, CacheStats};
-use pool::{Pool, PoolBuf};
 use state::admit;
 pub use state::GetBlock;
-
-/// A cached block: its valid bytes (`Deref<Target = [u8]>`; shorter than
-/// the block size only for the block at the end of the file, and empty
-/// beyond it). Cheap to clone (a reference count), `'static`, `Send` and
-/// `Sync`; the bytes stay valid while it lives, whatever the cache does
-/// meanwhile (evicting the block only drops the cache's reference). With
-/// the `bytes` feature it converts into `bytes::Bytes` without copying.
-///
-/// ```
-/// # use std::io::Write;
-/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
-/// # fn main() -> std::io::Result<()> {
-/// # let mut file = tempfile::tempfile()?;
-/// # file.write_all(&[7u8; 5000])?;
-/// # tokio::runtime::Runtime::new()?.block_on(async {
-/// let ctx = UringContext::new(vec![file])?;
-/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
-/// let block = cache.get(0, 1).await?; // bytes 4096..5000: the end of the file
-/// assert_eq!((block.len(), block[0]), (904, 7));
-/// let again = block.clone(); // the same bytes, no copy
-/// assert_eq!(again.as_ptr(), block.as_ptr());
-/// # Ok(())
-/// # })
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct BlockRef(Arc<BlockData>);
-
-struct BlockData {
-    buf: PoolBuf,
-}
-
-impl BlockRef {
-    fn new(buf: PoolBuf, pool: &Pool) -> BlockRef {
-        pool.block_made();
-        BlockRef(Arc::new(BlockData { buf }))
-    }
-}
-
-impl Drop for BlockData {
-    fn drop(&mut self) {
-        self.buf.pool().block_gone();
-    }
-}
-
-impl Deref for BlockRef {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.0.buf.data()
-    }
-}
-
-impl AsRef<[u8]> for BlockRef {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
-impl fmt::Debug for BlockRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockRef")
-            .field("len", &self.len())
-            .finish()
-    }
-}
+use table::{Policy, Tables};
 
 #[cfg(feature = "bytes")]
 impl From<BlockRef> for bytes::Bytes {
@@ -180,29 +120,6 @@ impl Hasher for KeyHasher {
         self.0
     }
 }
-
-/// Every block weighs one (capacities are in blocks).
-#[derive(Clone, Copy)]
-struct OneBlock;
-
-impl quick_cache::Weighter<Key, BlockRef> for OneBlock {
-    fn weight(&self, _: &Key, _: &BlockRef) -> u64 {
-        1
-    }
-}
-
-/// Counts evictions.
-#[derive(Clone)]
-struct Evictions(Arc<AtomicU64>);
-
-impl quick_cache::Lifecycle<Key, BlockRef> for Evictions {
-    type RequestState = ();
-    fn on_evict(&self, (): &mut (), _: Key, _: BlockRef) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-type Map = quick_cache::sync::Cache<Key, BlockRef, OneBlock, KeyHash, Evictions>;
 
 /// What a flight gives each block: the block, or what failed.
 type Outcome = Result<BlockRef, Arc<FlightError>>;
@@ -312,13 +229,28 @@ struct State {
     shift: u32,
     block: usize,
     capacity_blocks: u64,
-    map: Map,
+    /// The frames (memory and headers).
+    core: Arc<Core>,
+    /// Per file: block → frame; read by hits without a lock, changed under
+    /// `policy`.
+    tables: Tables,
+    /// The eviction policy; its mutex also orders every change of the
+    /// tables. Taken after `flights` when both are.
+    policy: Mutex<Policy>,
+    /// Frames mapped in the tables.
+    resident: AtomicUsize,
     flights: Mutex<Flights>,
-    pool: Arc<Pool>,
     hits: [Padded; HIT_SHARDS],
     misses: AtomicU64,
     coalesced: AtomicU64,
-    evictions: Arc<AtomicU64>,
+    evictions: AtomicU64,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // Frames still pinned keep the core (not the tables) alive.
+        self.core.close();
+    }
 }
 
 /// A cache of fixed-size blocks of the files of a [`UringContext`], read
@@ -334,9 +266,9 @@ struct State {
 ///   read, whose result (bytes or error) every caller gets; a caller that
 ///   gives up (drops its future) leaves the read to the others. Errors are
 ///   never cached; a short block at the end of a file is cached as short.
-/// - Eviction is scan-resistant (`quick_cache`, a Clock-PRO/S3-FIFO-class
-///   policy): a large read of cold blocks does not flush the blocks read
-///   again and again.
+/// - Eviction is scan-resistant (S3-FIFO): a large read of cold blocks
+///   does not flush the blocks read again and again. A block held by a
+///   [`BlockRef`] is never evicted.
 /// - Coherent with changes **through the context**: once a write,
 ///   `write_all`, `fallocate` (or their owned forms) through the context
 ///   resolves, no read through the cache returns the bytes it replaced;
@@ -429,41 +361,33 @@ impl BlockCache {
                 "capacity_bytes {capacity_bytes} holds no block of {block_size} bytes"
             ));
         }
-        let Ok(items) = usize::try_from(blocks) else {
+        // Frames: the capacity, and room for three times as many (at least
+        // 65536) pinned by `BlockRef`s or filled by reads; indices fit u32.
+        let max_frames = blocks.saturating_mul(4).max(1 << 16);
+        let (Ok(items), true) = (
+            usize::try_from(blocks),
+            max_frames < u64::from(u32::MAX) / 2,
+        ) else {
             return invalid(format!("capacity_bytes {capacity_bytes} is too large"));
         };
-        // Shards of at least 32 blocks each, a power of two of them, and
-        // capacities that divide evenly, so that their sum is at most the
-        // capacity.
-        let cpus = std::thread::available_parallelism().map_or(4, usize::from);
-        let mut shards = (cpus * 4).min(items / 32).max(1);
-        shards = 1 << shards.ilog2();
-        let per_shard = blocks / shards as u64;
-        let options = quick_cache::OptionsBuilder::new()
-            .shards(shards)
-            .estimated_items_capacity(items)
-            .weight_capacity(per_shard * shards as u64)
-            .build()
-            .map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("BlockCache::new: {e:?}"),
-                )
-            })?;
-        let evictions = Arc::new(AtomicU64::new(0));
-        let map = Map::with_options(options, OneBlock, KeyHash, Evictions(evictions.clone()));
         let state = Arc::new(State {
             ctx: ctx.clone(),
             shift: block_size.trailing_zeros(),
             block: block_size,
-            capacity_blocks: per_shard * shards as u64,
-            map,
+            capacity_blocks: blocks,
+            core: Arc::new(Core::new(
+                block_size,
+                items,
+                usize::try_from(max_frames).unwrap_or(usize::MAX),
+            )),
+            tables: Tables::new(),
+            policy: Mutex::new(Policy::new(items)),
+            resident: AtomicUsize::new(0),
             flights: Mutex::new(Flights::default()),
-            pool: Arc::new(Pool::new(block_size, items)),
             hits: Default::default(),
             misses: AtomicU64::new(0),
             coalesced: AtomicU64::new(0),
-            evictions,
+            evictions: AtomicU64::new(0),
         });
         let weak: std::sync::Weak<dyn Invalidate> = Arc::downgrade(&state) as _;
         ctx.inner.invalidation.add(weak);
@@ -477,8 +401,7 @@ impl BlockCache {
     }
 
     /// Most bytes of blocks the cache keeps (the capacity asked for, down
-    /// to a whole number of blocks per shard of the map; see
-    /// [`new`](Self::new) for an example).
+    /// to a whole number of blocks; see [`new`](Self::new) for an example).
     #[must_use]
     pub fn capacity_bytes(&self) -> u64 {
         self.state.capacity_blocks << self.state.shift
@@ -692,12 +615,7 @@ impl BlockCache {
         let first = range.start >> state.shift;
         let last = ((end - 1) >> state.shift).min(first + state.capacity_blocks - 1);
         let missing: Vec<u64> = (first..=last)
-            .filter(|&b| {
-                !state.map.contains_key(&Key {
-                    file: file.key,
-                    block: b,
-                })
-            })
+            .filter(|&b| state.tables.lookup(file.key, b).is_none())
             .collect();
         if missing.is_empty() {
             return Ok(());
@@ -771,18 +689,16 @@ impl BlockCache {
     pub fn stats(&self) -> CacheStats {
         let s = &self.state;
         let bytes = |blocks: u64| blocks << s.shift;
-        let resident = s.map.weight();
-        let live = s.pool.live() as u64;
-        let taken = s.pool.taken() as u64;
+        let resident = s.resident.load(Ordering::Relaxed) as u64;
         CacheStats {
             hits: s.hits.iter().map(|h| h.0.load(Ordering::Relaxed)).sum(),
             misses: s.misses.load(Ordering::Relaxed),
             coalesced: s.coalesced.load(Ordering::Relaxed),
             evictions: s.evictions.load(Ordering::Relaxed),
             resident_bytes: bytes(resident),
-            pinned_bytes: bytes(live.saturating_sub(resident)),
-            in_flight_bytes: bytes(taken.saturating_sub(live)),
-            pool_bytes: bytes(s.pool.carved() as u64),
+            pinned_bytes: bytes(s.core.retired() as u64),
+            in_flight_bytes: bytes(s.core.taken() as u64),
+            pool_bytes: bytes(s.core.carved() as u64),
         }
     }
 }

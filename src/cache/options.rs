@@ -61,8 +61,9 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Bytes of the blocks in the cache (at most the capacity).
     pub resident_bytes: u64,
-    /// Bytes of blocks no longer in the cache (evicted, invalidated, or
-    /// never admitted) that live [`BlockRef`](crate::BlockRef)s still hold.
+    /// Bytes of blocks no longer in the cache (invalidated, or never
+    /// admitted) that live [`BlockRef`](crate::BlockRef)s still hold (a
+    /// held block is never evicted: it stays resident while held).
     pub pinned_bytes: u64,
     /// Bytes of buffers that reads are filling now (or that a dropped
     /// read's kernel op still holds).

@@ -18,6 +18,7 @@ use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
     Outcome, State, HIT_SHARDS, MAX_SHORT,
 };
+use crate::buf::IoBufMut;
 use crate::error;
 use crate::id::FileId;
 use crate::inline;
@@ -64,9 +65,13 @@ impl State {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Block `block` of `file` if it is cached (a hit, counted).
+    /// Block `block` of `file` if it is cached (a hit, counted): one table
+    /// load, a pin on the frame, and a check that the frame still holds
+    /// the block. No lock, no hash, no allocation.
+    #[inline]
     pub(super) fn cached(&self, file: u64, block: u64) -> Option<BlockRef> {
-        let b = self.map.get(&Key { file, block })?;
+        let f = self.tables.lookup(file, block)?;
+        let b = self.core.pin_if_holds(f, file, block)?;
         self.hit();
         Some(b)
     }
@@ -206,8 +211,7 @@ impl State {
             }
             // A flight that ended between the caller's look and this lock
             // inserted its block under this lock.
-            if let Some(b) = self.map.get(&key) {
-                self.hit();
+            if let Some(b) = self.cached(key.file, key.block) {
                 out.push(Some(Lookup::Hit(b)));
                 continue;
             }
@@ -262,6 +266,7 @@ impl State {
     ) {
         let mut flights = lock(&self.flights);
         let unchanged = flights.epochs.get(&file).copied().unwrap_or(0) == epoch;
+        let mut policy = None;
         for (i, &block) in blocks.iter().enumerate() {
             let key = Key { file, block };
             if flights.map.get(&key).is_none_or(|e| e.id != id) {
@@ -280,7 +285,10 @@ impl State {
                     short.push(block);
                 }
             }
-            self.map.insert(key, b.clone());
+            let policy = policy.get_or_insert_with(|| lock(&self.policy));
+            let (_, evicted) =
+                policy.admit(&self.tables, &self.core, &self.resident, key, b.frame());
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
         }
     }
 
@@ -292,31 +300,27 @@ impl State {
         }
         let first = offset >> self.shift;
         let last = (offset.saturating_add(len) - 1) >> self.shift;
-        let span = last - first;
-        let hit = |k: &Key| k.file == file && (first..=last).contains(&k.block);
         let short = {
             let mut flights = lock(&self.flights);
             *flights.epochs.entry(file).or_default() += 1;
-            if span < flights.map.len() as u64 {
+            if last - first < flights.map.len() as u64 {
                 for block in first..=last {
                     flights.map.remove(&Key { file, block });
                 }
             } else {
-                flights.map.retain(|k, _| !hit(k));
+                flights
+                    .map
+                    .retain(|k, _| k.file != file || !(first..=last).contains(&k.block));
             }
             flights.short.remove(&file).unwrap_or_default()
         };
+        let mut policy = lock(&self.policy);
+        let (tables, core, resident) = (&self.tables, &self.core, &self.resident);
         // The file may have grown over its short blocks.
         for block in short {
-            self.map.remove(&Key { file, block });
+            policy.drop_blocks(tables, core, resident, file, block, block);
         }
-        if span < self.capacity_blocks.min(4096) {
-            for block in first..=last {
-                self.map.remove(&Key { file, block });
-            }
-        } else {
-            self.map.retain(|k, _| !hit(k));
-        }
+        policy.drop_blocks(tables, core, resident, file, first, last);
     }
 }
 
@@ -394,7 +398,7 @@ async fn run_flight(
     let mut bufs = Vec::with_capacity(blocks.len());
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(blocks.len());
     for &b in &blocks {
-        match state.pool.take() {
+        match state.core.take() {
             Ok(buf) => bufs.push((file.id, b << state.shift, buf)),
             Err(e) => {
                 let e = Arc::new(FlightError::new(&e, Some(what(b))));
@@ -417,13 +421,16 @@ async fn run_flight(
                 if file.direct || n == 0 || buf.filled() >= bs {
                     break;
                 }
-                let at = (b << state.shift) + buf.filled() as u64;
-                let (r, back) = state.ctx.read_owned(file.id, at, buf.rest()).await;
+                // The rest of the block, into the rest of the buffer: a
+                // window (`Slice`) is filled from its start.
+                let filled = buf.filled();
+                let at = (b << state.shift) + filled as u64;
+                let (r, back) = state.ctx.read_owned(file.id, at, buf.slice(filled..)).await;
                 buf = back.into_inner();
                 res = r;
             }
             outcomes.push(match res {
-                Ok(_) => Ok(BlockRef::new(buf, &state.pool)),
+                Ok(_) => Ok(buf.into_block()),
                 Err(e) => Err(Arc::new(FlightError::new(&e, Some(what(b))))),
             });
         }

@@ -821,6 +821,264 @@ fn memory_bound(choice: BackendChoice) {
 }
 
 // ---------------------------------------------------------------------------
+// Frames: pins, eviction under load
+// ---------------------------------------------------------------------------
+
+/// The word block `b` holds at version `v`: both, so that a frame handed
+/// out for the wrong block is caught as surely as a stale one.
+fn stress_word(b: u64, v: u64) -> u64 {
+    (b << 40) | v
+}
+
+/// Checks that every word of `bytes` (of block `b`) is block `b`'s at a
+/// version `floor <= v <= ceil` (a read racing a write may see some words
+/// of each version, as a `pread` racing a `pwrite` may).
+fn stress_check(bytes: &[u8], b: u64, floor: u64, ceil: u64, what: &str) {
+    assert!(
+        !bytes.is_empty() && bytes.len() % 8 == 0,
+        "{what}: {} bytes",
+        bytes.len()
+    );
+    for w in bytes.chunks_exact(8) {
+        let w = u64::from_le_bytes(w.try_into().unwrap());
+        let v = w & ((1 << 40) - 1);
+        assert_eq!(
+            w >> 40,
+            b,
+            "{what}: bytes of block {} for block {b}",
+            w >> 40
+        );
+        assert!(
+            (floor..=ceil).contains(&v),
+            "{what}: block {b} at version {v}, not in {floor}..={ceil}"
+        );
+    }
+}
+
+/// Many tasks on a multi-thread runtime, a cache of 8 blocks over 64 that
+/// evicts all the time: hits and misses through `get`, `get_many` and
+/// `read`, `BlockRef`s held across other tasks' work (their bytes checked
+/// again before they are dropped: a pinned frame never changes),
+/// invalidations, and writes through the context. Every word returned is
+/// the block's (never another block's) at a version between the last one
+/// completed before the read and the last one started; a held block's
+/// bytes are the same when it is dropped as when it was got.
+fn frames_stress(choice: BackendChoice) {
+    const BLOCKS: u64 = 64;
+    common::run(
+        "cache-frames-stress",
+        Flavor::Multi,
+        180,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("stress");
+            let init: Vec<u8> = (0..BLOCKS)
+                .flat_map(|b| (0..BS / 8).flat_map(move |_| stress_word(b, 0).to_le_bytes()))
+                .collect();
+            std::fs::write(&path, init).unwrap();
+            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            const CAP: u64 = 8;
+            let cache = BlockCache::new(&ctx, opts(CAP * BS as u64)).unwrap();
+            // Per block: versions completed, and started.
+            let done: Arc<Vec<AtomicU64>> =
+                Arc::new((0..BLOCKS).map(|_| AtomicU64::new(0)).collect());
+            let started: Arc<Vec<AtomicU64>> =
+                Arc::new((0..BLOCKS).map(|_| AtomicU64::new(0)).collect());
+            let mut tasks = Vec::new();
+            for w in 0..2u64 {
+                let (ctx, done, started) = (ctx.clone(), done.clone(), started.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut rng = Rng::new(300 + w);
+                    for _ in 0..200 {
+                        // Each writer owns half the blocks.
+                        let b = rng.below(BLOCKS / 2) * 2 + w;
+                        let v = started[b as usize].fetch_add(1, Ordering::AcqRel) + 1;
+                        let bytes: Vec<u8> = (0..BS / 8)
+                            .flat_map(|_| stress_word(b, v).to_le_bytes())
+                            .collect();
+                        ctx.write_all(0u32, b * BS as u64, &bytes).await.unwrap();
+                        done[b as usize].store(v, Ordering::Release);
+                        if rng.chance(10) {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }));
+            }
+            for r in 0..6u64 {
+                let (cache, done, started) = (cache.clone(), done.clone(), started.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut rng = Rng::new(400 + r);
+                    let floor = |b: u64| done[b as usize].load(Ordering::Acquire);
+                    let ceil = |b: u64| started[b as usize].load(Ordering::Acquire);
+                    let mut held: Vec<(uring_positioned_io::BlockRef, Vec<u8>)> = Vec::new();
+                    for i in 0..600 {
+                        match rng.below(4) {
+                            0 => {
+                                let b = rng.below(BLOCKS);
+                                let lo = floor(b);
+                                let block = cache.get(0u32, b).await.unwrap();
+                                stress_check(&block, b, lo, ceil(b), "get");
+                                if rng.chance(30) {
+                                    let copy = block.to_vec();
+                                    held.push((block, copy));
+                                }
+                            }
+                            1 => {
+                                let bs: Vec<u64> =
+                                    (0..rng.range(1, 5)).map(|_| rng.below(BLOCKS)).collect();
+                                let lows: Vec<u64> = bs.iter().map(|&b| floor(b)).collect();
+                                let got = cache.get_many(0u32, bs.iter().copied()).await;
+                                for ((b, lo), res) in bs.iter().zip(lows).zip(got) {
+                                    stress_check(&res.unwrap(), *b, lo, ceil(*b), "get_many");
+                                }
+                            }
+                            2 => {
+                                let b0 = rng.below(BLOCKS);
+                                let n = rng.range(1, 4).min(BLOCKS - b0);
+                                let lows: Vec<u64> = (b0..b0 + n).map(floor).collect();
+                                let skip = rng.below(BS as u64 / 8) * 8;
+                                let len = (n * BS as u64 - skip) as usize;
+                                let got = cache_read(&cache, 0u32, b0 * BS as u64 + skip, len)
+                                    .await
+                                    .unwrap();
+                                assert_eq!(got.len(), len);
+                                let mut at = 0;
+                                for (k, b) in (b0..b0 + n).enumerate() {
+                                    let end = ((k as u64 + 1) * BS as u64 - skip) as usize;
+                                    stress_check(&got[at..end], b, lows[k], ceil(b), "read");
+                                    at = end;
+                                }
+                            }
+                            _ => {
+                                let b = rng.below(BLOCKS);
+                                cache
+                                    .invalidate(
+                                        0u32,
+                                        b * BS as u64..(b + rng.range(1, 3)) * BS as u64,
+                                    )
+                                    .unwrap();
+                            }
+                        }
+                        // Held blocks never change; some are let go.
+                        if i % 7 == 0 || held.len() > 6 {
+                            for (block, copy) in held.drain(..) {
+                                assert!(block[..] == copy[..], "a held block changed");
+                            }
+                        }
+                        if rng.chance(20) {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    for (block, copy) in held {
+                        assert!(block[..] == copy[..], "a held block changed");
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let s = cache.stats();
+            assert!(s.evictions > 0, "{s:?}");
+            assert!(s.resident_bytes <= CAP * BS as u64, "{s:?}");
+            assert_eq!((s.pinned_bytes, s.in_flight_bytes), (0, 0), "{s:?}");
+            // Every cached block is the file's current one.
+            for b in 0..BLOCKS {
+                let v = done[b as usize].load(Ordering::Acquire);
+                stress_check(&cache.get(0u32, b).await.unwrap(), b, v, v, "after");
+            }
+        },
+    );
+}
+
+/// Held blocks are never evicted: their frames keep their bytes and stay
+/// in the cache (a later get is a hit on the same memory) while the rest
+/// of the cache turns over many times; once invalidated they count as
+/// pinned until dropped.
+fn pinned_never_evicted(choice: BackendChoice) {
+    common::run("cache-pinned", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        const CAP: u64 = 32;
+        let f = make_file(dir.path(), 21, 8 * CAP * BS as u64);
+        let ctx = common::default_ctx(choice, vec![f.open()]);
+        let cache = BlockCache::new(&ctx, opts(CAP * BS as u64)).unwrap();
+        let held: Vec<_> = cache
+            .get_many(0u32, 0..16)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let ptrs: Vec<*const u8> = held.iter().map(|b| b.as_ptr()).collect();
+        // Thrash: 16 free frames for a pass over 8 × the capacity, 4 times.
+        for _ in 0..4 {
+            for b in (16..8 * CAP).step_by(4) {
+                let got = cache_read(&cache, 0u32, b * BS as u64, 4 * BS)
+                    .await
+                    .unwrap();
+                check_pattern(f.seed, b * BS as u64, &got).unwrap();
+            }
+        }
+        let s = cache.stats();
+        assert!(s.evictions >= 4 * (8 * CAP - 16) - CAP, "{s:?}");
+        assert_eq!(s.pinned_bytes, 0, "held blocks were evicted: {s:?}");
+        for (i, block) in held.iter().enumerate() {
+            check_pattern(f.seed, i as u64 * BS as u64, block).unwrap();
+            let before = cache.stats().hits;
+            let again = cache.get(0u32, i as u64).await.unwrap();
+            assert_eq!(
+                cache.stats().hits,
+                before + 1,
+                "block {i} is no longer cached"
+            );
+            assert_eq!(again.as_ptr(), ptrs[i], "block {i} moved");
+        }
+        cache.invalidate(0u32, 0..16 * BS as u64).unwrap();
+        assert_eq!(cache.stats().pinned_bytes, 16 * BS as u64);
+        for _ in 0..2 {
+            for b in (16..8 * CAP).step_by(4) {
+                cache_read(&cache, 0u32, b * BS as u64, 4 * BS)
+                    .await
+                    .unwrap();
+            }
+        }
+        for (i, block) in held.iter().enumerate() {
+            check_pattern(f.seed, i as u64 * BS as u64, block).unwrap();
+        }
+        drop(held);
+        let s = cache.stats();
+        assert_eq!(s.pinned_bytes, 0, "{s:?}");
+        assert!(s.resident_bytes <= CAP * BS as u64, "{s:?}");
+    });
+}
+
+/// Dropping the cache while blocks are held: the blocks stay readable
+/// (their frames outlive the cache) and are freed with the last of them.
+fn blocks_outlive_cache(choice: BackendChoice) {
+    common::run("cache-outlive", Flavor::Multi, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 22, 8 * BS as u64);
+        let ctx = common::default_ctx(choice, vec![f.open()]);
+        let cache = BlockCache::new(&ctx, opts(4 * BS as u64)).unwrap();
+        let held: Vec<_> = cache
+            .get_many(0u32, 0..8)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let copies = held.clone();
+        drop(cache);
+        drop(ctx);
+        for (i, (a, b)) in held.iter().zip(&copies).enumerate() {
+            check_pattern(f.seed, i as u64 * BS as u64, a).unwrap();
+            assert_eq!(a.as_ptr(), b.as_ptr());
+        }
+        drop(held);
+        for (i, b) in copies.iter().enumerate() {
+            check_pattern(f.seed, i as u64 * BS as u64, b).unwrap();
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
 // The hit path
 // ---------------------------------------------------------------------------
 
@@ -996,6 +1254,9 @@ backend_tests!(
     cancelled_leader,
     scan_resistance,
     memory_bound,
+    frames_stress,
+    pinned_never_evicted,
+    blocks_outlive_cache,
     hit_path,
     hit_stretch,
     bad_input,

@@ -1,0 +1,640 @@
+//! The block cache's memory ([`Core`]): a set of block-sized *frames*, each
+//! with a small atomic header, carved from large aligned regions as they
+//! are first needed and reused after, never one allocation per miss.
+//!
+//! A frame is, at any time, exactly one of:
+//!
+//! - **exclusive** (`EXCLUSIVE` set, no pins): on the free list, or owned
+//!   by one [`FrameBuf`] (a read filling it). Only then are its bytes
+//!   written, and no pin can be taken on it.
+//! - **pinned** (`PINS` > 0): [`BlockRef`]s hold it; its bytes never
+//!   change. Mapped in a file's table (resident) or not (`RETIRED`: the last
+//!   unpin recycles it).
+//! - **resident and unpinned** (state 0): mapped in a file's table; the
+//!   evictor may claim it (`0 → EXCLUSIVE`, refused while pinned).
+//!
+//! The core outlives the cache while frames are pinned: every `RETIRED`
+//! frame holds one strong count of the core's `Arc` (taken when the bit is
+//! set, given back by whoever recycles the frame), and the cache, when
+//! dropped, retires every frame still pinned ([`Core::close`]). A
+//! [`BlockRef`] therefore needs no reference count of its own beyond the
+//! frame's pin.
+
+use std::fmt;
+use std::io;
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::buf::{AlignedBuf, IoBufMut};
+use crate::util::lock;
+
+/// Largest region: one huge page where the system gives them.
+const REGION_BYTES: usize = 2 << 20;
+
+/// Alignment of a region, so that every frame is aligned to
+/// `min(block size, 4096)`: what `O_DIRECT` asks of memory on common devices.
+const REGION_ALIGN: usize = 4096;
+
+/// A frame's state word: owned by a free list or a read.
+pub(super) const EXCLUSIVE: u64 = 1 << 63;
+/// A frame's state word: pinned but in no table; the last unpin recycles it.
+pub(super) const RETIRED: u64 = 1 << 62;
+/// A frame's state word: the pins.
+const PINS: u64 = RETIRED - 1;
+
+/// The tag of a frame that holds no block.
+pub(super) const NO_FILE: u64 = u64::MAX;
+
+/// A frame's header.
+pub(super) struct Frame {
+    /// `EXCLUSIVE`, `RETIRED` and the pins (see the module's comment).
+    state: AtomicU64,
+    /// The block it holds while mapped: the file's key and the block's
+    /// index (`NO_FILE` otherwise). A hit checks them after pinning.
+    file: AtomicU64,
+    block: AtomicU64,
+    /// Valid bytes (a short block at the end of a file holds fewer).
+    len: AtomicU32,
+    /// Set by hits, cleared by the evictor (the policy's frequency bit).
+    freq: AtomicU8,
+}
+
+impl Frame {
+    fn new() -> Frame {
+        Frame {
+            state: AtomicU64::new(EXCLUSIVE),
+            file: AtomicU64::new(NO_FILE),
+            block: AtomicU64::new(0),
+            len: AtomicU32::new(0),
+            freq: AtomicU8::new(0),
+        }
+    }
+
+    /// Pins the frame unless it is exclusive (free, or being filled).
+    fn try_pin(&self) -> bool {
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            if s & EXCLUSIVE != 0 {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Whether it holds block `block` of file `file`.
+    fn holds(&self, file: u64, block: u64) -> bool {
+        self.file.load(Ordering::Relaxed) == file && self.block.load(Ordering::Relaxed) == block
+    }
+
+    /// The block it holds (`(NO_FILE, _)`: none).
+    pub(super) fn tag(&self) -> (u64, u64) {
+        (
+            self.file.load(Ordering::Relaxed),
+            self.block.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Marks it accessed (only if not already: a hit does not dirty the
+    /// line for nothing).
+    fn touch(&self) {
+        if self.freq.load(Ordering::Relaxed) == 0 {
+            self.freq.store(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the access bit: whether it was set.
+    pub(super) fn take_freq(&self) -> bool {
+        self.freq.swap(0, Ordering::Relaxed) != 0
+    }
+
+    /// The evictor's claim on a resident, unpinned frame.
+    pub(super) fn try_claim(&self) -> bool {
+        self.state
+            .compare_exchange(0, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Makes a mapped frame the block `(file, block)`; the caller maps it
+    /// in the table after this.
+    pub(super) fn set_tag(&self, file: u64, block: u64) {
+        self.block.store(block, Ordering::Relaxed);
+        self.file.store(file, Ordering::Relaxed);
+    }
+
+    /// Forgets the block it held: a reader pinning it from a stale table
+    /// entry sees no match.
+    pub(super) fn clear_tag(&self) {
+        self.file.store(NO_FILE, Ordering::Relaxed);
+    }
+}
+
+/// Memory of `frames.len()` frames of `block` bytes: one [`AlignedBuf`],
+/// from 2 MiB its own mapping backed by transparent huge pages where the
+/// system allows ([`AlignedBuf::try_new_huge`]): zero-filled, and
+/// physically contiguous in 2 MiB pieces.
+struct Region {
+    /// Owns the memory (freed with the core); never read or written
+    /// through: only through `base`.
+    _mem: AlignedBuf,
+    /// Start of frame 0; frame `i` is `block` bytes at `base + i × block`.
+    base: NonNull<u8>,
+    frames: Box<[Frame]>,
+}
+
+/// The frames of one cache.
+pub(super) struct Core {
+    block: usize,
+    /// log2 of the frames per region.
+    region_shift: u32,
+    /// The regions made so far, published in order; a frame's region is
+    /// `regions[frame >> region_shift]`. Fixed length: the most frames the
+    /// cache ever makes is `regions.len() << region_shift`.
+    regions: Box<[AtomicPtr<Region>]>,
+    free: Mutex<Free>,
+    /// Frames carved so far (the cache's memory, in blocks).
+    carved: AtomicUsize,
+    /// Frames owned by a [`FrameBuf`] (reads in flight, or parked in the
+    /// context after their future was dropped).
+    taken: AtomicUsize,
+    /// Frames pinned and in no table.
+    retired: AtomicUsize,
+}
+
+struct Free {
+    list: Vec<u32>,
+    /// Regions made so far.
+    regions: usize,
+    /// Frames of the last region carved so far.
+    next: usize,
+}
+
+// SAFETY: the core's memory is reached only through frames, each written
+// only while exclusive to one owner (a `FrameBuf`) and read only while
+// pinned (see the module's comment); every other field is atomic or
+// behind a mutex.
+unsafe impl Send for Core {}
+// SAFETY: as above.
+unsafe impl Sync for Core {}
+
+impl Core {
+    /// No memory yet. Frames of `block` bytes, regions of up to 2 MiB (at
+    /// least one frame, at most `capacity` rounded up to a power of two),
+    /// and room for at least `max_frames` frames.
+    pub(super) fn new(block: usize, capacity: usize, max_frames: usize) -> Core {
+        let per_region = (REGION_BYTES / block).clamp(1, capacity.next_power_of_two());
+        let regions = max_frames.div_ceil(per_region);
+        Core {
+            block,
+            region_shift: per_region.trailing_zeros(),
+            regions: (0..regions).map(|_| AtomicPtr::default()).collect(),
+            free: Mutex::new(Free {
+                list: Vec::new(),
+                regions: 0,
+                next: per_region,
+            }),
+            carved: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
+            retired: AtomicUsize::new(0),
+        }
+    }
+
+    /// Frame `f`'s header and bytes.
+    ///
+    /// # Safety
+    ///
+    /// `f` was carved (the index came from a frame of this core).
+    unsafe fn frame(&self, f: u32) -> (&Frame, NonNull<u8>) {
+        let f = f as usize;
+        let r = self.regions[f >> self.region_shift].load(Ordering::Acquire);
+        // SAFETY: a carved frame's region was published (Release) before
+        // its index reached anyone (through the free-list mutex or a table
+        // entry stored with Release, loaded with Acquire); regions are
+        // freed only with the core.
+        let r = unsafe { &*r };
+        let i = f & ((1 << self.region_shift) - 1);
+        // SAFETY: i < the region's frames: the offset stays inside its
+        // allocation.
+        let ptr = unsafe { r.base.add(i * self.block) };
+        (&r.frames[i], ptr)
+    }
+
+    /// Frame `f`'s header.
+    pub(super) fn header(&self, f: u32) -> &Frame {
+        debug_assert!((f as usize) < self.carved());
+        // SAFETY: frames indices handed to the cache's machinery all came
+        // from this core (tables and queues hold nothing else).
+        unsafe { self.frame(f) }.0
+    }
+
+    /// An empty buffer of one block: a free frame, or a new one.
+    pub(super) fn take(self: &Arc<Core>) -> io::Result<FrameBuf> {
+        let f = {
+            let mut free = lock(&self.free);
+            match free.list.pop() {
+                Some(f) => f,
+                None => self.carve(&mut free)?,
+            }
+        };
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: f was just carved or came back to the free list.
+        let (_, ptr) = unsafe { self.frame(f) };
+        Ok(FrameBuf {
+            core: Some(self.clone()),
+            frame: f,
+            ptr,
+            filled: 0,
+        })
+    }
+
+    fn carve(&self, free: &mut Free) -> io::Result<u32> {
+        let per_region = 1usize << self.region_shift;
+        if free.next == per_region {
+            if free.regions == self.regions.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    format!(
+                        "block cache: all {} frames are resident, pinned or in flight",
+                        self.regions.len() << self.region_shift
+                    ),
+                ));
+            }
+            let len = per_region * self.block;
+            let mut mem = AlignedBuf::try_new_huge(len, REGION_ALIGN).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("block cache: cannot allocate {len} bytes of frames: {e}"),
+                )
+            })?;
+            // The allocation does not move when `mem` does.
+            let base = NonNull::new(mem.stable_mut_ptr()).expect("an allocation is not null");
+            let region = Box::new(Region {
+                _mem: mem,
+                base,
+                frames: (0..per_region).map(|_| Frame::new()).collect(),
+            });
+            self.regions[free.regions].store(Box::into_raw(region), Ordering::Release);
+            free.regions += 1;
+            free.next = 0;
+        }
+        let f = ((free.regions - 1) << self.region_shift) | free.next;
+        free.next += 1;
+        self.carved.fetch_add(1, Ordering::Relaxed);
+        Ok(u32::try_from(f).expect("frame indices fit u32 (checked at BlockCache::new)"))
+    }
+
+    /// Puts an exclusive frame back on the free list.
+    fn recycle(&self, f: u32) {
+        let h = self.header(f);
+        debug_assert_eq!(h.state.load(Ordering::Relaxed), EXCLUSIVE);
+        h.clear_tag();
+        h.freq.store(0, Ordering::Relaxed);
+        lock(&self.free).list.push(f);
+    }
+
+    /// A frame the evictor claimed ([`Frame::try_claim`]) and unmapped.
+    pub(super) fn free_claimed(&self, f: u32) {
+        self.recycle(f);
+    }
+
+    /// Frame `f`, just unmapped from its table: recycled if no pin holds
+    /// it, retired (recycled by its last unpin) otherwise.
+    pub(super) fn unmapped(self: &Arc<Core>, f: u32) {
+        let h = self.header(f);
+        h.clear_tag();
+        let mut s = h.state.load(Ordering::Relaxed);
+        loop {
+            debug_assert_eq!(s & (EXCLUSIVE | RETIRED), 0, "a mapped frame");
+            if s & PINS == 0 {
+                match h
+                    .state
+                    .compare_exchange(s, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+                {
+                    Ok(_) => return self.recycle(f),
+                    Err(now) => s = now,
+                }
+                continue;
+            }
+            match h
+                .state
+                .compare_exchange(s, s | RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    // The RETIRED bit holds a strong count of the core.
+                    self.retired.fetch_add(1, Ordering::Relaxed);
+                    std::mem::forget(self.clone());
+                    return;
+                }
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Frame `f`, retired and pinned (a flight's block), now mapped in a
+    /// table (its tag set first): resident.
+    pub(super) fn mapped(&self, f: u32) {
+        let h = self.header(f);
+        let prev = h.state.fetch_and(!RETIRED, Ordering::AcqRel);
+        debug_assert!(
+            prev & RETIRED != 0 && prev & PINS > 0,
+            "a retired, pinned frame"
+        );
+        self.retired.fetch_sub(1, Ordering::Relaxed);
+        // SAFETY: the RETIRED bit held one strong count of this core (taken
+        // in `FrameBuf::into_block` or `unmapped`); the caller holds
+        // another (it reached the core through an `Arc`), so this is not
+        // the last.
+        unsafe { Arc::decrement_strong_count(std::ptr::from_ref(self)) };
+    }
+
+    /// The cache is going: every frame still pinned is retired, so that it
+    /// keeps the core alive until its last unpin.
+    pub(super) fn close(self: &Arc<Core>) {
+        for f in 0..self.carved() {
+            let f = u32::try_from(f).expect("frame indices fit u32");
+            let h = self.header(f);
+            let mut s = h.state.load(Ordering::Relaxed);
+            while s & (EXCLUSIVE | RETIRED) == 0 && s & PINS > 0 {
+                match h
+                    .state
+                    .compare_exchange(s, s | RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        self.retired.fetch_add(1, Ordering::Relaxed);
+                        std::mem::forget(self.clone());
+                        break;
+                    }
+                    Err(now) => s = now,
+                }
+            }
+        }
+    }
+
+    /// A pin on block `(file, block)` in frame `f` if the frame holds it
+    /// now (a hit), its access bit set.
+    pub(super) fn pin_if_holds(&self, f: u32, file: u64, block: u64) -> Option<BlockRef> {
+        // SAFETY: f came from a table entry: a carved frame.
+        let (h, ptr) = unsafe { self.frame(f) };
+        if !h.try_pin() {
+            return None;
+        }
+        let r = BlockRef {
+            core: NonNull::from(self),
+            hdr: NonNull::from(h),
+            ptr,
+            len: h.len.load(Ordering::Relaxed) as usize,
+            frame: f,
+        };
+        if !h.holds(file, block) {
+            return None; // `r` unpins
+        }
+        h.touch();
+        Some(r)
+    }
+
+    /// Frames carved so far.
+    pub(super) fn carved(&self) -> usize {
+        self.carved.load(Ordering::Relaxed)
+    }
+
+    /// Frames reads are filling.
+    pub(super) fn taken(&self) -> usize {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Frames pinned and in no table.
+    pub(super) fn retired(&self) -> usize {
+        self.retired.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        for r in &*self.regions {
+            let r = r.load(Ordering::Acquire);
+            if !r.is_null() {
+                // SAFETY: made by `Box::into_raw` in `carve`, freed once
+                // here: no frame is pinned or owned any more (each would
+                // hold a strong count).
+                drop(unsafe { Box::from_raw(r) });
+            }
+        }
+    }
+}
+
+/// One frame being filled by a read: exclusive to it; back on the free
+/// list when dropped, or a block ([`into_block`](Self::into_block)). A read
+/// fills it from `filled` on (it is an owned buffer: a read future dropped
+/// while the kernel holds it parks it in the context until the kernel is
+/// done, and only then does it come back; its `Arc` keeps the memory).
+pub(super) struct FrameBuf {
+    core: Option<Arc<Core>>,
+    frame: u32,
+    ptr: NonNull<u8>,
+    filled: usize,
+}
+
+// SAFETY: the buffer owns its frame exclusively (EXCLUSIVE, no pin can be
+// taken on it), and the core it points into is kept alive by its `Arc`.
+unsafe impl Send for FrameBuf {}
+// SAFETY: `&FrameBuf` reads nothing through the pointer but by `&self`
+// methods that read the bytes it owns.
+unsafe impl Sync for FrameBuf {}
+
+impl FrameBuf {
+    fn core(&self) -> &Arc<Core> {
+        self.core
+            .as_ref()
+            .expect("a frame buffer has its core until dropped")
+    }
+
+    /// The bytes read so far.
+    pub(super) fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// The frame, holding the bytes read: a block, pinned once and in no
+    /// table yet (`RETIRED`), so that dropping every pin recycles it.
+    pub(super) fn into_block(mut self) -> BlockRef {
+        let core = self.core.take().expect("a frame buffer has its core");
+        // SAFETY: the frame was carved by this core.
+        let (h, ptr) = unsafe { core.frame(self.frame) };
+        h.clear_tag();
+        h.len.store(
+            u32::try_from(self.filled).expect("a block fits u32 (at most 1 GiB)"),
+            Ordering::Relaxed,
+        );
+        // Release: the bytes read (the kernel's writes, seen by this
+        // thread when the read completed) before any pin.
+        h.state.store(RETIRED | 1, Ordering::Release);
+        core.retired.fetch_add(1, Ordering::Relaxed);
+        core.taken.fetch_sub(1, Ordering::Relaxed);
+        let r = BlockRef {
+            core: NonNull::from(&*core),
+            hdr: NonNull::from(h),
+            ptr,
+            len: self.filled,
+            frame: self.frame,
+        };
+        // The RETIRED bit now holds the buffer's strong count.
+        std::mem::forget(core);
+        r
+    }
+}
+
+impl Drop for FrameBuf {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            core.taken.fetch_sub(1, Ordering::Relaxed);
+            core.recycle(self.frame);
+        }
+    }
+}
+
+// SAFETY: the frame's `block` bytes stay where they are (the region's
+// allocation never moves) and allocated while this buffer, which holds an
+// `Arc` of the core, lives; no one else reads or writes them (the frame
+// is exclusive); all of them are initialised (zero-filled at allocation),
+// `filled <= block` always holds and only `set_init` (through `&mut self`)
+// raises it.
+unsafe impl IoBufMut for FrameBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.filled
+    }
+    fn bytes_total(&self) -> usize {
+        self.core().block
+    }
+    unsafe fn set_init(&mut self, pos: usize) {
+        self.filled = self.filled.max(pos.min(self.core().block));
+    }
+}
+
+/// A cached block: its valid bytes (`Deref<Target = [u8]>`; shorter than
+/// the block size only for the block at the end of the file, and empty
+/// beyond it). A pin on the frame that holds it: cheap to clone (the
+/// frame's pin count), `'static`, `Send` and `Sync`; the bytes stay valid
+/// and unchanged while it lives, whatever the cache does meanwhile (a
+/// pinned frame is never evicted or reused: a change unmaps it, and it is
+/// recycled when its last pin goes). With the `bytes` feature it converts
+/// into `bytes::Bytes` without copying.
+///
+/// ```
+/// # use std::io::Write;
+/// use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
+/// # fn main() -> std::io::Result<()> {
+/// # let mut file = tempfile::tempfile()?;
+/// # file.write_all(&[7u8; 5000])?;
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let ctx = UringContext::new(vec![file])?;
+/// let cache = BlockCache::new(&ctx, CacheOptions::default())?;
+/// let block = cache.get(0, 1).await?; // bytes 4096..5000: the end of the file
+/// assert_eq!((block.len(), block[0]), (904, 7));
+/// let again = block.clone(); // the same bytes, no copy
+/// assert_eq!(again.as_ptr(), block.as_ptr());
+/// # Ok(())
+/// # })
+/// # }
+/// ```
+pub struct BlockRef {
+    core: NonNull<Core>,
+    hdr: NonNull<Frame>,
+    ptr: NonNull<u8>,
+    len: usize,
+    frame: u32,
+}
+
+// SAFETY: a BlockRef is a pin: while it lives the frame is neither written
+// nor reused (writes need the frame exclusive, which needs no pin), and the
+// core (headers and memory) lives (the cache's own `Arc`, or the strong
+// count a retired frame holds: `Core::close` retires every pinned frame
+// when the cache goes). It gives only shared access to the bytes.
+unsafe impl Send for BlockRef {}
+// SAFETY: as above.
+unsafe impl Sync for BlockRef {}
+
+impl BlockRef {
+    /// The frame holding the block.
+    pub(super) fn frame(&self) -> u32 {
+        self.frame
+    }
+
+    fn header(&self) -> &Frame {
+        // SAFETY: the pin keeps the core, and so the header, alive.
+        unsafe { self.hdr.as_ref() }
+    }
+}
+
+impl Clone for BlockRef {
+    fn clone(&self) -> BlockRef {
+        // Relaxed, as an `Arc`'s clone: this pin already holds the frame.
+        self.header().state.fetch_add(1, Ordering::Relaxed);
+        BlockRef {
+            core: self.core,
+            hdr: self.hdr,
+            ptr: self.ptr,
+            len: self.len,
+            frame: self.frame,
+        }
+    }
+}
+
+impl Drop for BlockRef {
+    fn drop(&mut self) {
+        let h = self.header();
+        let prev = h.state.fetch_sub(1, Ordering::Release);
+        if prev & PINS != 1 || prev & RETIRED == 0 {
+            // Not the last pin, or the frame is resident (the cache's `Arc`
+            // keeps the core): nothing more to touch.
+            return;
+        }
+        // The last pin of a retired frame: recycle it, unless a reader
+        // pinned it again from a stale table entry (its unpin does it).
+        if h.state
+            .compare_exchange(RETIRED, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: the RETIRED bit held a strong count of the core
+            // (taken with `forget` when it was set), now ours to give back.
+            let core = unsafe { Arc::from_raw(self.core.as_ptr().cast_const()) };
+            core.retired.fetch_sub(1, Ordering::Relaxed);
+            core.recycle(self.frame);
+        }
+    }
+}
+
+impl Deref for BlockRef {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the frame's first `len` bytes are inside its region, which
+        // the pin keeps alive, initialised (zero-filled, then written by a
+        // read), and not written while any pin holds the frame.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl AsRef<[u8]> for BlockRef {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for BlockRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockRef")
+            .field("len", &self.len())
+            .finish()
+    }
+}

@@ -1,0 +1,475 @@
+//! Where the cache finds a block ([`Tables`]): per registered file, a dense
+//! two-level table from block index to frame; and which block goes when a
+//! new one comes ([`Policy`], S3-FIFO).
+//!
+//! Tables are read without a lock (a hit: a few loads of hot pointers,
+//! then the entry) and changed only under the policy's mutex. Nothing a
+//! reader can reach is freed before the tables are: a file's table is
+//! reused by the next registration at its index (its key changes first),
+//! chunks stay, and a top level replaced by a larger one is kept.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::frames::{Core, NO_FILE};
+use super::{Key, KeyHash};
+
+/// Entries per chunk of a file's table.
+const CHUNK_SHIFT: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+/// Files per group of the directory, and groups: every file index a
+/// context can have (the kernel's fixed-file limit, 2^20).
+const GROUP_SHIFT: u32 = 10;
+const GROUPS: usize = 1 << 10;
+/// Blocks beyond this index are read but not cached: a file's top level
+/// is at most `MAX_CHUNKS` pointers.
+const MAX_CHUNKS: usize = 1 << 20;
+
+type Chunk = [AtomicU32; CHUNK];
+
+/// Block `block`'s entry in its chunk.
+fn slot(block: u64) -> usize {
+    usize::try_from(block & (CHUNK as u64 - 1)).expect("below CHUNK")
+}
+
+/// Block `block`'s chunk (`usize::MAX` if beyond what a table holds).
+fn chunk_of(block: u64) -> usize {
+    usize::try_from(block >> CHUNK_SHIFT).unwrap_or(usize::MAX)
+}
+
+/// One file's table: `key` is the registration it holds blocks of (the
+/// file's index and generation; `NO_FILE`: none yet).
+struct FileTable {
+    key: AtomicU64,
+    top: AtomicPtr<Top>,
+}
+
+/// A table's top level: chunk pointers, null until a block of the chunk
+/// is cached. Entry `e` of a chunk is frame `e - 1`, or none if 0.
+struct Top {
+    chunks: Box<[AtomicPtr<Chunk>]>,
+}
+
+type Group = [FileTable];
+
+pub(super) struct Tables {
+    groups: Box<[AtomicPtr<FileTable>]>,
+}
+
+impl Tables {
+    pub(super) fn new() -> Tables {
+        Tables {
+            groups: (0..GROUPS).map(|_| AtomicPtr::default()).collect(),
+        }
+    }
+
+    fn table(&self, file: u64) -> Option<&FileTable> {
+        let index = (file >> 32) as usize;
+        let g = self
+            .groups
+            .get(index >> GROUP_SHIFT)?
+            .load(Ordering::Acquire);
+        if g.is_null() {
+            return None;
+        }
+        // SAFETY: a group is `1 << GROUP_SHIFT` tables made by
+        // `Policy::table_mut` (published with Release), freed only when
+        // the tables are.
+        let t = unsafe { &*g.add(index & ((1 << GROUP_SHIFT) - 1)) };
+        Some(t)
+    }
+
+    /// The frame mapped for block `block` of `file`, if any (it may be
+    /// being replaced: the frame's tag says).
+    pub(super) fn lookup(&self, file: u64, block: u64) -> Option<u32> {
+        let t = self.table(file)?;
+        if t.key.load(Ordering::Acquire) != file {
+            return None;
+        }
+        let top = t.top.load(Ordering::Acquire);
+        if top.is_null() {
+            return None;
+        }
+        // SAFETY: tops are freed only with the tables (a replaced one is
+        // kept in `Policy::old_tops`).
+        let top = unsafe { &*top };
+        let chunk = top.chunks.get(chunk_of(block))?.load(Ordering::Acquire);
+        if chunk.is_null() {
+            return None;
+        }
+        // SAFETY: chunks are freed only with the tables.
+        let e = unsafe { &*chunk }[slot(block)].load(Ordering::Acquire);
+        e.checked_sub(1)
+    }
+}
+
+impl Drop for Tables {
+    fn drop(&mut self) {
+        for g in &*self.groups {
+            let g = g.load(Ordering::Acquire);
+            if g.is_null() {
+                continue;
+            }
+            // SAFETY: made by `Box::into_raw` of a boxed slice of
+            // `1 << GROUP_SHIFT` tables; freed once, here.
+            let group: Box<Group> =
+                unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(g, 1 << GROUP_SHIFT)) };
+            for t in &*group {
+                let top = t.top.load(Ordering::Acquire);
+                if !top.is_null() {
+                    // SAFETY: the table's current top, made by
+                    // `Box::into_raw`, freed once, here.
+                    free_top(&*unsafe { Box::from_raw(top) });
+                }
+            }
+        }
+    }
+}
+
+/// Frees a table's chunks (the table's current top: replaced ones share
+/// them).
+fn free_top(top: &Top) {
+    for c in &*top.chunks {
+        let c = c.load(Ordering::Acquire);
+        if !c.is_null() {
+            // SAFETY: chunks are made by `Box::into_raw` and shared by a
+            // table's successive tops; only its current top frees them
+            // (replaced tops are dropped without their chunks).
+            drop(unsafe { Box::from_raw(c) });
+        }
+    }
+}
+
+/// Which queue a resident frame is in.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+enum Queue {
+    #[default]
+    None,
+    Small,
+    Main,
+}
+
+/// What the policy knows of a frame.
+#[derive(Clone, Copy, Default)]
+struct Meta {
+    queue: Queue,
+    /// Bumped whenever the frame is mapped: a queue entry with another
+    /// stamp is stale (the frame left the queue, maybe for another).
+    stamp: u32,
+}
+
+/// S3-FIFO over resident frames: new blocks enter a small FIFO (a tenth of
+/// the capacity); one accessed while there moves to the main FIFO when it
+/// reaches the head, one not accessed is evicted and its key kept in a
+/// ghost FIFO; a block missed while a ghost enters main directly. Main is a
+/// CLOCK: a head accessed since it was last seen goes round again. Pinned
+/// frames are skipped (sent round again).
+pub(super) struct Policy {
+    capacity: usize,
+    small: VecDeque<(u32, u32)>,
+    main: VecDeque<(u32, u32)>,
+    meta: Vec<Meta>,
+    ghost: HashMap<Key, u64, KeyHash>,
+    ghost_fifo: VecDeque<(Key, u64)>,
+    ghost_seq: u64,
+    /// Tops replaced by larger ones (readers may still be on them).
+    old_tops: Vec<Top>,
+}
+
+impl Policy {
+    pub(super) fn new(capacity: usize) -> Policy {
+        Policy {
+            capacity,
+            small: VecDeque::new(),
+            main: VecDeque::new(),
+            meta: Vec::new(),
+            ghost: HashMap::default(),
+            ghost_fifo: VecDeque::new(),
+            ghost_seq: 0,
+            old_tops: Vec::new(),
+        }
+    }
+
+    /// The table of `file`'s index, made if needed, holding `file`'s
+    /// blocks (another registration's are dropped first).
+    fn table_mut<'t>(
+        &mut self,
+        tables: &'t Tables,
+        core: &Arc<Core>,
+        resident: &AtomicUsize,
+        file: u64,
+    ) -> Option<&'t FileTable> {
+        let index = (file >> 32) as usize;
+        let slot = tables.groups.get(index >> GROUP_SHIFT)?;
+        if slot.load(Ordering::Acquire).is_null() {
+            let group: Box<Group> = (0..1 << GROUP_SHIFT)
+                .map(|_| FileTable {
+                    key: AtomicU64::new(NO_FILE),
+                    top: AtomicPtr::default(),
+                })
+                .collect();
+            slot.store(Box::into_raw(group).cast::<FileTable>(), Ordering::Release);
+        }
+        let t = tables.table(file).expect("the group was made");
+        let key = t.key.load(Ordering::Relaxed);
+        if key != file {
+            if key != NO_FILE {
+                self.drop_blocks(tables, core, resident, key, 0, u64::MAX);
+            }
+            t.key.store(file, Ordering::Release);
+        }
+        Some(t)
+    }
+
+    /// Maps block `(file, block)` to frame `f` (pinned, retired: a flight's
+    /// block), evicting a block if the cache is full: whether it was
+    /// admitted (not if every resident frame is pinned, or the block is
+    /// beyond what a table holds). Returns the frames evicted (counted by
+    /// the caller).
+    pub(super) fn admit(
+        &mut self,
+        tables: &Tables,
+        core: &Arc<Core>,
+        resident: &AtomicUsize,
+        key: Key,
+        f: u32,
+    ) -> (bool, u64) {
+        let chunk_index = chunk_of(key.block);
+        if chunk_index >= MAX_CHUNKS {
+            return (false, 0);
+        }
+        let Some(table) = self.table_mut(tables, core, resident, key.file) else {
+            return (false, 0);
+        };
+        // The entry's chunk, the top grown to hold it if needed.
+        let mut top = table.top.load(Ordering::Acquire);
+        // SAFETY: tops are freed only with the tables or kept in
+        // `old_tops`; only this thread changes them (under the policy's
+        // mutex, which it holds).
+        let old = (!top.is_null()).then(|| unsafe { &*top });
+        if old.is_none_or(|o| o.chunks.len() <= chunk_index) {
+            let len = (chunk_index + 1).next_power_of_two().clamp(16, MAX_CHUNKS);
+            let new = Box::new(Top {
+                chunks: (0..len)
+                    .map(|i| {
+                        AtomicPtr::new(
+                            old.and_then(|o| o.chunks.get(i))
+                                .map_or(std::ptr::null_mut(), |p| p.load(Ordering::Relaxed)),
+                        )
+                    })
+                    .collect(),
+            });
+            let new = Box::into_raw(new);
+            table.top.store(new, Ordering::Release);
+            if !top.is_null() {
+                // SAFETY: the replaced top, made by `Box::into_raw`: kept
+                // (not freed) while readers may be on it; its chunks now
+                // belong to the new top.
+                self.old_tops.push(*unsafe { Box::from_raw(top) });
+            }
+            top = new;
+        }
+        // SAFETY: as above.
+        let top = unsafe { &*top };
+        let mut chunk = top.chunks[chunk_index].load(Ordering::Acquire);
+        if chunk.is_null() {
+            let new: Box<Chunk> = Box::new([const { AtomicU32::new(0) }; CHUNK]);
+            chunk = Box::into_raw(new);
+            top.chunks[chunk_index].store(chunk, Ordering::Release);
+        }
+        // SAFETY: chunks are freed only with the tables.
+        let entry = &unsafe { &*chunk }[slot(key.block)];
+        let old = entry.swap(0, Ordering::AcqRel);
+        if let Some(o) = old.checked_sub(1) {
+            self.forget(o);
+            resident.fetch_sub(1, Ordering::Relaxed);
+            core.unmapped(o);
+        }
+        let mut evicted = 0;
+        if resident.load(Ordering::Relaxed) >= self.capacity {
+            if !self.evict_one(tables, core) {
+                return (false, 0);
+            }
+            evicted = 1;
+            resident.fetch_sub(1, Ordering::Relaxed);
+        }
+        let index = f as usize;
+        if self.meta.len() <= index {
+            self.meta.resize(index + 1, Meta::default());
+        }
+        let to_main = self.ghost.remove(&key).is_some();
+        let meta = &mut self.meta[index];
+        meta.stamp = meta.stamp.wrapping_add(1);
+        meta.queue = if to_main { Queue::Main } else { Queue::Small };
+        let entry_q = (f, meta.stamp);
+        if to_main {
+            self.main.push_back(entry_q);
+        } else {
+            self.small.push_back(entry_q);
+        }
+        self.compact();
+        core.header(f).set_tag(key.file, key.block);
+        entry.store(f + 1, Ordering::Release);
+        core.mapped(f);
+        resident.fetch_add(1, Ordering::Relaxed);
+        (true, evicted)
+    }
+
+    /// Drops stale queue entries once they outnumber the live ones.
+    fn compact(&mut self) {
+        let limit = 2 * self.capacity + 64;
+        if self.small.len() + self.main.len() <= limit {
+            return;
+        }
+        let meta = &self.meta;
+        let live = |q: Queue| {
+            move |&(f, stamp): &(u32, u32)| {
+                let m = meta[f as usize];
+                m.queue == q && m.stamp == stamp
+            }
+        };
+        self.small.retain(live(Queue::Small));
+        self.main.retain(live(Queue::Main));
+    }
+
+    /// Frame `f` leaves its queue (its entry there goes stale).
+    fn forget(&mut self, f: u32) {
+        if let Some(m) = self.meta.get_mut(f as usize) {
+            m.queue = Queue::None;
+        }
+    }
+
+    /// Evicts one resident, unpinned frame (unmapped and freed): whether
+    /// one was found.
+    fn evict_one(&mut self, tables: &Tables, core: &Core) -> bool {
+        let small_target = (self.capacity / 10).max(1);
+        let mut budget = 2 * (self.small.len() + self.main.len()) + 8;
+        while budget > 0 {
+            budget -= 1;
+            let from_small = self.small.len() > small_target || self.main.is_empty();
+            let (queue, which) = if from_small {
+                (&mut self.small, Queue::Small)
+            } else {
+                (&mut self.main, Queue::Main)
+            };
+            let Some((f, stamp)) = queue.pop_front() else {
+                return false;
+            };
+            let meta = self.meta[f as usize];
+            if meta.queue != which || meta.stamp != stamp {
+                continue; // stale
+            }
+            let header = core.header(f);
+            if header.take_freq() {
+                // Accessed: round again, in main.
+                self.meta[f as usize].queue = Queue::Main;
+                self.main.push_back((f, stamp));
+                continue;
+            }
+            if !header.try_claim() {
+                // Pinned: not now.
+                queue.push_back((f, stamp));
+                continue;
+            }
+            let (file, block) = header.tag();
+            let key = Key { file, block };
+            self.meta[f as usize].queue = Queue::None;
+            unmap_entry(tables, key, f);
+            if from_small {
+                self.ghost_seq += 1;
+                self.ghost.insert(key, self.ghost_seq);
+                self.ghost_fifo.push_back((key, self.ghost_seq));
+                while self.ghost_fifo.len() > self.capacity {
+                    let Some((k, seq)) = self.ghost_fifo.pop_front() else {
+                        break;
+                    };
+                    if self.ghost.get(&k) == Some(&seq) {
+                        self.ghost.remove(&k);
+                    }
+                }
+            }
+            core.free_claimed(f);
+            return true;
+        }
+        false
+    }
+
+    /// Unmaps the blocks of `file` in `first..=last` (saturating) and the
+    /// listed `extra` blocks: each frame is freed, or retired if pinned.
+    pub(super) fn drop_blocks(
+        &mut self,
+        tables: &Tables,
+        core: &Arc<Core>,
+        resident: &AtomicUsize,
+        file: u64,
+        first: u64,
+        last: u64,
+    ) {
+        let Some(t) = tables.table(file) else {
+            return;
+        };
+        if t.key.load(Ordering::Relaxed) != file {
+            return;
+        }
+        let top = t.top.load(Ordering::Acquire);
+        if top.is_null() {
+            return;
+        }
+        // SAFETY: the current top, alive with the tables.
+        let top = unsafe { &*top };
+        let c0 = chunk_of(first);
+        let c1 = chunk_of(last).min(top.chunks.len().saturating_sub(1));
+        for c in c0..=c1 {
+            let Some(chunk) = top.chunks.get(c) else {
+                break;
+            };
+            let chunk = chunk.load(Ordering::Acquire);
+            if chunk.is_null() {
+                continue;
+            }
+            // SAFETY: chunks are freed only with the tables.
+            let chunk = unsafe { &*chunk };
+            let base = (c as u64) << CHUNK_SHIFT;
+            // `first - base` is below CHUNK in the first chunk, 0 after.
+            let lo = slot(first.saturating_sub(base));
+            let hi = slot(last.saturating_sub(base).min(CHUNK as u64 - 1));
+            for e in &chunk[lo..=hi] {
+                if e.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                if let Some(f) = e.swap(0, Ordering::AcqRel).checked_sub(1) {
+                    self.forget(f);
+                    resident.fetch_sub(1, Ordering::Relaxed);
+                    core.unmapped(f);
+                }
+            }
+        }
+    }
+}
+
+/// Clears the table entry of `key` if it maps frame `f`.
+fn unmap_entry(tables: &Tables, key: Key, f: u32) {
+    let Some(t) = tables.table(key.file) else {
+        return;
+    };
+    if t.key.load(Ordering::Relaxed) != key.file {
+        return;
+    }
+    let top = t.top.load(Ordering::Acquire);
+    if top.is_null() {
+        return;
+    }
+    // SAFETY: the current top, alive with the tables.
+    let top = unsafe { &*top };
+    let Some(chunk) = top.chunks.get(chunk_of(key.block)) else {
+        return;
+    };
+    let chunk = chunk.load(Ordering::Acquire);
+    if chunk.is_null() {
+        return;
+    }
+    // SAFETY: chunks are freed only with the tables.
+    let e = &unsafe { &*chunk }[slot(key.block)];
+    let _ = e.compare_exchange(f + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
+}
