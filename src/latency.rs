@@ -403,5 +403,19 @@ mod tests {
         assert_eq!(d.latency.reads.count(), 1);
         assert_eq!(d.background.syncs.count(), 0);
         assert_eq!(d.latency.reads.buckets().map(|(_, _, c)| c).sum::<u64>(), 1);
+        // Odd arguments: clamped, never a panic.
+        for q in [f64::NAN, -1.0, 2.0, f64::INFINITY] {
+            assert!(reads.quantile(q).unwrap() <= reads.max(), "{q}");
+        }
+        // Snapshots diffed the wrong way round count nothing.
+        assert_eq!(a.since(&r.snapshot()).latency.reads.count(), 0);
+        // Ops longer than the last bucket count there, with their length.
+        r.record(2, Priority::Latency, OpKind::Other, u64::MAX);
+        let other = r.snapshot().latency.other;
+        assert_eq!(
+            (other.count(), other.max()),
+            (1, Duration::from_nanos(u64::MAX))
+        );
+        assert_eq!(other.quantile(0.5), Some(Duration::from_nanos(u64::MAX)));
     }
 }
