@@ -676,8 +676,12 @@ fn short_group_write_is_continued(choice: BackendChoice) {
                     .into_iter()
                     .map(Result::unwrap)
                     .collect();
+                // One record alone, then the 15 in one group, or in two
+                // when the log's sync task, on the other worker, takes
+                // the group while the appends are still being polled.
                 let st = log.stats();
-                assert_eq!((st.records, st.writes), (16, 2), "{st:?}");
+                assert_eq!(st.records, 16, "{st:?}");
+                assert!((2..=3).contains(&st.writes), "no coalescing: {st:?}");
                 let frame = (RECORD_HEADER_LEN + 64) as u64;
                 let writes = fs.write_log();
                 assert!(
