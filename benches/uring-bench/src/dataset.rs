@@ -304,39 +304,18 @@ impl Dataset {
     /// mapping stay, so engines must have unmapped before this is called.
     pub fn evict(&self) -> io::Result<()> {
         for f in self.open(self.files, false)? {
-            // SAFETY: valid fd for the duration of the call.
-            let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-            if r != 0 {
-                return Err(io::Error::from_raw_os_error(r));
-            }
+            fadvise(&f, libc::POSIX_FADV_DONTNEED)?;
         }
         Ok(())
     }
 
     /// Fraction of the pages of files `0..n` resident in the page cache (mincore).
     pub fn residency(&self, n: u32) -> io::Result<f64> {
-        let page = 4096usize;
         let (mut resident, mut total) = (0u64, 0u64);
-        let mut vec = Vec::new();
         for f in self.open(n, false)? {
-            // SAFETY: read-only shared mapping of a file we keep open; only
-            // queried with mincore, never dereferenced.
-            let map = unsafe { memmap2::Mmap::map(&f)? };
-            let pages = map.len().div_ceil(page);
-            vec.resize(pages, 0u8);
-            // SAFETY: vec has one byte per page of the mapping.
-            let r = unsafe {
-                libc::mincore(
-                    map.as_ptr() as *mut libc::c_void,
-                    map.len(),
-                    vec.as_mut_ptr(),
-                )
-            };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            resident += vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
-            total += pages as u64;
+            let (r, t) = resident_pages(&f)?;
+            resident += r;
+            total += t;
         }
         Ok(if total == 0 {
             0.0
@@ -419,6 +398,42 @@ impl Dataset {
             Regime::Direct => Ok(None),
         }
     }
+}
+
+/// `posix_fadvise(f, 0, 0, advice)`: the whole file.
+pub fn fadvise(f: &File, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: valid fd for the duration of the call.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, advice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
+}
+
+/// Pages of `f` resident in the page cache, and its pages in all (mincore).
+pub fn resident_pages(f: &File) -> io::Result<(u64, u64)> {
+    if f.metadata()?.len() == 0 {
+        return Ok((0, 0));
+    }
+    // SAFETY: read-only shared mapping of a file the caller keeps open;
+    // only queried with mincore, never dereferenced.
+    let map = unsafe { memmap2::Mmap::map(f)? };
+    let pages = map.len().div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: vec has one byte per page of the mapping.
+    let r = unsafe {
+        libc::mincore(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            vec.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let resident = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
+    Ok((resident, pages as u64))
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@ use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,6 +47,7 @@ use parquet::file::writer::SerializedFileWriter;
 use uring_positioned_io::{ParquetFileReader, UringContext, UringFile};
 
 use crate::cli::{ParquetArgs, ParquetEngine, ParquetRegime};
+use crate::dataset::{fadvise, resident_pages};
 use crate::machine::{cpu_model, git_commit, kernel, loadavg, meminfo};
 use crate::report::{table, Style};
 
@@ -153,61 +153,18 @@ fn ensure_data(a: &ParquetArgs) -> Result<Data, String> {
     })
 }
 
-fn fadvise(f: &File, advice: libc::c_int) -> io::Result<()> {
-    // SAFETY: `f` is an open file for the duration of the call.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, advice) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(r))
-    }
-}
-
 /// Drops the file from the page cache, asking again while pages remain
 /// (a page the kernel still holds survives one request).
 fn drop_cache(path: &Path) -> Result<(), String> {
     let f = File::open(path).map_err(|e| e.to_string())?;
     for _ in 0..10 {
         fadvise(&f, libc::POSIX_FADV_DONTNEED).map_err(|e| e.to_string())?;
-        if resident(&f)? == 0 {
+        if resident_pages(&f).map_err(|e| e.to_string())?.0 == 0 {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
-}
-
-/// Pages of `f` in the page cache (`mincore` over a mapping).
-fn resident(f: &File) -> Result<u64, String> {
-    let len = f.metadata().map_err(|e| e.to_string())?.len() as usize;
-    if len == 0 {
-        return Ok(0);
-    }
-    // SAFETY: a fresh shared read-only mapping of `len` bytes of an open
-    // file, unmapped below; nothing reads through it.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error().to_string());
-    }
-    let pages = len.div_ceil(4096);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `p` maps `len` bytes; `vec` has one byte per page.
-    let r = unsafe { libc::mincore(p, len, vec.as_mut_ptr()) };
-    // SAFETY: unmaps exactly the mapping made above.
-    unsafe { libc::munmap(p, len) };
-    if r != 0 {
-        return Err(io::Error::last_os_error().to_string());
-    }
-    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
 }
 
 /// A reader that runs each request's reads in one `spawn_blocking` call,

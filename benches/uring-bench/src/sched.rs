@@ -44,7 +44,6 @@ use futures::StreamExt;
 use std::fs::File;
 use std::io::{self, BufRead, Read};
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -223,16 +222,6 @@ impl Env<'_> {
     }
 }
 
-fn drop_from_cache(f: &File) -> io::Result<()> {
-    // SAFETY: valid fd for the duration of the call.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(r))
-    }
-}
-
 /// Checks that a piece of a pass over the scanned file starts where the
 /// last one ended and that every block in it is the right one.
 fn verify_piece(seed: u64, expected: u64, offset: u64, data: &[u8]) -> Result<(), String> {
@@ -296,7 +285,8 @@ async fn crate_scan(
         }
         passes += 1;
         if let Some(f) = &evictor {
-            drop_from_cache(f).map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
+            crate::dataset::fadvise(f, libc::POSIX_FADV_DONTNEED)
+                .map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
         }
         if stop.load(Ordering::Relaxed) {
             break;
@@ -387,7 +377,8 @@ fn bufreader_scan(
         }
         passes += 1;
         if let Some(f) = evictor {
-            drop_from_cache(f).map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
+            crate::dataset::fadvise(f, libc::POSIX_FADV_DONTNEED)
+                .map_err(|e| format!("posix_fadvise(DONTNEED): {e}"))?;
         }
         if stop.load(Ordering::Relaxed) {
             break;
