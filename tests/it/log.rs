@@ -474,7 +474,15 @@ fn no_acknowledgement_past_a_hole(choice: BackendChoice) {
                 while log.stats().records < 4 {
                     tokio::task::yield_now().await;
                 }
+                // Issued alone: 3 writes, or 4 when the small one reached
+                // the log first (spawned on the other worker) and was
+                // gathered, then written by the large one's append before
+                // its own, as the log does for a record above the cap.
                 let st = log.stats();
+                assert!(
+                    (3..=4).contains(&st.writes),
+                    "the record above the cap not issued alone: {st:?}"
+                );
                 assert_eq!(
                     st.writes, 3,
                     "the record above the cap not issued alone: {st:?}"
