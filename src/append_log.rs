@@ -1,6 +1,7 @@
 //! [`AppendLog`]: a write-ahead log over one [`UringFile`] (feature
 //! `append-log`) — reserved offsets, framed and checksummed records,
-//! group commit with `fdatasync`, preallocation, and recovery.
+//! group commit with durable writes or `fdatasync`, preallocation, and
+//! recovery.
 //!
 //! # On-disk format
 //!
@@ -103,6 +104,7 @@ pub struct AppendLogOptions {
     max_record_len: usize,
     max_group_len: usize,
     preallocate: u64,
+    durable_writes: bool,
 }
 
 impl Default for AppendLogOptions {
@@ -119,7 +121,20 @@ impl AppendLogOptions {
             max_record_len: DEFAULT_MAX_RECORD,
             max_group_len: DEFAULT_MAX_GROUP,
             preallocate: 0,
+            durable_writes: true,
         }
+    }
+
+    /// Commit with durable writes where it can (on by default): a group,
+    /// or a record on an idle log, written when every byte before it is
+    /// already durable is issued with `RWF_DSYNC` and needs no
+    /// `fdatasync` — one round trip per commit instead of a write and a
+    /// sync one after the other. Off: every commit is a write and an
+    /// `fdatasync`. [`AppendLogStats`] counts both kinds.
+    #[must_use]
+    pub fn durable_writes(mut self, on: bool) -> Self {
+        self.durable_writes = on;
+        self
     }
 
     /// The most bytes of records (frames: header and payload) gathered
@@ -353,7 +368,10 @@ impl LogRecovery {
                     tail,
                     written: tail,
                     done: BTreeMap::new(),
-                    durable: tail,
+                    // What recovery read may be in the page cache only (a
+                    // process that died before its sync): the first commit
+                    // is an `fdatasync`, which covers it.
+                    durable: 0,
                     waiters: BTreeMap::new(),
                     barriers: Vec::new(),
                     writing: 0,
@@ -363,11 +381,13 @@ impl LogRecovery {
                     poisoned: None,
                     closed: false,
                     prealloc_step: self.options.preallocate,
+                    durable_writes: self.options.durable_writes,
                     prealloc_end: size,
                     stats: AppendLogStats {
                         records: 0,
                         writes: 0,
                         syncs: 0,
+                        durable_writes: 0,
                         bytes: 0,
                         preallocation: prealloc,
                     },
@@ -448,8 +468,13 @@ pub struct AppendLogStats {
     /// writes or a sync were in flight, or a record written alone.
     /// `records / writes` is the write coalescing.
     pub writes: u64,
-    /// `fdatasync` calls made: `records / syncs` is the group commit.
+    /// `fdatasync` calls made.
     pub syncs: u64,
+    /// Writes issued durable (`RWF_DSYNC`), each a commit without an
+    /// `fdatasync`: a group (or a lone record) written when every byte
+    /// before it was already durable. `records / (syncs + durable_writes)`
+    /// is the group commit.
+    pub durable_writes: u64,
     /// Bytes written (record frames: headers and payloads).
     pub bytes: u64,
     /// Whether the log preallocates.
@@ -470,7 +495,7 @@ struct State {
     /// Completed writes above `written`: start → end.
     done: BTreeMap<u64, u64>,
     /// Every byte below is durable (an `fdatasync` that started after its
-    /// write completed has completed).
+    /// write completed has completed, or a durable write of it has).
     durable: u64,
     /// Appends waiting for their end to be durable: end → ack.
     waiters: BTreeMap<u64, oneshot::Sender<io::Result<()>>>,
@@ -493,6 +518,8 @@ struct State {
     poisoned: Option<Poison>,
     closed: bool,
     prealloc_step: u64,
+    /// `AppendLogOptions::durable_writes`.
+    durable_writes: bool,
     /// The file is allocated below.
     prealloc_end: u64,
     stats: AppendLogStats,
@@ -505,6 +532,40 @@ impl State {
         self.writing += 1;
         self.stats.writes += 1;
         Some(g)
+    }
+
+    /// Whether a write starting at `start` is issued durable (and counted
+    /// so): when every byte before it is durable (so no other write is in
+    /// flight before it), one `RWF_DSYNC` write commits it, where a write
+    /// and an `fdatasync` take two round trips one after the other.
+    /// (`RWF_DSYNC` flushes the write's own range only, so it cannot stand
+    /// in for a sync of earlier writes.) Not while a preallocation is due:
+    /// the sync task makes it, then writes and syncs.
+    ///
+    /// One durable write at a time: with two in flight (the next group
+    /// sent while one is flushed) the groups got smaller and the commits
+    /// no faster, the flushes of one file not overlapping.
+    fn durable_write(&mut self, start: u64) -> bool {
+        let durable = self.durable_writes && self.durable == start && self.prealloc_due().is_none();
+        if durable {
+            self.stats.durable_writes += 1;
+        }
+        durable
+    }
+
+    /// Takes the pending group to write it, and whether it goes durable.
+    fn take_pending_group(&mut self) -> Option<(Group, bool)> {
+        let start = self.pending.as_ref()?.start;
+        let durable = self.durable_write(start);
+        self.take_pending().map(|g| (g, durable))
+    }
+
+    /// The `fallocate` due before the next commit, if the tail is within
+    /// half a step of the allocated end: `(from, len)`.
+    fn prealloc_due(&self) -> Option<(u64, u64)> {
+        let step = self.prealloc_step;
+        (step > 0 && self.tail + step / 2 > self.prealloc_end)
+            .then(|| (self.prealloc_end.max(self.tail), step))
     }
 
     /// The write of `start..end` completed: advances `written` over it
@@ -545,9 +606,10 @@ impl State {
         }
     }
 
-    /// `durable` reached `to`: acknowledges what it covers.
+    /// Every byte below `to` is durable: acknowledges what it covers.
     fn made_durable(&mut self, to: u64) {
-        self.durable = to;
+        self.durable = self.durable.max(to);
+        let to = self.durable;
         let rest = self.waiters.split_off(&(to + 1));
         for (_, tx) in std::mem::replace(&mut self.waiters, rest) {
             let _ = tx.send(Ok(()));
@@ -594,19 +656,62 @@ impl Inner {
         }
     }
 
-    /// Writes `group` (taken with `writing` counted), then marks it
-    /// written and kicks the sync task, or poisons the log. A short write
+    /// Allocates `len` bytes from `from` ahead of the tail; a failure
+    /// stops preallocation (not a durability matter), reported in the
+    /// stats and once as a warning.
+    async fn preallocate(&self, from: u64, len: u64) {
+        let res = self
+            .file
+            .fallocate(FallocateMode::ALLOCATE, from, len)
+            .await;
+        let mut st = self.lock();
+        match res {
+            Ok(()) => {
+                st.prealloc_end = st.prealloc_end.max(from + len);
+                st.stats.preallocation = Preallocation::Active {
+                    end: st.prealloc_end,
+                };
+            }
+            // Not supported here, no space left (the writes will say), or
+            // anything else: stop trying.
+            Err(e) => {
+                st.prealloc_step = 0;
+                st.stats.preallocation = Preallocation::Stopped {
+                    errno: e.raw_os_error(),
+                };
+                crate::util::decision!(
+                    warn,
+                    error = %e,
+                    "append log: fallocate failed, preallocation stopped; appends go on growing the file"
+                );
+            }
+        }
+    }
+
+    /// Writes `group` (taken with `writing` counted; `RWF_DSYNC` when
+    /// `durable`, see `State::durable_write`), then marks it written (and
+    /// durable) and kicks the sync task, or poisons the log. A short write
     /// is continued (`write_all`); one that writes nothing fails.
-    async fn write_group(self: &Arc<Self>, group: Group) {
+    async fn write_group(self: &Arc<Self>, group: Group, durable: bool) {
         let Group { start, buf } = group;
         let end = start + buf.len() as u64;
-        let (res, buf) = self.file.write_all_at_owned(buf, start).await;
+        let write = self.file.write_all_at_owned(buf, start);
+        let (res, buf) = if durable {
+            write.durable().await
+        } else {
+            write.await
+        };
         let mut st = self.lock();
         st.writing -= 1;
         match res {
             Ok(()) => {
                 st.stats.bytes += end - start;
                 st.completed(start, end);
+                // Every byte before it was durable when it was issued, and
+                // durability only grows: all below `end` is durable now.
+                if durable {
+                    st.made_durable(end);
+                }
                 st.recycle(buf, self.max_group_len);
                 self.kick(&mut st);
             }
@@ -616,17 +721,20 @@ impl Inner {
 }
 
 /// The one sync task: writes the pending group once no write is in
-/// flight, and `fdatasync`s everything written so far, acknowledges it,
-/// again while there is more; preallocates ahead of the tail between
-/// syncs.
+/// flight — durable (`RWF_DSYNC`) when everything before it is, which
+/// commits it — and otherwise `fdatasync`s everything written so far,
+/// acknowledges it, again while there is more; preallocates ahead of the
+/// tail before a commit.
 async fn sync_loop(inner: Arc<Inner>) {
-    // A group was written since the last sync: sync before the next group
-    // (records gathered meanwhile wait for it), so that a steady stream of
-    // appends cannot put off the sync.
+    // A group was written (not durable) since the last sync: sync before
+    // the next group (records gathered meanwhile wait for it), so that a
+    // steady stream of appends cannot put off the sync.
     let mut wrote = false;
     loop {
         let mut group = None;
-        let mut sync = None;
+        let mut durable = false;
+        let sync;
+        let prealloc;
         {
             let mut st = inner.lock();
             if st.poisoned.is_some() {
@@ -634,61 +742,35 @@ async fn sync_loop(inner: Arc<Inner>) {
                 return;
             }
             if st.writing == 0 && (!wrote || st.written <= st.durable) {
-                group = st.take_pending();
+                if let Some((g, d)) = st.take_pending_group() {
+                    group = Some(g);
+                    durable = d;
+                }
             }
-            if group.is_none() {
+            if group.is_some() {
+                sync = None;
+            } else {
                 if st.written <= st.durable {
                     st.syncing = false;
                     return;
                 }
-                let step = st.prealloc_step;
-                let prealloc = if step > 0 && st.tail + step / 2 > st.prealloc_end {
-                    let from = st.prealloc_end.max(st.tail);
-                    Some((from, step))
-                } else {
-                    None
-                };
                 st.stats.syncs += 1;
-                sync = Some((st.written, prealloc));
+                sync = Some(st.written);
             }
+            prealloc = st.prealloc_due();
+        }
+        if let Some((from, len)) = prealloc {
+            inner.preallocate(from, len).await;
         }
         if let Some(group) = group {
-            // Its kick finds this task running: the loop syncs it next.
-            inner.write_group(group).await;
-            wrote = true;
+            // Its kick finds this task running: the loop goes on with it.
+            inner.write_group(group, durable).await;
+            wrote = !durable;
             continue;
         }
-        let Some((target, prealloc)) = sync else {
+        let Some(target) = sync else {
             continue;
         };
-        if let Some((from, len)) = prealloc {
-            let res = inner
-                .file
-                .fallocate(FallocateMode::ALLOCATE, from, len)
-                .await;
-            let mut st = inner.lock();
-            match res {
-                Ok(()) => {
-                    st.prealloc_end = st.prealloc_end.max(from + len);
-                    st.stats.preallocation = Preallocation::Active {
-                        end: st.prealloc_end,
-                    };
-                }
-                // Not supported here, no space left (the writes will say),
-                // or anything else: not a durability matter; stop trying.
-                Err(e) => {
-                    st.prealloc_step = 0;
-                    st.stats.preallocation = Preallocation::Stopped {
-                        errno: e.raw_os_error(),
-                    };
-                    crate::util::decision!(
-                        warn,
-                        error = %e,
-                        "append log: fallocate failed, preallocation stopped; appends go on growing the file"
-                    );
-                }
-            }
-        }
         let res = inner.file.sync_data().await;
         wrote = false;
         let mut st = inner.lock();
@@ -716,25 +798,29 @@ async fn sync_loop(inner: Arc<Inner>) {
 ///   `fdatasync` in flight) is written at once, alone. Records appended
 ///   while earlier writes or a sync are in flight are gathered into one
 ///   buffer, back to back, and written as one positioned write (a group)
-///   once no write is in flight — in practice right before the next sync:
-///   one write and one `fdatasync` per group, as a serial group commit
-///   does. A group holds at most
+///   once no write is in flight: one commit per group, as a serial group
+///   commit does. A group holds at most
 ///   [`max_group_len`](AppendLogOptions::max_group_len) bytes; a larger
 ///   record is written alone, at once. A short write is continued.
-/// - Group commit: one `fdatasync` at a time covers every record written
-///   contiguously from the start when it starts; appends whose writes
-///   complete during it wait for the next. An append resolves only after
-///   an `fdatasync` that started after its own write and every earlier
-///   record's write completed has completed: no acknowledged record has a
-///   hole before it.
-/// - Failure: a failed write or `fdatasync` fails every append it covers
+/// - Commits: a write (a group, or a record on an idle log) issued when
+///   every byte before it is durable is a durable write (`RWF_DSYNC`),
+///   which commits it in one round trip
+///   ([`durable_writes`](AppendLogOptions::durable_writes)). Otherwise one
+///   `fdatasync` at a time covers every record written contiguously from
+///   the start when it starts; appends whose writes complete during it
+///   wait for the next. An append resolves only once its record and every
+///   record before it are durable: no acknowledged record has a hole
+///   before it.
+/// - Failure: a failed write (a durable one's flush included) or
+///   `fdatasync` fails every append it covers
 ///   (with the errno) and every later one: the log is poisoned (recover it
 ///   by reopening). A failed append's record may or may not be recovered.
 ///
 /// An append dropped after its first poll still completes in the
 /// background (its write, or its place in a group, then its place in a
 /// sync): dropping it only drops the acknowledgement.
-/// [`stats`](Self::stats) counts records, writes, syncs and bytes, and
+/// [`stats`](Self::stats) counts records, writes, syncs, durable writes and
+/// bytes, and
 /// says whether preallocation is on. The file must not be `O_DIRECT` (records are
 /// not aligned) nor written by anything else.
 ///
@@ -826,6 +912,7 @@ impl AppendLog {
             let (tx, rx) = oneshot::channel();
             let tail = st.tail;
             st.barriers.push((tail, tx));
+            self.inner.kick(&mut st);
             rx
         };
         rx.await
@@ -839,7 +926,10 @@ impl AppendLog {
     }
 
     /// The end of the durable records: every record below is acknowledged
-    /// or can be.
+    /// or can be. 0 after opening until the first commit: the records
+    /// recovered may be in the page cache only (written by a process that
+    /// died before its sync), and the first commit is an `fdatasync` that
+    /// covers them.
     #[must_use]
     pub fn durable(&self) -> u64 {
         self.inner.lock().durable
@@ -851,8 +941,8 @@ impl AppendLog {
         self.inner.epoch
     }
 
-    /// `fdatasync` calls made so far: appends acknowledged per sync is a
-    /// measure of the group commit (also in [`stats`](Self::stats)).
+    /// `fdatasync` calls made so far (also in [`stats`](Self::stats), with
+    /// the durable writes: records per commit measure the group commit).
     #[must_use]
     pub fn syncs(&self) -> u64 {
         self.inner.lock().stats.syncs
@@ -898,7 +988,7 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
     });
     let head = (inner.epoch, len);
     // Reserve the offset; join the pending group, or write at once.
-    let (offset, rx, before, own) = {
+    let (offset, rx, before, own, durable) = {
         let mut st = inner.lock();
         if let Some(p) = &st.poisoned {
             return Err(p.later());
@@ -919,38 +1009,45 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
         });
         let mut before = None;
         let mut own = None;
+        let mut durable = false;
         if alone {
             // Written alone, at once; a pending group before it can grow
             // no more: this append writes it first.
-            before = st.take_pending();
+            before = st.take_pending_group();
             st.writing += 1;
             st.stats.writes += 1;
             own = Some(Vec::new());
+            durable = before.is_none() && st.durable_write(offset);
         } else if joins {
             let g = st.pending.as_mut().expect("joins a pending group");
             encode_frame(&mut g.buf, offset, head, payload, body.as_ref());
         } else if st.pending.is_some() || st.writing > 0 || st.syncing {
             // A new group (the one before it, full, is written by this
             // append); whoever finishes last writes it.
-            before = st.take_pending();
+            before = st.take_pending_group();
             let mut buf = std::mem::take(&mut st.spare);
             encode_frame(&mut buf, offset, head, payload, body.as_ref());
             st.pending = Some(Group { start: offset, buf });
             inner.kick(&mut st);
         } else {
-            // An idle log: written at once.
+            // An idle log: written at once, and durable if all before it
+            // is (as it is on an idle log) — unless a preallocation is
+            // due, which the sync task makes before it syncs this write.
             st.writing += 1;
             st.stats.writes += 1;
             own = Some(std::mem::take(&mut st.spare));
+            durable = st.durable_write(offset);
         }
-        (offset, rx, before, own)
+        (offset, rx, before, own, durable)
     };
-    if let Some(group) = before {
-        inner.write_group(group).await;
+    if let Some((group, durable)) = before {
+        inner.write_group(group, durable).await;
     }
     if let Some(mut buf) = own {
         encode_frame(&mut buf, offset, head, payload, body.as_ref());
-        inner.write_group(Group { start: offset, buf }).await;
+        inner
+            .write_group(Group { start: offset, buf }, durable)
+            .await;
     }
     match rx.await {
         Ok(Ok(())) => Ok(offset),

@@ -76,6 +76,25 @@ pub(crate) unsafe fn preadv_nowait(fd: RawFd, iov: &[libc::iovec], offset: u64) 
     }
 }
 
+/// `pwrite(fd, buf, offset)`, or with `dsync` `pwritev2(.., RWF_DSYNC)`:
+/// the bytes are durable when it returns, as under `O_DSYNC`. The blocking
+/// twin of a ring write.
+pub(crate) fn pwrite(file: &File, buf: &[u8], offset: u64, dsync: bool) -> io::Result<usize> {
+    if !dsync {
+        return std::os::unix::fs::FileExt::write_at(file, buf, offset);
+    }
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let iov = [libc::iovec {
+        iov_base: buf.as_ptr().cast_mut().cast(),
+        iov_len: buf.len(),
+    }];
+    // SAFETY: the iovec describes `buf`, valid for reads for the whole
+    // (synchronous) call; the kernel only reads it.
+    let n = unsafe { libc::pwritev2(file.as_raw_fd(), iov.as_ptr(), 1, offset, libc::RWF_DSYNC) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
 /// `pread(fd, buf, offset)`, into memory that may be uninitialised (an
 /// owned buffer's storage); the bytes read are initialised by the
 /// kernel. An offset beyond `i64::MAX` is clamped (the read then fails or

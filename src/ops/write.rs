@@ -9,7 +9,6 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
@@ -35,7 +34,8 @@ pub(crate) trait Source {
     fn max_piece(&self) -> usize;
     /// The ring op writing bytes `done..done + len` at `offset`.
     fn sqe(&mut self, offset: u64, done: usize, len: usize) -> RingOp<'_>;
-    /// The same on the blocking pool.
+    /// The same on the blocking pool (`RWF_DSYNC` with `dsync`).
+    #[allow(clippy::too_many_arguments)]
     fn spawn_blocking(
         &mut self,
         pool: &BlockingPool,
@@ -44,6 +44,7 @@ pub(crate) trait Source {
         offset: u64,
         done: usize,
         len: usize,
+        dsync: bool,
     ) -> io::Result<JoinHandle<io::Result<usize>>>;
     /// A blocking piece is over: bring a lent buffer home.
     fn home(&mut self) {}
@@ -68,6 +69,8 @@ pub(crate) struct Write<S> {
     limit: u32,
     /// `write_all`: continue every short piece; a failure is an error.
     exact: bool,
+    /// Each piece `RWF_DSYNC`: durable when the write completes.
+    pub(crate) dsync: bool,
 }
 
 impl<S: Source> Write<S> {
@@ -79,6 +82,7 @@ impl<S: Source> Write<S> {
             piece: 0,
             limit: u32::MAX,
             exact,
+            dsync: false,
         }
     }
 
@@ -164,7 +168,11 @@ impl<S: Source> Op for Write<S> {
 
     fn sqe(&mut self) -> RingOp<'_> {
         let (offset, len) = self.next_piece();
-        self.src.sqe(offset, self.done, len)
+        let dsync = self.dsync;
+        match self.src.sqe(offset, self.done, len) {
+            RingOp::Write { offset, src, .. } => RingOp::Write { offset, src, dsync },
+            op => op,
+        }
     }
 
     fn spawn_blocking(
@@ -176,7 +184,7 @@ impl<S: Source> Op for Write<S> {
         let (offset, len) = self.next_piece();
         let file = file.ok_or_else(|| io::Error::other("write without a file (a bug)"))?;
         self.src
-            .spawn_blocking(pool, file, permit, offset, self.done, len)
+            .spawn_blocking(pool, file, permit, offset, self.done, len, self.dsync)
     }
 
     fn finish_blocking(&mut self, out: io::Result<usize>) -> io::Result<usize> {
@@ -262,6 +270,7 @@ impl Source for BorrowedSrc<'_> {
         RingOp::Write {
             offset,
             src: Src::Copy(&self.0[done..done + len]),
+            dsync: false,
         }
     }
     fn spawn_blocking(
@@ -272,11 +281,14 @@ impl Source for BorrowedSrc<'_> {
         offset: u64,
         done: usize,
         len: usize,
+        dsync: bool,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         // Page-aligned, so that O_DIRECT files work as on the ring.
         let mut copy = crate::buf::AlignedBuf::try_new(len, crate::buf::BOUNCE_ALIGN)?;
         copy.copy_from_slice(&self.0[done..done + len]);
-        pool.run(permit, move || file.file.write_at(&copy, offset))
+        pool.run(permit, move || {
+            crate::sys::pwrite(&file.file, &copy, offset, dsync)
+        })
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         None
@@ -326,6 +338,7 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
         RingOp::Write {
             offset,
             src: Src::Caller(ptr, len),
+            dsync: false,
         }
     }
     fn spawn_blocking(
@@ -336,6 +349,7 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
         offset: u64,
         done: usize,
         len: usize,
+        dsync: bool,
     ) -> io::Result<JoinHandle<io::Result<usize>>> {
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
@@ -350,7 +364,7 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
             let src = all.get(done..done + len).ok_or_else(|| {
                 io::Error::other("owned write out of the buffer's bounds (a bug in the crate)")
             })?;
-            file.file.write_at(src, offset)
+            crate::sys::pwrite(&file.file, src, offset, dsync)
         })
     }
     fn home(&mut self) {
@@ -441,6 +455,32 @@ impl<B: IoBuf> Future for UringWriteAllOwnedFuture<'_, B> {
         Poll::Ready((res.map(drop), this.core.op.src.take()))
     }
 }
+
+macro_rules! durable {
+    ($($t:ident $(<$b:ident>)?),*) => {$(
+        impl<$($b: IoBuf)?> $t<'_ $(, $b)?> {
+            /// Makes the write durable when it completes: it is issued with
+            /// `RWF_DSYNC`, as if the file were opened `O_DSYNC` for this
+            /// write alone. Its bytes, and what is needed to read them back
+            /// (a new file size, an allocated block), reach stable storage
+            /// before the future resolves, in one op where a write and a
+            /// [`sync_data`](crate::UringFile::sync_data) take two. Only
+            /// this write's range is flushed: earlier writes still need a
+            /// sync. Call it before the first poll.
+            pub fn durable(mut self) -> Self {
+                self.core.op.dsync = true;
+                self
+            }
+        }
+    )*};
+}
+
+durable!(
+    UringWriteFuture,
+    UringWriteAllFuture,
+    UringWriteOwnedFuture<B>,
+    UringWriteAllOwnedFuture<B>
+);
 
 debug_via_core!(
     UringWriteFuture,

@@ -57,8 +57,13 @@ pub(crate) enum Src<'b> {
 pub(crate) enum RingOp<'b> {
     /// Read into `dst` from `offset`.
     Read { offset: u64, dst: Dst },
-    /// Write `src` at `offset`.
-    Write { offset: u64, src: Src<'b> },
+    /// Write `src` at `offset`; with `dsync`, `RWF_DSYNC` (durable when
+    /// it completes, as under `O_DSYNC`).
+    Write {
+        offset: u64,
+        src: Src<'b>,
+        dsync: bool,
+    },
     /// `fsync` (or `fdatasync` when `datasync`).
     Fsync { datasync: bool },
     /// `sync_file_range(offset, len, flags)`.
@@ -197,30 +202,36 @@ impl Ring {
                 };
                 (bounce.map_or(OpBuf::Caller, |b| b.buf), entry)
             }
-            (RingOp::Write { offset, src }, bounce) => match (src, bounce) {
-                (Src::Caller(ptr, len), _) => (
-                    OpBuf::Caller,
-                    opcode::Write::new(fd, ptr, rw_len(len))
-                        .offset(offset)
-                        .ioprio(ioprio)
-                        .build(),
-                ),
-                (Src::Copy(data), Some(b)) => {
-                    let len = rw_len(data.len());
-                    let entry = match b.fixed {
-                        Some(index) => opcode::WriteFixed::new(fd, b.ptr, len, index)
+            (RingOp::Write { offset, src, dsync }, bounce) => {
+                let rw_flags = if dsync { libc::RWF_DSYNC } else { 0 };
+                match (src, bounce) {
+                    (Src::Caller(ptr, len), _) => (
+                        OpBuf::Caller,
+                        opcode::Write::new(fd, ptr, rw_len(len))
                             .offset(offset)
                             .ioprio(ioprio)
+                            .rw_flags(rw_flags)
                             .build(),
-                        None => opcode::Write::new(fd, b.ptr, len)
-                            .offset(offset)
-                            .ioprio(ioprio)
-                            .build(),
-                    };
-                    (b.buf, entry)
+                    ),
+                    (Src::Copy(data), Some(b)) => {
+                        let len = rw_len(data.len());
+                        let entry = match b.fixed {
+                            Some(index) => opcode::WriteFixed::new(fd, b.ptr, len, index)
+                                .offset(offset)
+                                .ioprio(ioprio)
+                                .rw_flags(rw_flags)
+                                .build(),
+                            None => opcode::Write::new(fd, b.ptr, len)
+                                .offset(offset)
+                                .ioprio(ioprio)
+                                .rw_flags(rw_flags)
+                                .build(),
+                        };
+                        (b.buf, entry)
+                    }
+                    (Src::Copy(_), None) => unreachable!("a copied write has its buffer"),
                 }
-                (Src::Copy(_), None) => unreachable!("a copied write has its buffer"),
-            },
+            }
             (RingOp::Fsync { datasync }, _) => {
                 let flags = if datasync {
                     types::FsyncFlags::DATASYNC

@@ -117,8 +117,9 @@ fn round_trip(choice: BackendChoice) {
         }
         log.close().await.unwrap();
         assert_eq!(log.durable(), log.tail());
-        let syncs = log.syncs();
-        assert!(syncs >= 1 && syncs <= acked.len() as u64);
+        let st = log.stats();
+        let commits = st.syncs + st.durable_writes;
+        assert!(commits >= 1 && commits <= acked.len() as u64, "{st:?}");
         let tail = log.tail();
         drop(log);
 
@@ -133,12 +134,20 @@ fn round_trip(choice: BackendChoice) {
             );
         }
         assert_eq!((log.tail(), log.epoch()), (tail, 2));
+        // What recovery read is not known durable: the first commit is an
+        // fdatasync (which covers it), the next a durable write.
+        assert_eq!(log.durable(), 0);
         let more = log.append(b"after recovery".to_vec()).await.unwrap();
         assert_eq!(more, tail);
+        let st = log.stats();
+        assert_eq!((st.syncs, st.durable_writes), (1, 0), "{st:?}");
+        log.append(b"after recovery".to_vec()).await.unwrap();
+        let st = log.stats();
+        assert_eq!((st.syncs, st.durable_writes), (1, 1), "{st:?}");
         log.close().await.unwrap();
         drop(log);
         let (_ctx, log, again) = reopen(choice, &path, &options).await;
-        assert_eq!(again.len(), records.len() + 1);
+        assert_eq!(again.len(), records.len() + 2);
         assert_eq!(again.last().unwrap().payload, b"after recovery");
         assert_eq!(log.epoch(), 3);
     });
@@ -358,8 +367,19 @@ fn fuse_log_with(
 /// A failing `fdatasync`: every append it covers fails with its errno, and
 /// every later one (the log is poisoned); nothing is acknowledged after the
 /// fault. The appends acknowledged before it are in the file.
+/// With durable writes the failing flush is the one inside a durable
+/// write (FUSE sends a sync for an `RWF_DSYNC` write), which fails the
+/// same way, as the write.
 fn failed_sync_fails_covered_appends_and_poisons(choice: BackendChoice) {
-    fuse_log(choice, "log_sync_fault", |fs, log| {
+    for durable in [true, false] {
+        failed_sync(choice, durable);
+    }
+}
+
+fn failed_sync(choice: BackendChoice, durable: bool) {
+    let options = AppendLogOptions::new().durable_writes(durable);
+    let what = if durable { "write: " } else { "fdatasync: " };
+    let body: FuseBody = Box::new(move |fs, log| {
         Box::pin(async move {
             let ok = log.append(b"before".to_vec()).await.unwrap();
             assert_eq!(ok, 0);
@@ -373,7 +393,7 @@ fn failed_sync_fails_covered_appends_and_poisons(choice: BackendChoice) {
                 if e.raw_os_error() == Some(libc::EIO) {
                     eio += 1;
                 } else {
-                    assert!(e.to_string().contains("fdatasync: "), "{e}");
+                    assert!(e.to_string().contains(what), "{e}");
                 }
             }
             assert!(eio >= 1, "no append saw the fdatasync's EIO");
@@ -387,8 +407,11 @@ fn failed_sync_fails_covered_appends_and_poisons(choice: BackendChoice) {
                 &content[RECORD_HEADER_LEN..RECORD_HEADER_LEN + 6],
                 b"before"
             );
+            let st = log.stats();
+            assert_eq!(st.durable_writes > 0, durable, "{st:?}");
         })
     });
+    fuse_log_with(choice, "log_sync_fault", options, false, body);
 }
 
 /// A failing write: its append fails with the errno, and the log is
@@ -508,15 +531,22 @@ fn no_acknowledgement_past_a_hole(choice: BackendChoice) {
 
 /// Appends polled together (one task, `join_all`) while the first one's
 /// write is in flight are gathered: the first record is written alone at
-/// once (an idle log), the other 23 as one group — 2 writes, 1 sync for 24
-/// records; each resolves to its reservation order's position, and
+/// once (an idle log), the other 23 as one group — 2 writes for 24
+/// records, each a durable write (no sync), or with durable writes off
+/// 1 sync; each resolves to its reservation order's position, and
 /// recovery gives every record back, intact, in that order. Then 16 tasks
 /// appending in loops: fewer writes than records, every record recovered.
 fn concurrent_appends_are_coalesced(choice: BackendChoice) {
+    for durable in [true, false] {
+        coalesced(choice, durable);
+    }
+}
+
+fn coalesced(choice: BackendChoice, durable: bool) {
     common::run("log_coalesce", Flavor::Current, 60, move || async move {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
-        let options = AppendLogOptions::new();
+        let options = AppendLogOptions::new().durable_writes(durable);
         let (_ctx, log, _) = reopen(choice, &path, &options).await;
         let payloads: Vec<Vec<u8>> = (0..24).map(|i| payload(1, i)).collect();
         let appends: Vec<_> = payloads.iter().map(|p| log.append(p.clone())).collect();
@@ -527,9 +557,10 @@ fn concurrent_appends_are_coalesced(choice: BackendChoice) {
             .collect();
         let st = log.stats();
         assert_eq!(st.records, 24);
+        let commits = if durable { (0, 2) } else { (1, 0) };
         assert_eq!(
-            (st.writes, st.syncs),
-            (2, 1),
+            (st.writes, (st.syncs, st.durable_writes)),
+            (2, commits),
             "24 appends at once: one record alone, then one group ({st:?})"
         );
         assert_eq!(st.bytes, log.tail());
@@ -648,15 +679,23 @@ fn records_above_the_group_cap_are_written_alone(choice: BackendChoice) {
 }
 
 /// Appends at once on a FUSE file without the page cache: one record
-/// alone, then a group of 15. `set`: the fault on the group's first byte.
+/// alone (its write delayed), then a group of 15. `set`: the fault on the group's first byte.
 fn fuse_group(
     fs: &FaultFs,
     log: &AppendLog,
     fault: Fault,
 ) -> Vec<futures::future::BoxFuture<'static, std::io::Result<u64>>> {
     let first = log.append(vec![0xaa; 64]);
-    let group_at = log.tail() + (RECORD_HEADER_LEN + 64) as u64;
+    let first_at = log.tail();
+    let group_at = first_at + (RECORD_HEADER_LEN + 64) as u64;
     fs.set_write_fault("w", group_at..group_at + 1, fault);
+    // The lone record's write takes a while: the other 15 are all polled
+    // (and gathered) by the time it completes.
+    fs.set_write_fault(
+        "w",
+        first_at..first_at + 1,
+        Fault::Delay(Duration::from_millis(100)),
+    );
     let mut all: Vec<futures::future::BoxFuture<'static, _>> = vec![Box::pin(first)];
     for i in 0..15u8 {
         all.push(Box::pin(log.append(vec![i; 64])));
@@ -680,12 +719,9 @@ fn short_group_write_is_continued(choice: BackendChoice) {
                     .into_iter()
                     .map(Result::unwrap)
                     .collect();
-                // One record alone, then the 15 in one group, or in two
-                // when the log's sync task, on the other worker, takes
-                // the group while the appends are still being polled.
+                // One record alone, then the 15 in one group.
                 let st = log.stats();
-                assert_eq!(st.records, 16, "{st:?}");
-                assert!((2..=3).contains(&st.writes), "no coalescing: {st:?}");
+                assert_eq!((st.records, st.writes), (16, 2), "{st:?}");
                 let frame = (RECORD_HEADER_LEN + 64) as u64;
                 let writes = fs.write_log();
                 assert!(

@@ -1009,8 +1009,34 @@ fn fuse_writes_that_fail_lie_or_hang() {
                 ] {
                     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
                 }
+                // A durable write (`RWF_DSYNC`) syncs its range: through
+                // the page cache FUSE sends a sync, whose error is the
+                // write's (without it, the flag goes to the server in the
+                // write request, which this one ignores); a plain write
+                // beside it does not sync, and succeeds.
+                let off = base + 4 * K;
+                ctx.write(0u32, off, &data(10, 4096)).await.unwrap();
+                let res = ctx.write(0u32, off, &data(11, 4096)).durable().await;
+                let (owned, _) = ctx
+                    .write_all_owned(0u32, off, data(12, 4096))
+                    .durable()
+                    .await;
+                if direct {
+                    assert_eq!(res.unwrap(), 4096, "{label}");
+                    owned.unwrap();
+                } else {
+                    for e in [res.unwrap_err(), owned.unwrap_err()] {
+                        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{label}: {e}");
+                    }
+                }
                 fs.clear_faults();
                 ctx.fdatasync(0u32).await.unwrap();
+                let d = data(13, 4096);
+                ctx.write_all(0u32, off, &d).durable().await.unwrap();
+                assert!(
+                    fs.content("w")[off as usize..off as usize + 4096] == d[..],
+                    "{label}: a durable write's bytes"
+                );
 
                 // 5. A write and a sync that never answer.
                 let off = base + 3 * K;
