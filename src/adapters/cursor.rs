@@ -9,7 +9,9 @@
 //! the buffer for the next read. A write copies the caller's bytes into the
 //! buffer, starts the write and reports them written (write-behind of one
 //! write, as `tokio::fs::File`): every later call waits for it first, and
-//! `poll_flush` returns its error.
+//! `poll_flush` returns its error. The buffer is page-aligned, and on a
+//! file opened `O_DIRECT` a read covers whole aligned blocks around the
+//! position, so that reads work there at any position and length.
 
 use std::fmt;
 use std::future::Future;
@@ -19,7 +21,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
-use crate::buf::{IoBufMut, Slice};
+use crate::buf::{AlignedBuf, IoBufMut, Slice};
 use crate::file::UringFile;
 use crate::ops::read::UringReadOwnedFuture;
 use crate::ops::statx::UringStatxFuture;
@@ -29,6 +31,9 @@ use crate::ops::write::UringWriteAllOwnedFuture;
 const CHUNK: usize = 64 << 10;
 /// Smallest read the cursor issues, whatever room the caller has.
 const MIN_READ: usize = 4 << 10;
+/// The buffer's alignment, and the most a read on an `O_DIRECT` file
+/// starts before the position (its offset alignment, up to this).
+const ALIGN: usize = 4 << 10;
 
 /// The op in flight, holding the cursor's buffer.
 enum Op {
@@ -36,11 +41,11 @@ enum Op {
     /// A read at `offset` (the position when it started, which no call
     /// changes while it is in flight).
     Reading {
-        read: UringReadOwnedFuture<'static, Slice<Vec<u8>>>,
+        read: UringReadOwnedFuture<'static, Slice<AlignedBuf>>,
         offset: u64,
     },
     /// A write already reported to the caller as done.
-    Writing(UringWriteAllOwnedFuture<'static, Vec<u8>>),
+    Writing(UringWriteAllOwnedFuture<'static, AlignedBuf>),
     /// The `statx` of a seek from the end.
     Stat(UringStatxFuture<'static>),
 }
@@ -60,8 +65,13 @@ enum Target {
 ///
 /// Each read is one owned read at the position of
 /// `min(room in the caller's buffer, 64 KiB)` bytes, at least 4 KiB, into
-/// the cursor's own buffer (reused), copied out when it completes; what
-/// did not fit stays buffered for the next read. Dropping a read future
+/// the cursor's own buffer (page-aligned, reused), copied out when it
+/// completes; what did not fit stays buffered for the next read. On a file
+/// opened `O_DIRECT` the read is widened to whole blocks of the file's
+/// offset alignment around the position, so reads work at any position
+/// and length; writes there must be aligned themselves (a position and a
+/// length the file's alignment divides), or they fail with
+/// `InvalidInput`, which says so. Dropping a read future
 /// mid-read is sound, as for every owned read of the crate: the buffer
 /// waits in the context for the kernel. The position is the number of bytes
 /// handed to the caller, so `SeekFrom::Current` is relative to what the
@@ -108,11 +118,13 @@ pub struct UringFileCursor {
     /// Bytes handed to the caller (or written) so far, plus seeks.
     pos: u64,
     op: Op,
-    /// The reused buffer while no op holds it (an empty `Vec` otherwise):
-    /// bytes of the file at `buf_off`, those from `pos` on not yet handed
-    /// to the caller.
-    buf: Vec<u8>,
+    /// The reused buffer while no op holds it (`None` before the first op,
+    /// and while one holds it): bytes of the file at `buf_off`, those from
+    /// `pos` on not yet handed to the caller.
+    buf: Option<AlignedBuf>,
     buf_off: u64,
+    /// The offset alignment of a read: 1, or the file's `O_DIRECT` one.
+    read_align: u64,
     seek: Option<Target>,
     /// The error of a write that completed after `poll_write` returned,
     /// for the next `poll_write`, `poll_flush` or `poll_shutdown`.
@@ -163,12 +175,23 @@ impl UringFileCursor {
     /// ```
     #[must_use]
     pub fn new(file: UringFile) -> UringFileCursor {
+        // An `O_DIRECT` file's offset alignment (4 KiB where the kernel
+        // does not say); a file not registered any more reads as any
+        // other, and its reads fail with the id's error.
+        let read_align = match file.context().inner.files.get(file.fid()) {
+            Ok(entry) if entry.direct => entry
+                .dio_align
+                .map_or(ALIGN, |(_, offset)| offset as usize)
+                .clamp(1, ALIGN) as u64,
+            _ => 1,
+        };
         UringFileCursor {
             file,
             pos: 0,
             op: Op::Idle,
-            buf: Vec::new(),
+            buf: None,
             buf_off: 0,
+            read_align,
             seek: None,
             write_err: None,
         }
@@ -235,19 +258,33 @@ impl UringFileCursor {
 
     /// Bytes read and not yet handed to the caller, at the position.
     fn buffered(&self) -> &[u8] {
+        let Some(buf) = &self.buf else {
+            return &[];
+        };
         self.pos
             .checked_sub(self.buf_off)
             .and_then(|skip| usize::try_from(skip).ok())
-            .and_then(|skip| self.buf.get(skip..))
+            .and_then(|skip| buf.get(skip..))
             .unwrap_or(&[])
     }
 
-    /// The reused buffer, empty, with room for `CHUNK` bytes.
-    fn take_buf(&mut self) -> Vec<u8> {
-        let mut buf = std::mem::take(&mut self.buf);
+    /// The reused buffer, empty, with room for `CHUNK` bytes and the
+    /// widening of an aligned read.
+    fn take_buf(&mut self) -> AlignedBuf {
+        let mut buf = self
+            .buf
+            .take()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(CHUNK + ALIGN, ALIGN));
         buf.clear();
-        buf.reserve_exact(CHUNK);
         buf
+    }
+
+    /// Gives the buffer back, keeping its bytes (at `buf_off`) or not.
+    fn put_buf(&mut self, mut buf: AlignedBuf, keep: bool) {
+        if !keep {
+            buf.clear();
+        }
+        self.buf = Some(buf);
     }
 
     /// Waits for the read or write in flight, if any: a read's bytes stay
@@ -258,17 +295,13 @@ impl UringFileCursor {
             Op::Reading { read, offset } => {
                 let (res, win) = ready!(Pin::new(read).poll(cx));
                 self.buf_off = *offset;
-                self.buf = win.into_inner();
-                if res.is_err() {
-                    // Nobody asked for this read's result any more.
-                    self.buf.clear();
-                }
+                // On an error nobody asked for this read's result any more.
+                self.put_buf(win.into_inner(), res.is_ok());
                 self.op = Op::Idle;
             }
             Op::Writing(write) => {
                 let (res, buf) = ready!(Pin::new(write).poll(cx));
-                self.buf = buf;
-                self.buf.clear();
+                self.put_buf(buf, false);
                 if let Err(e) = res {
                     self.write_err.get_or_insert(e);
                 }
@@ -308,7 +341,9 @@ impl UringFileCursor {
 
     fn set_pos(&mut self, pos: u64) -> u64 {
         self.pos = pos;
-        self.buf.clear();
+        if let Some(buf) = &mut self.buf {
+            buf.clear();
+        }
         pos
     }
 }
@@ -345,23 +380,25 @@ impl AsyncRead for UringFileCursor {
                 if !this.buffered().is_empty() {
                     break;
                 }
+                // From the position, or on an O_DIRECT file from the
+                // aligned offset below it, whole aligned blocks.
                 let want = out.remaining().clamp(MIN_READ, CHUNK);
-                let win = this.take_buf().slice(..want);
+                let align = this.read_align;
+                let start = this.pos - this.pos % align;
+                let len = ((this.pos - start) as usize + want).next_multiple_of(align as usize);
+                let win = this.take_buf().slice(..len);
                 this.op = Op::Reading {
-                    read: this.file.read_at_owned(win, this.pos),
-                    offset: this.pos,
+                    read: this.file.read_at_owned(win, start),
+                    offset: start,
                 };
             }
             match &mut this.op {
                 Op::Reading { read, offset } => {
                     let (res, win) = ready!(Pin::new(read).poll(cx));
                     this.buf_off = *offset;
-                    this.buf = win.into_inner();
+                    this.put_buf(win.into_inner(), res.is_ok());
                     this.op = Op::Idle;
-                    if let Err(e) = res {
-                        this.buf.clear();
-                        return Poll::Ready(Err(e));
-                    }
+                    res?;
                     // Hand over what was read: nothing at the end of the file.
                     break;
                 }
@@ -452,8 +489,7 @@ impl AsyncWrite for UringFileCursor {
         // Polled once now, so that it is submitted without waiting for the
         // next call.
         if let Poll::Ready((res, buf)) = Pin::new(&mut write).poll(cx) {
-            this.buf = buf;
-            this.buf.clear();
+            this.put_buf(buf, false);
             res?;
         } else {
             this.op = Op::Writing(write);

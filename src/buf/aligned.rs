@@ -286,6 +286,19 @@ impl AlignedBuf {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
+
+    /// Appends as much of `data` as the capacity holds; how many bytes.
+    pub(crate) fn extend_from_slice(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.cap - self.len);
+        // SAFETY: `len + n <= cap`: the destination is inside the
+        // allocation, which `data` (a shared borrow) cannot overlap while
+        // `self` is borrowed mutably.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(self.len), n);
+        }
+        self.len += n;
+        n
+    }
 }
 
 impl Deref for AlignedBuf {

@@ -385,7 +385,71 @@ fn cursor_copy_and_writes(choice: BackendChoice) {
     });
 }
 
+/// On a file opened `O_DIRECT`: reads at any position and length (the
+/// cursor widens them to aligned blocks) give std's bytes, EOF included,
+/// and `BufReader` works over it; an aligned write goes through, an
+/// unaligned one fails with `InvalidInput`.
+fn cursor_on_o_direct_file(choice: BackendChoice) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("direct");
+    let len = 200_003usize;
+    let data = bytes(9, len);
+    std::fs::write(&path, &data).unwrap();
+    let Some(f) = common::open_direct(&path) else {
+        return;
+    };
+    common::run("cursor_o_direct", Flavor::Multi, 60, move || async move {
+        let ctx = common::build_ctx(choice, vec![f], |b| b);
+        let file = ctx.file(0u32).unwrap();
+        let mut c = file.cursor();
+        let mut rng = Rng::new(0xD1);
+        for step in 0..400 {
+            let at = rng.below(len as u64 + 100);
+            assert_eq!(c.seek(SeekFrom::Start(at)).await.unwrap(), at);
+            let k = 1 + rng.below(if step % 2 == 0 { 700 } else { 100_000 }) as usize;
+            let mut got = vec![0u8; k];
+            let n = c.read(&mut got).await.unwrap();
+            let from = (at as usize).min(len);
+            let want = &data[from..(from + k).min(len)];
+            assert!(
+                n <= want.len() && (n > 0 || want.is_empty()),
+                "step {step}: {n}"
+            );
+            assert!(got[..n] == want[..n], "step {step}: {n} bytes at {at}");
+            assert_eq!(c.position(), at + n as u64);
+        }
+        c.seek(SeekFrom::Start(0)).await.unwrap();
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).await.unwrap();
+        assert!(all == data, "read_to_end");
+        let mut r = BufReader::new(file.cursor());
+        let mut first = Vec::new();
+        r.read_until(data[1000], &mut first).await.unwrap();
+        let end = data.iter().position(|&b| b == data[1000]).unwrap() + 1;
+        assert!(first == data[..end], "read_until");
+
+        // Writes: aligned ones go through, others are refused.
+        let block = bytes(10, 4096);
+        c.seek(SeekFrom::Start(8192)).await.unwrap();
+        c.write_all(&block).await.unwrap();
+        c.flush().await.unwrap();
+        let mut back = vec![0u8; 4096];
+        c.seek(SeekFrom::Start(8192)).await.unwrap();
+        c.read_exact(&mut back).await.unwrap();
+        assert!(back == block, "an aligned write through the cursor");
+        c.seek(SeekFrom::Start(100)).await.unwrap();
+        let res = match c.write_all(b"not aligned").await {
+            Ok(()) => c.flush().await,
+            Err(e) => Err(e),
+        };
+        let e = res.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("O_DIRECT"), "{e}");
+    });
+}
+
 backend_tests!(
+    cursor_on_o_direct_file,
     cursor_against_tokio_file,
     cursor_seek_edges,
     cursor_bufreader_lines,
