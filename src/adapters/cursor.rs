@@ -124,7 +124,7 @@ pub struct UringFileCursor {
     buf: Option<AlignedBuf>,
     buf_off: u64,
     /// The offset alignment of a read: 1, or the file's `O_DIRECT` one.
-    read_align: u64,
+    read_align: usize,
     seek: Option<Target>,
     /// The error of a write that completed after `poll_write` returned,
     /// for the next `poll_write`, `poll_flush` or `poll_shutdown`.
@@ -182,7 +182,7 @@ impl UringFileCursor {
             Ok(entry) if entry.direct => entry
                 .dio_align
                 .map_or(ALIGN, |(_, offset)| offset as usize)
-                .clamp(1, ALIGN) as u64,
+                .clamp(1, ALIGN),
             _ => 1,
         };
         UringFileCursor {
@@ -384,8 +384,10 @@ impl AsyncRead for UringFileCursor {
                 // aligned offset below it, whole aligned blocks.
                 let want = out.remaining().clamp(MIN_READ, CHUNK);
                 let align = this.read_align;
-                let start = this.pos - this.pos % align;
-                let len = ((this.pos - start) as usize + want).next_multiple_of(align as usize);
+                // Below the alignment (at most `ALIGN`): it fits.
+                let skip = usize::try_from(this.pos % align as u64).unwrap_or(0);
+                let start = this.pos - skip as u64;
+                let len = (skip + want).next_multiple_of(align);
                 let win = this.take_buf().slice(..len);
                 this.op = Op::Reading {
                     read: this.file.read_at_owned(win, start),
