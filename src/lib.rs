@@ -51,7 +51,7 @@
 //! | many reads at once | [`read_batch`](UringContext::read_batch), [`ReadBatch::merge_gap`], [`ReadBatch::unordered`] | [below](#batches-and-scans) |
 //! | sequential scans | [`ScanOptions::scan`] → a `Stream` of [`Chunk`]s | [below](#batches-and-scans) |
 //! | writes | [`write`](UringContext::write), [`write_all`](UringContext::write_all), [`write_owned`](UringContext::write_owned), [`write_all_owned`](UringContext::write_all_owned) | [below](#writes-durability-and-files) |
-//! | durability | [`fsync`](UringContext::fsync), [`fdatasync`](UringContext::fdatasync), [`sync_file_range`](UringContext::sync_file_range) (writeback only, not durable) | [below](#writes-durability-and-files) |
+//! | durability | [`fsync`](UringContext::fsync), [`fdatasync`](UringContext::fdatasync), a durable write (`.durable()` on a write future: `RWF_DSYNC`), [`sync_file_range`](UringContext::sync_file_range) (writeback only, not durable) | [below](#writes-durability-and-files) |
 //! | space and metadata | [`fallocate`](UringContext::fallocate), [`statx`](UringContext::statx) ([`FileStat`]), [`file_size`](UringContext::file_size) | [below](#writes-durability-and-files) |
 //! | files | [`open`](UringContext::open) ([`OpenOptions`]), [`register_file`](UringContext::register_file), [`unregister_file`](UringContext::unregister_file), [`FileId`] | [below](#writes-durability-and-files), [`FileId`] |
 //! | settings | [`UringContext::builder`] → [`Builder`] | [below](#settings-stats-and-backends) |
@@ -103,7 +103,9 @@
 //! A write that completes `Ok` is in the page cache (or, `O_DIRECT`, on the
 //! device); [`fsync`](UringContext::fsync) and
 //! [`fdatasync`](UringContext::fdatasync) make every write that completed
-//! before they started durable. [`open`](UringContext::open) opens and
+//! before they started durable. A write future's
+//! [`durable`](UringWriteAllFuture::durable) makes that write alone durable
+//! when it completes (`RWF_DSYNC`), in one op. [`open`](UringContext::open) opens and
 //! registers a file and resolves to a checked [`FileId`], which another
 //! context, or this one after the file is unregistered, refuses with
 //! `InvalidInput` instead of touching another file. What a dropped or failed
@@ -123,6 +125,7 @@
 //! ctx.write_all(log, 0, b"record 1\n").await?;
 //! ctx.sync_file_range(log, 0, 0, SyncRange::WRITE).await?; // start writeback
 //! ctx.fdatasync(log).await?; // durable from here on
+//! ctx.write_all(log, 9, b"record 2\n").durable().await?; // durable when done
 //! assert_eq!(ctx.file_size(log).await?, 1 << 20);
 //! assert!(ctx.statx(log).await?.blocks > 0);
 //!
