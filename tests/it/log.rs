@@ -679,7 +679,8 @@ fn records_above_the_group_cap_are_written_alone(choice: BackendChoice) {
 }
 
 /// Appends at once on a FUSE file without the page cache: one record
-/// alone (its write delayed), then a group of 15. `set`: the fault on the group's first byte.
+/// alone (its write delayed), then a group of 15. `set`: the fault on
+/// the group's first byte.
 fn fuse_group(
     fs: &FaultFs,
     log: &AppendLog,
@@ -719,9 +720,11 @@ fn short_group_write_is_continued(choice: BackendChoice) {
                     .into_iter()
                     .map(Result::unwrap)
                     .collect();
-                // One record alone, then the 15 in one group.
+                // One record alone, then the 15 in one group (in two if
+                // the polling thread stalled past the first one's delay).
                 let st = log.stats();
-                assert_eq!((st.records, st.writes), (16, 2), "{st:?}");
+                assert_eq!(st.records, 16, "{st:?}");
+                assert!((2..=3).contains(&st.writes), "no coalescing: {st:?}");
                 let frame = (RECORD_HEADER_LEN + 64) as u64;
                 let writes = fs.write_log();
                 assert!(
