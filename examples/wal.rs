@@ -74,15 +74,17 @@ fn main() -> io::Result<()> {
         log.close().await?;
         let st = log.stats();
         println!(
-            "appended {} records in {:.2?} ({:.0} commits/s): {} writes and {} fdatasyncs, \
-             {:.1} and {:.1} records each on average, {} bytes",
+            "appended {} records in {:.2?} ({:.0} commits/s): {} writes ({} of them durable \
+             writes, each a commit) and {} fdatasyncs; {:.1} records per write and {:.1} per \
+             commit on average, {} bytes",
             acked.len(),
             elapsed,
             acked.len() as f64 / elapsed.as_secs_f64(),
             st.writes,
+            st.durable_writes,
             st.syncs,
             st.records as f64 / st.writes.max(1) as f64,
-            st.records as f64 / st.syncs.max(1) as f64,
+            st.records as f64 / (st.syncs + st.durable_writes).max(1) as f64,
             st.bytes
         );
         drop(log);
