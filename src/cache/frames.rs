@@ -47,6 +47,30 @@ const PINS: u64 = RETIRED - 1;
 /// The tag of a frame that holds no block.
 pub(super) const NO_FILE: u64 = u64::MAX;
 
+/// Bytes of a frame a hit prefetches with its header: the first few lines.
+/// The hardware's stream prefetcher follows the reader through the rest;
+/// asking for more keeps the pin waiting behind them.
+const PREFETCH_BYTES: usize = 256;
+
+/// Asks the CPU to load the cache lines of `bytes` bytes from `ptr` (a
+/// hint: nothing waits for them).
+#[inline(always)]
+fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch is a hint: it never faults and changes no
+            // memory, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.as_ptr().wrapping_add(off).cast()) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ptr, bytes);
+}
+
 /// A frame's header.
 pub(super) struct Frame {
     /// `EXCLUSIVE`, `RETIRED` and the pins (see the module's comment).
@@ -136,19 +160,6 @@ impl Frame {
     }
 }
 
-/// Memory of `frames.len()` frames of `block` bytes: one [`AlignedBuf`],
-/// from 2 MiB its own mapping backed by transparent huge pages where the
-/// system allows ([`AlignedBuf::try_new_huge`]): zero-filled, and
-/// physically contiguous in 2 MiB pieces.
-struct Region {
-    /// Owns the memory (freed with the core); never read or written
-    /// through: only through `base`.
-    _mem: AlignedBuf,
-    /// Start of frame 0; frame `i` is `block` bytes at `base + i × block`.
-    base: NonNull<u8>,
-    frames: Box<[Frame]>,
-}
-
 /// The frames of one cache.
 pub(super) struct Core {
     block: usize,
@@ -157,7 +168,9 @@ pub(super) struct Core {
     /// The regions made so far, published in order; a frame's region is
     /// `regions[frame >> region_shift]`. Fixed length: the most frames the
     /// cache ever makes is `regions.len() << region_shift`.
-    regions: Box<[AtomicPtr<Region>]>,
+    regions: Box<[RegionSlot]>,
+    /// Headers per header slab (a multiple of the frames per region).
+    slab_frames: usize,
     free: Mutex<Free>,
     /// Frames carved so far (the cache's memory, in blocks).
     carved: AtomicUsize,
@@ -168,13 +181,40 @@ pub(super) struct Core {
     retired: AtomicUsize,
 }
 
+/// A region: `1 << region_shift` frames, their bytes in one
+/// [`AlignedBuf`] (from 2 MiB its own mapping backed by transparent huge
+/// pages where the system allows, [`AlignedBuf::try_new_huge`]), their
+/// headers side by side in a header slab. A hit finds both one load away,
+/// in this array, which stays in the CPU's caches.
+#[derive(Default)]
+struct RegionSlot {
+    /// Frame 0's bytes; frame `i`'s are `block` bytes at `base + i × block`.
+    base: AtomicPtr<u8>,
+    /// Frame 0's header; frame `i`'s is at `frames + i`.
+    frames: AtomicPtr<Frame>,
+}
+
 struct Free {
     list: Vec<u32>,
     /// Regions made so far.
     regions: usize,
     /// Frames of the last region carved so far.
     next: usize,
+    /// The memory of the regions and of the header slabs (never read or
+    /// written through: only through the regions' pointers), freed with
+    /// the core: when no frame is pinned or owned any more (each would
+    /// hold a strong count of it).
+    mem: Vec<AlignedBuf>,
+    /// Headers of the current slab not yet given to a region, and where
+    /// they start.
+    slab_left: usize,
+    slab_next: *mut Frame,
 }
+
+/// Bytes of a header slab: one huge page. The headers of every frame in it
+/// sit in one TLB entry (they are touched at every hit), and a cache of
+/// fewer frames gets a slab of its size.
+const SLAB_BYTES: usize = 2 << 20;
 
 // SAFETY: the core's memory is reached only through frames, each written
 // only while exclusive to one owner (a `FrameBuf`) and read only while
@@ -194,11 +234,17 @@ impl Core {
         Core {
             block,
             region_shift: per_region.trailing_zeros(),
-            regions: (0..regions).map(|_| AtomicPtr::default()).collect(),
+            regions: (0..regions).map(|_| RegionSlot::default()).collect(),
+            slab_frames: (SLAB_BYTES / size_of::<Frame>())
+                .min(capacity.next_multiple_of(per_region))
+                .max(per_region),
             free: Mutex::new(Free {
                 list: Vec::new(),
                 regions: 0,
                 next: per_region,
+                mem: Vec::new(),
+                slab_left: 0,
+                slab_next: std::ptr::null_mut(),
             }),
             carved: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
@@ -213,17 +259,19 @@ impl Core {
     /// `f` was carved (the index came from a frame of this core).
     unsafe fn frame(&self, f: u32) -> (&Frame, NonNull<u8>) {
         let f = f as usize;
-        let r = self.regions[f >> self.region_shift].load(Ordering::Acquire);
-        // SAFETY: a carved frame's region was published (Release) before
-        // its index reached anyone (through the free-list mutex or a table
-        // entry stored with Release, loaded with Acquire); regions are
-        // freed only with the core.
-        let r = unsafe { &*r };
+        let slot = &self.regions[f >> self.region_shift];
         let i = f & ((1 << self.region_shift) - 1);
-        // SAFETY: i < the region's frames: the offset stays inside its
-        // allocation.
-        let ptr = unsafe { r.base.add(i * self.block) };
-        (&r.frames[i], ptr)
+        // SAFETY: a carved frame's region was published (its slot's
+        // pointers stored with Release) before its index reached anyone
+        // (through the free-list mutex or a table entry stored with
+        // Release, loaded with Acquire); regions are freed only with the
+        // core. i < the region's frames: both offsets stay inside their
+        // allocations.
+        unsafe {
+            let hdr = &*slot.frames.load(Ordering::Acquire).add(i);
+            let base = slot.base.load(Ordering::Acquire);
+            (hdr, NonNull::new_unchecked(base.add(i * self.block)))
+        }
     }
 
     /// Frame `f`'s header.
@@ -266,21 +314,39 @@ impl Core {
                     ),
                 ));
             }
-            let len = per_region * self.block;
-            let mut mem = AlignedBuf::try_new_huge(len, REGION_ALIGN).map_err(|e| {
+            let oom = |len: usize, what: &str, e: io::Error| {
                 io::Error::new(
                     e.kind(),
-                    format!("block cache: cannot allocate {len} bytes of frames: {e}"),
+                    format!("block cache: cannot allocate {len} bytes of {what}: {e}"),
                 )
-            })?;
-            // The allocation does not move when `mem` does.
-            let base = NonNull::new(mem.stable_mut_ptr()).expect("an allocation is not null");
-            let region = Box::new(Region {
-                _mem: mem,
-                base,
-                frames: (0..per_region).map(|_| Frame::new()).collect(),
-            });
-            self.regions[free.regions].store(Box::into_raw(region), Ordering::Release);
+            };
+            if free.slab_left == 0 {
+                let len = self.slab_frames * size_of::<Frame>();
+                let mut mem = AlignedBuf::try_new_huge(len, align_of::<Frame>().max(64))
+                    .map_err(|e| oom(len, "frame headers", e))?;
+                free.slab_next = mem.stable_mut_ptr().cast();
+                free.slab_left = self.slab_frames;
+                free.mem.push(mem);
+            }
+            let len = per_region * self.block;
+            let mut mem =
+                AlignedBuf::try_new_huge(len, REGION_ALIGN).map_err(|e| oom(len, "frames", e))?;
+            // The allocations do not move when their `AlignedBuf`s do.
+            let base = mem.stable_mut_ptr();
+            free.mem.push(mem);
+            let frames = free.slab_next;
+            for i in 0..per_region {
+                // SAFETY: the slab's next `per_region` headers (it holds a
+                // multiple of `per_region`, aligned for `Frame`) are given
+                // to no region yet: nothing else reaches them.
+                unsafe { frames.add(i).write(Frame::new()) };
+            }
+            // SAFETY: as above, within the slab (or one past its end).
+            free.slab_next = unsafe { frames.add(per_region) };
+            free.slab_left -= per_region;
+            let slot = &self.regions[free.regions];
+            slot.base.store(base, Ordering::Release);
+            slot.frames.store(frames, Ordering::Release);
             free.regions += 1;
             free.next = 0;
         }
@@ -377,6 +443,18 @@ impl Core {
         }
     }
 
+    /// Starts loading frame `f`'s header and first bytes into the CPU's
+    /// caches, so that a hit's pin and the reader's first touch of the
+    /// bytes wait for memory once, together, rather than one after the
+    /// other.
+    #[inline]
+    pub(super) fn prefetch(&self, f: u32) {
+        // SAFETY: f came from a table entry: a carved frame.
+        let (h, ptr) = unsafe { self.frame(f) };
+        prefetch_lines(NonNull::from(h).cast(), 1);
+        prefetch_lines(ptr, self.block.min(PREFETCH_BYTES));
+    }
+
     /// A pin on block `(file, block)` in frame `f` if the frame holds it
     /// now (a hit), its access bit set.
     pub(super) fn pin_if_holds(&self, f: u32, file: u64, block: u64) -> Option<BlockRef> {
@@ -412,20 +490,6 @@ impl Core {
     /// Frames pinned and in no table.
     pub(super) fn retired(&self) -> usize {
         self.retired.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Core {
-    fn drop(&mut self) {
-        for r in &*self.regions {
-            let r = r.load(Ordering::Acquire);
-            if !r.is_null() {
-                // SAFETY: made by `Box::into_raw` in `carve`, freed once
-                // here: no frame is pinned or owned any more (each would
-                // hold a strong count).
-                drop(unsafe { Box::from_raw(r) });
-            }
-        }
     }
 }
 

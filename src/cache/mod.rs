@@ -518,7 +518,6 @@ impl BlockCache {
     ) -> io::Result<usize> {
         let fid = fid.into();
         let state = &*self.state;
-        admit(state).await;
         let file = state.resolve(fid)?;
         // No file reaches beyond i64::MAX (as the context's reads).
         let max = i64::MAX.unsigned_abs();
@@ -530,11 +529,21 @@ impl BlockCache {
             .min(usize::try_from(max - offset).unwrap_or(usize::MAX));
         let first = offset >> state.shift;
         let last = (offset + len as u64 - 1) >> state.shift;
+        // The first block's lines load while the task is admitted.
+        let mut probed = state.probe(file.key, first);
+        admit(state).await;
         let mut done = 0;
         let mut next = first;
         // Hits first, on this poll, without allocating.
         while next <= last {
-            let Some(block) = state.cached(file.key, next) else {
+            let hit = match probed.take() {
+                // Pinned as probed, or looked up again if it moved since.
+                Some(f) => state
+                    .pin(f, file.key, next)
+                    .or_else(|| state.cached(file.key, next)),
+                None => state.cached(file.key, next),
+            };
+            let Some(block) = hit else {
                 break;
             };
             let (n, end) = state.copy_out(&block, next, offset, &mut buf[done..len]);

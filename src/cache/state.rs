@@ -71,6 +71,23 @@ impl State {
     #[inline]
     pub(super) fn cached(&self, file: u64, block: u64) -> Option<BlockRef> {
         let f = self.tables.lookup(file, block)?;
+        self.pin(f, file, block)
+    }
+
+    /// The frame that block `block` of `file` is mapped to, if any, its
+    /// header and first bytes on their way into the CPU's caches (see
+    /// `Core::prefetch`): what a hit then pins (`pin`).
+    #[inline]
+    pub(super) fn probe(&self, file: u64, block: u64) -> Option<u32> {
+        let f = self.tables.lookup(file, block)?;
+        self.core.prefetch(f);
+        Some(f)
+    }
+
+    /// A hit (counted) on frame `f` if it still holds block `block` of
+    /// `file`.
+    #[inline]
+    pub(super) fn pin(&self, f: u32, file: u64, block: u64) -> Option<BlockRef> {
         let b = self.core.pin_if_holds(f, file, block)?;
         self.hit();
         Some(b)
@@ -494,12 +511,14 @@ impl Future for GetBlock<'_> {
         let this = self.get_mut();
         if this.wait.is_none() {
             let state = this.state;
-            ready!(poll_admit(state, cx));
             let file = state.resolve(this.fid)?;
             if this.block > i64::MAX.unsigned_abs() >> state.shift {
                 return Poll::Ready(Err(beyond_max(file.id, this.block)));
             }
-            if let Some(b) = state.cached(file.key, this.block) {
+            // The frame's lines load while the task is admitted.
+            let frame = state.probe(file.key, this.block);
+            ready!(poll_admit(state, cx));
+            if let Some(b) = frame.and_then(|f| state.pin(f, file.key, this.block)) {
                 return Poll::Ready(Ok(b));
             }
             match state.join_or_start(file, &[this.block], true).0.pop() {
