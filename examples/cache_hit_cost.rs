@@ -18,6 +18,8 @@
 //! - `mmap`: copy the block out of the mapping, then sum it;
 //! - `get`: `cache.get(file, block)`, sum the `BlockRef` in place;
 //! - `read`: `cache.read(file, offset, &mut buf)`, sum the copy;
+//! - `get_many16`: `cache.get_many(file, blocks)` of 16 blocks at a time,
+//!   sum each in place (the time per block);
 //! - `arena-ref`: sum the block in the arena in place (no lookup);
 //! - `arena-copy`: copy the block out of the arena, then sum it.
 //!
@@ -32,7 +34,14 @@ use std::time::{Duration, Instant};
 use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
 
 const BLOCK: usize = 4096;
-const WAYS: [&str; 5] = ["mmap", "get", "read", "arena-ref", "arena-copy"];
+const WAYS: [&str; 6] = [
+    "mmap",
+    "get",
+    "read",
+    "get_many16",
+    "arena-ref",
+    "arena-copy",
+];
 
 /// Sums a block as eight independent lanes (the compiler vectorises it).
 fn sum(b: &[u8]) -> u64 {
@@ -171,14 +180,24 @@ fn main() -> io::Result<()> {
     let (map, arena) = (map.bytes(), arena.bytes());
     let mut buf = vec![0u8; BLOCK];
     let mut sink = 0u64;
-    let mut per_read: Vec<[f64; 5]> = Vec::with_capacity(rounds);
+    let mut per_read: Vec<[f64; 6]> = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        let mut ns = [0f64; 5];
+        let mut ns = [0f64; 6];
         for (way, ns) in ns.iter_mut().enumerate() {
             let start = Instant::now();
             let mut reads = 0u64;
             rt.block_on(async {
                 while start.elapsed() < Duration::from_millis(100) {
+                    if way == 3 {
+                        for _ in 0..4 {
+                            let many: Vec<u64> = (0..16).map(|_| rng.next() % blocks).collect();
+                            for b in cache.get_many(0, many).await {
+                                sink = sink.wrapping_add(sum(&b?));
+                            }
+                            reads += 16;
+                        }
+                        continue;
+                    }
                     for _ in 0..64 {
                         let block = rng.next() % blocks;
                         let at = block as usize * BLOCK;
@@ -192,7 +211,7 @@ fn main() -> io::Result<()> {
                                 cache.read(0, at as u64, &mut buf).await?;
                                 sum(&buf)
                             }
-                            3 => sum(&arena[at..at + BLOCK]),
+                            4 => sum(&arena[at..at + BLOCK]),
                             _ => {
                                 buf.copy_from_slice(&arena[at..at + BLOCK]);
                                 sum(&buf)

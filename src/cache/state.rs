@@ -129,14 +129,28 @@ impl State {
         }
         let mut unique: Vec<u64> = Vec::with_capacity(blocks.len());
         let mut at: HashMap<u64, usize, KeyHash> = HashMap::default();
-        let mut found: Vec<Option<BlockRef>> = Vec::new();
+        let mut frames: Vec<Option<u32>> = Vec::with_capacity(blocks.len());
         for &b in blocks {
             at.entry(b).or_insert_with(|| {
                 unique.push(b);
-                found.push(self.cached(file.key, b));
+                frames.push(self.probe(file.key, b));
                 unique.len() - 1
             });
         }
+        // Every frame was asked for before the first pin (a full barrier):
+        // the hits' trips to memory overlap.
+        let mut found: Vec<Option<BlockRef>> = unique
+            .iter()
+            .zip(frames)
+            .map(|(&b, f)| {
+                // A frame that moved since is looked up again; a block not
+                // mapped then is looked up again under the flights lock.
+                f.and_then(|f| {
+                    self.pin(f, file.key, b)
+                        .or_else(|| self.cached(file.key, b))
+                })
+            })
+            .collect();
         let missing: Vec<u64> = unique
             .iter()
             .zip(&found)
