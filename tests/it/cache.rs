@@ -1190,6 +1190,93 @@ fn hit_stretch(choice: BackendChoice) {
     });
 }
 
+/// Block sizes and capacities at the edges of the frame layout (one frame
+/// per region, regions smaller than a header slab, a slab per region,
+/// blocks of a whole huge page): `read` and `get` return the file's bytes,
+/// with evictions and with blocks held pinned across later misses (more
+/// frames carved than the capacity).
+fn geometries(choice: BackendChoice) {
+    common::run("cache-geometries", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, (block, cap_blocks)) in [
+            (512usize, 1u64),
+            (512, 3),
+            (8192, 5),
+            (65536, 17),
+            (2 << 20, 2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // Nine blocks and a short tenth.
+            let len = block as u64 * 9 + 123;
+            let path = common::make_file(dir.path(), 77 + i as u64, len).path;
+            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            let cache = BlockCache::new(
+                &ctx,
+                CacheOptions {
+                    capacity_bytes: cap_blocks * block as u64,
+                    block_size: block,
+                },
+            )
+            .unwrap();
+            let mut rng = Rng::new(500 + i as u64);
+            let mut held = Vec::new();
+            for _ in 0..120 {
+                let off = rng.below(len + block as u64);
+                let n = 1 + rng.below(3 * block as u64) as usize;
+                let got = cache_read(&cache, 0u32, off, n).await.unwrap();
+                assert_eq!(
+                    got,
+                    pread(&path, off, n),
+                    "block {block}: read at {off}+{n}"
+                );
+                let b = rng.below(11);
+                let r = cache.get(0u32, b).await.unwrap();
+                assert_eq!(
+                    &r[..],
+                    &pread(&path, b * block as u64, block)[..],
+                    "block {block}: get {b}"
+                );
+                if rng.chance(30) {
+                    held.push((b, r));
+                }
+                if held.len() > 2 * cap_blocks as usize {
+                    held.remove(0);
+                }
+            }
+            // Held blocks never changed while pinned.
+            for (b, r) in &held {
+                assert_eq!(&r[..], &pread(&path, b * block as u64, block)[..]);
+            }
+            drop(held);
+            // A cache that holds the whole file: every block read once is
+            // a hit the second time (each frame keeps its own header).
+            let whole = BlockCache::new(
+                &ctx,
+                CacheOptions {
+                    capacity_bytes: 10 * block as u64,
+                    block_size: block,
+                },
+            )
+            .unwrap();
+            for round in 0..2 {
+                for b in 0..10 {
+                    let r = whole.get(0u32, b).await.unwrap();
+                    assert_eq!(&r[..], &pread(&path, b * block as u64, block)[..]);
+                }
+                let st = whole.stats();
+                assert_eq!(
+                    (st.misses, st.hits),
+                    (10, 10 * round),
+                    "block {block}, round {round}"
+                );
+            }
+            ctx.shutdown().await;
+        }
+    });
+}
+
 /// Bad input: clear errors, no panic.
 fn bad_input(choice: BackendChoice) {
     common::run("cache-bad-input", Flavor::Current, 30, move || async move {
@@ -1259,5 +1346,6 @@ backend_tests!(
     blocks_outlive_cache,
     hit_path,
     hit_stretch,
+    geometries,
     bad_input,
 );
