@@ -236,8 +236,8 @@ impl Core {
             region_shift: per_region.trailing_zeros(),
             regions: (0..regions).map(|_| RegionSlot::default()).collect(),
             slab_frames: (SLAB_BYTES / size_of::<Frame>())
-                .min(capacity.next_multiple_of(per_region))
-                .max(per_region),
+                .min(capacity)
+                .next_multiple_of(per_region),
             free: Mutex::new(Free {
                 list: Vec::new(),
                 regions: 0,
