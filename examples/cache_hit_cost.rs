@@ -28,7 +28,6 @@
 //! `arena-ref` is the whole cost of the lookup, pin and bookkeeping.
 
 use std::io::{self, Write as _};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use uring_positioned_io::{BlockCache, CacheOptions, UringContext};
@@ -67,62 +66,6 @@ impl Rng {
     }
 }
 
-/// An anonymous or file mapping, unmapped when dropped.
-struct Map {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Map {
-    fn new(len: usize, fd: Option<&std::fs::File>) -> io::Result<Map> {
-        let (prot, flags, fd) = match fd {
-            Some(f) => (
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                f.as_raw_fd(),
-            ),
-            None => (
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-            ),
-        };
-        // SAFETY: a new mapping chosen by the kernel; no Rust memory is
-        // affected.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let advice = if fd < 0 {
-            libc::MADV_HUGEPAGE
-        } else {
-            libc::MADV_RANDOM
-        };
-        // SAFETY: advice on the mapping just made (advice only).
-        unsafe { libc::madvise(ptr, len, advice) };
-        Ok(Map { ptr, len })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` readable bytes, mapped until `self` is dropped; the
-        // file is not written while mapped.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast(), self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above; an anonymous mapping is writable and only
-        // reached through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.len) }
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -153,9 +96,13 @@ fn main() -> io::Result<()> {
         }
         file.write_all(&chunk)?;
     }
-    let map = Map::new(len, Some(&file))?;
-    let mut arena = Map::new(len, None)?;
-    arena.bytes_mut().copy_from_slice(map.bytes());
+    // SAFETY: a read-only mapping of a file nothing writes while it is
+    // mapped (the temporary file is this process's alone).
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file)? };
+    map.advise(memmap2::Advice::Random)?;
+    let mut arena = memmap2::MmapOptions::new().len(len).map_anon()?;
+    arena.advise(memmap2::Advice::HugePage)?;
+    arena.copy_from_slice(&map);
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -177,7 +124,7 @@ fn main() -> io::Result<()> {
         io::Result::Ok(())
     })?;
 
-    let (map, arena) = (map.bytes(), arena.bytes());
+    let (map, arena) = (&map[..], &arena[..]);
     let mut buf = vec![0u8; BLOCK];
     let mut sink = 0u64;
     let mut per_read: Vec<[f64; 6]> = Vec::with_capacity(rounds);
