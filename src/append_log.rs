@@ -24,6 +24,11 @@
 //! before a crash beyond the first torn one — the records appended after
 //! recovery carry a higher epoch, so an old record that one of them happens
 //! to end next to is never taken for a continuation of the log.
+//!
+//! On an `O_DIRECT` file the log writes whole blocks: a write starts at the
+//! start of the block its first record is in, rewriting the bytes before
+//! that record as they are, and ends at the end of a block, zero-padded
+//! after its last record; zeroes end the log, so the format is unchanged.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,8 +40,12 @@ use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
 
+use crate::buf::{AlignedBuf, IoBufMut as _};
 use crate::file::UringFile;
 use crate::flags::FallocateMode;
+
+/// Zeroes to pad an `O_DIRECT` write to the end of its last block.
+static ZEROES: [u8; 4096] = [0; 4096];
 
 /// Bytes of a record's header: `len`, `epoch`, `crc`.
 pub const RECORD_HEADER_LEN: usize = 12;
@@ -202,7 +211,8 @@ impl AppendLogOptions {
             file,
             options: self.clone(),
             size: None,
-            buf: Vec::new(),
+            block: None,
+            buf: AlignedBuf::new(0, 64),
             buf_start: 0,
             pos: 0,
             epoch: 0,
@@ -228,8 +238,11 @@ pub struct LogRecovery {
     options: AppendLogOptions,
     /// The file's size, once asked.
     size: Option<u64>,
+    /// `O_DIRECT`: the block size reads are aligned to (asked with the
+    /// size).
+    block: Option<usize>,
     /// Bytes of the file from `buf_start`.
-    buf: Vec<u8>,
+    buf: AlignedBuf,
     buf_start: u64,
     /// Where the next record starts.
     pos: u64,
@@ -257,19 +270,45 @@ impl LogRecovery {
         let have = at >= self.buf_start && at + n as u64 <= self.buf_start + self.buf.len() as u64;
         if !have {
             let size = self.size.unwrap_or(0);
-            // At least `n` (within the file), at most a chunk more.
-            let left = usize::try_from(size - at).unwrap_or(usize::MAX);
-            let want = n.max(RECOVERY_CHUNK).min(left);
-            self.buf = Vec::new();
+            // From `at` (an `O_DIRECT` file: from the start of its block),
+            // at least to `at + n`, at most a chunk more, within the file.
+            let block = self.block.unwrap_or(1);
+            let from = at - at % block as u64;
+            let left = usize::try_from(size - from).unwrap_or(usize::MAX);
+            let need = usize::try_from(at - from)
+                .unwrap_or(usize::MAX)
+                .saturating_add(n);
+            let want = need.max(RECOVERY_CHUNK).min(left);
+            self.buf.clear();
             if want > 0 {
-                let (res, buf) = self
-                    .file
-                    .read_exact_at_owned(Vec::with_capacity(want), at)
-                    .await;
+                // An `O_DIRECT` file: whole blocks (the last may end past
+                // the end of the file, where the read is short).
+                let len = want.next_multiple_of(block);
+                let buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0, 64));
+                let buf = if buf.capacity() >= len {
+                    buf
+                } else {
+                    AlignedBuf::try_with_capacity(len, block.max(64))?
+                };
+                let window = buf.slice(..len);
+                let (res, window) = if self.block.is_some() {
+                    let (res, window) = self.file.read_at_owned(window, from).await;
+                    (res.map(drop), window)
+                } else {
+                    self.file.read_exact_at_owned(window, from).await
+                };
+                let mut buf = window.into_inner();
                 res?;
+                buf.truncate(want);
                 self.buf = buf;
+                if self.buf.len() < need {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "append log: short read",
+                    ));
+                }
             }
-            self.buf_start = at;
+            self.buf_start = from;
         }
         let from = usize::try_from(at - self.buf_start).unwrap_or(usize::MAX);
         self.buf
@@ -291,6 +330,7 @@ impl LogRecovery {
             s
         } else {
             let s = self.file.len().await?;
+            self.block = self.file.direct_block()?;
             self.size = Some(s);
             s
         };
@@ -350,6 +390,7 @@ impl LogRecovery {
         let epoch = self.epoch.checked_add(1).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidData, "append log: epoch exhausted")
         })?;
+        let block = self.file.direct_block()?;
         let tail = self.pos;
         let size = self.size.unwrap_or(0);
         let prealloc = if self.options.preallocate > 0 {
@@ -361,6 +402,7 @@ impl LogRecovery {
             inner: Arc::new(Inner {
                 file: self.file,
                 runtime,
+                block,
                 epoch,
                 max_record_len: self.options.max_record_len,
                 max_group_len: self.options.max_group_len,
@@ -377,6 +419,9 @@ impl LogRecovery {
                     writing: 0,
                     pending: None,
                     spare: Vec::new(),
+                    head: None,
+                    turns: BTreeMap::new(),
+                    spare_blocks: None,
                     syncing: false,
                     poisoned: None,
                     closed: false,
@@ -512,6 +557,16 @@ struct State {
     /// An empty buffer for the next group (reused: no allocation per
     /// group).
     spare: Vec<u8>,
+    /// `O_DIRECT`: the bytes of the log from the start of the block that
+    /// holds `written` up to it, once known (read by the first write that
+    /// needs them): what the next write rewrites before its records.
+    head: Option<Vec<u8>>,
+    /// `O_DIRECT`: writes waiting for their turn, by start: one waits until
+    /// `written` reaches its start (the write before it completed), since
+    /// two writes of whole blocks may share one.
+    turns: BTreeMap<u64, oneshot::Sender<()>>,
+    /// `O_DIRECT`: the aligned buffer of the last write, for the next.
+    spare_blocks: Option<AlignedBuf>,
     /// The sync task is running (at most one): it writes the pending group
     /// once no write is in flight, and syncs.
     syncing: bool,
@@ -577,6 +632,9 @@ impl State {
                 written = e;
             }
             self.written = written;
+            if let Some(turn) = self.turns.remove(&written) {
+                let _ = turn.send(());
+            }
         } else {
             self.done.insert(start, end);
         }
@@ -601,6 +659,9 @@ impl State {
         for (_, tx) in self.barriers.drain(..) {
             let _ = tx.send(Err(p.covered()));
         }
+        // Writes waiting for their turn see their sender dropped: they
+        // write nothing.
+        self.turns.clear();
         if self.poisoned.is_none() {
             self.poisoned = Some(p);
         }
@@ -628,6 +689,9 @@ impl State {
 struct Inner {
     file: UringFile,
     runtime: tokio::runtime::Handle,
+    /// `O_DIRECT`: every write is whole blocks of this size
+    /// ([`UringFile::direct_block`]).
+    block: Option<usize>,
     epoch: u32,
     max_record_len: usize,
     max_group_len: usize,
@@ -693,6 +757,9 @@ impl Inner {
     /// durable) and kicks the sync task, or poisons the log. A short write
     /// is continued (`write_all`); one that writes nothing fails.
     async fn write_group(self: &Arc<Self>, group: Group, durable: bool) {
+        if let Some(block) = self.block {
+            return self.write_blocks(group, durable, block).await;
+        }
         let Group { start, buf } = group;
         let end = start + buf.len() as u64;
         let write = self.file.write_all_at_owned(buf, start);
@@ -717,6 +784,107 @@ impl Inner {
             }
             Err(e) => st.poison(Poison::new("write", &e)),
         }
+    }
+
+    /// `write_group` on an `O_DIRECT` file: waits until every write
+    /// before it has completed (a write of whole blocks rewrites the start
+    /// of its first block, which the write before it may still be
+    /// writing), then writes from the start of the group's first block —
+    /// the bytes already there, as the write before left them, then the
+    /// group — to the end of its last block, zero-padded.
+    async fn write_blocks(self: &Arc<Self>, group: Group, durable: bool, block: usize) {
+        let Group { start, buf } = group;
+        let end = start + buf.len() as u64;
+        let from = start - start % block as u64;
+        let turn = {
+            let mut st = self.lock();
+            if st.poisoned.is_some() {
+                st.writing -= 1;
+                return;
+            }
+            (st.written < start).then(|| {
+                let (tx, rx) = oneshot::channel();
+                st.turns.insert(start, tx);
+                rx
+            })
+        };
+        // A dropped sender: the log was poisoned meanwhile.
+        if let Some(turn) = turn {
+            if turn.await.is_err() {
+                self.lock().writing -= 1;
+                return;
+            }
+        }
+        let (head, spare) = {
+            let mut st = self.lock();
+            (st.head.take(), st.spare_blocks.take())
+        };
+        let res = async {
+            let head = match head {
+                Some(h) => h,
+                None => self.read_head(from, start, block).await?,
+            };
+            let len = usize::try_from(end - from)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?
+                .next_multiple_of(block);
+            let mut out = match spare {
+                Some(b) if b.capacity() >= len => b,
+                _ => AlignedBuf::try_with_capacity(len, block)?,
+            };
+            out.clear();
+            out.extend_from_slice(&head);
+            out.extend_from_slice(&buf);
+            while out.len() < len {
+                out.extend_from_slice(&ZEROES[..(len - out.len()).min(ZEROES.len())]);
+            }
+            let write = self.file.write_all_at_owned(out, from);
+            let (res, out) = if durable {
+                write.durable().await
+            } else {
+                write.await
+            };
+            res.map(|()| (head, out))
+        }
+        .await;
+        let mut st = self.lock();
+        st.writing -= 1;
+        match res {
+            Ok((mut head, out)) => {
+                st.stats.bytes += end - start;
+                st.completed(start, end);
+                if durable {
+                    st.made_durable(end);
+                }
+                // The start of the block `end` is in, for the next write.
+                let last = usize::try_from(end - end % block as u64 - from).unwrap_or(0);
+                let stop = usize::try_from(end - from).unwrap_or(0);
+                head.clear();
+                head.extend_from_slice(&out[last..stop]);
+                st.head = Some(head);
+                st.spare_blocks = Some(out);
+                st.recycle(buf, self.max_group_len);
+                self.kick(&mut st);
+            }
+            Err(e) => st.poison(Poison::new("write", &e)),
+        }
+    }
+
+    /// The bytes from `from` (a block's start) to `start` as the file
+    /// holds them: what a write from `from` must rewrite.
+    async fn read_head(&self, from: u64, start: u64, block: usize) -> io::Result<Vec<u8>> {
+        let n = usize::try_from(start - from).unwrap_or(usize::MAX);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let buf = AlignedBuf::try_with_capacity(block, block)?;
+        let (res, buf) = self.file.read_at_owned(buf, from).await;
+        if res? < n {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "append log: the file ends before the log's last record",
+            ));
+        }
+        Ok(buf[..n].to_vec())
     }
 }
 
@@ -821,8 +989,19 @@ async fn sync_loop(inner: Arc<Inner>) {
 /// sync): dropping it only drops the acknowledgement.
 /// [`stats`](Self::stats) counts records, writes, syncs, durable writes and
 /// bytes, and
-/// says whether preallocation is on. The file must not be `O_DIRECT` (records are
-/// not aligned) nor written by anything else.
+/// says whether preallocation is on. The file must not be written by
+/// anything else.
+///
+/// A file opened with `O_DIRECT` ([`OpenOptions::direct`](crate::OpenOptions::direct))
+/// is the faster log where the file system takes it: each write is then
+/// whole blocks — the start of the group's first block rewritten with the
+/// bytes already there, the group, zeroes to the end of its last block —
+/// and a durable one reaches the device without the page cache's
+/// write-back. The writes go one at a time, in offset order (two writes
+/// would share a block). The format is the same: a log written either way
+/// is recovered and continued either way. Rewriting the bytes already in
+/// the tail block relies on the device writing a sector whole or not at
+/// all, as every write-ahead log that rewrites its last page does.
 ///
 /// ```
 /// use uring_positioned_io::{AppendLogOptions, OpenOptions, UringContext};

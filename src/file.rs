@@ -233,6 +233,20 @@ impl UringFile {
         self.ctx.priority()
     }
 
+    /// The block size every write to this file must be a multiple of, and
+    /// start at: `None` unless the file was opened with `O_DIRECT`; then
+    /// the larger of the alignments `statx` reported (offset and memory)
+    /// and 4096.
+    #[cfg(feature = "append-log")]
+    pub(crate) fn direct_block(&self) -> io::Result<Option<usize>> {
+        let e = self.ctx.inner.files.get(self.fid)?;
+        Ok(e.direct.then(|| {
+            e.dio_align
+                .map_or(4096, |(mem, off)| mem.max(off) as usize)
+                .max(4096)
+        }))
+    }
+
     /// The context, held by a future that is to outlive `&self`.
     fn shared(&self) -> Ctx<'static> {
         self.ctx.ctx_static()

@@ -241,7 +241,8 @@
 //! - `append-log`: `AppendLog`, a write-ahead log over a `UringFile`:
 //!   `append` resolves to the record's offset once it and every earlier
 //!   record are durable (group commit, CRC-32 framing, preallocation), and
-//!   opening a log recovers it up to its first torn record.
+//!   opening a log recovers it up to its first torn record. Opened
+//!   `O_DIRECT`, the log writes whole blocks and commits faster.
 //! - `parquet`: `ParquetFileReader`, parquet's `AsyncFileReader` over a
 //!   `UringFile` (one read per range, one batch per set of ranges).
 //! - `tracing`: the context's one-time decisions (the fallback and why, a

@@ -308,6 +308,8 @@ backend_tests!(
     short_group_write_is_continued,
     group_write_of_nothing_poisons,
     preallocation_refused_is_reported,
+    direct_log_round_trip,
+    crash_after_acknowledged_append_direct,
 );
 
 type FuseBody = Box<
@@ -330,28 +332,53 @@ fn fuse_log(
         + Send
         + 'static,
 ) {
-    fuse_log_with(choice, test, AppendLogOptions::new(), false, Box::new(body));
+    fuse_log_with(
+        choice,
+        test,
+        AppendLogOptions::new(),
+        Cache::Page,
+        Box::new(body),
+    );
 }
 
-/// [`fuse_log`] with `options`, and `direct_io` (no page cache: a
-/// `pwrite` is one FUSE request, and a short reply a short write).
+/// How a FUSE log's file is cached.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// Through the page cache.
+    Page,
+    /// The mount's `direct_io` (no page cache: a `pwrite` is one FUSE
+    /// request, and a short reply a short write).
+    DirectIo,
+    /// The file opened `O_DIRECT`: the log writes whole blocks.
+    ODirect,
+}
+
+/// [`fuse_log`] with `options` and `cache`.
 fn fuse_log_with(
     choice: BackendChoice,
     test: &'static str,
     options: AppendLogOptions,
-    direct_io: bool,
+    cache: Cache,
     body: FuseBody,
 ) {
-    let Some(fs) = FaultFs::mount_writable_or_skip(&[FileSpec::new("w", 0, 0x106)], direct_io)
+    let Some(fs) =
+        FaultFs::mount_writable_or_skip(&[FileSpec::new("w", 0, 0x106)], cache == Cache::DirectIo)
     else {
         return;
     };
     let fs = std::sync::Arc::new(fs);
     let path = fs.path("w");
     common::run(test, Flavor::Multi, 90, move || async move {
+        use std::os::unix::fs::OpenOptionsExt;
+        let flags = if cache == Cache::ODirect {
+            libc::O_DIRECT
+        } else {
+            0
+        };
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(flags)
             .open(&path)
             .unwrap();
         let ctx = common::build_ctx(choice, vec![f], |b| {
@@ -411,7 +438,7 @@ fn failed_sync(choice: BackendChoice, durable: bool) {
             assert_eq!(st.durable_writes > 0, durable, "{st:?}");
         })
     });
-    fuse_log_with(choice, "log_sync_fault", options, false, body);
+    fuse_log_with(choice, "log_sync_fault", options, Cache::Page, body);
 }
 
 /// A failing write: its append fails with the errno, and the log is
@@ -468,14 +495,22 @@ fn small_record_waits_for_a_large_one_before_it(choice: BackendChoice) {
 /// A record whose write hangs is a hole: the records after it are not
 /// acknowledged while it hangs — one above the group cap issued alone, at
 /// once, and a small one gathered — and when its write fails, they fail
-/// too.
+/// too. The same on the file opened `O_DIRECT`, where the record above
+/// the cap waits for its turn (its first block is the hung write's) and
+/// the failure that poisons the log ends that wait.
 fn no_acknowledgement_past_a_hole(choice: BackendChoice) {
+    for cache in [Cache::Page, Cache::ODirect] {
+        hole(choice, cache);
+    }
+}
+
+fn hole(choice: BackendChoice, cache: Cache) {
     let options = AppendLogOptions::new().max_group_len(1024);
     fuse_log_with(
         choice,
         "log_hole",
         options,
-        false,
+        cache,
         Box::new(|fs, log| {
             Box::pin(async move {
                 log.append(vec![1u8; 100]).await.unwrap();
@@ -711,7 +746,7 @@ fn short_group_write_is_continued(choice: BackendChoice) {
         choice,
         "log_short_group",
         AppendLogOptions::new(),
-        true,
+        Cache::DirectIo,
         Box::new(|fs, log| {
             Box::pin(async move {
                 let appends = fuse_group(&fs, &log, Fault::Short(100));
@@ -756,7 +791,7 @@ fn group_write_of_nothing_poisons(choice: BackendChoice) {
         choice,
         "log_zero_group",
         AppendLogOptions::new(),
-        true,
+        Cache::DirectIo,
         Box::new(|fs, log| {
             Box::pin(async move {
                 let appends = fuse_group(&fs, &log, Fault::Short(0));
@@ -804,7 +839,7 @@ fn preallocation_refused_is_reported(choice: BackendChoice) {
         choice,
         "log_prealloc_refused",
         options,
-        false,
+        Cache::Page,
         Box::new(|fs, log| {
             Box::pin(async move {
                 for i in 0..20u8 {
@@ -840,7 +875,8 @@ fn crash_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let (backend, path) = spec.split_once(':').unwrap();
+    let (backend, rest) = spec.split_once(':').unwrap();
+    let (mode, path) = rest.split_once(':').unwrap();
     let choice = if backend == "uring" {
         BackendChoice::IoUring
     } else {
@@ -849,12 +885,16 @@ fn crash_child() {
     let path = PathBuf::from(path);
     let rt = common::runtime(Flavor::Multi);
     rt.block_on(async move {
-        let (_ctx, log, _) = reopen(
-            choice,
-            &path,
-            &AppendLogOptions::new().preallocate(64 << 10),
-        )
-        .await;
+        let ctx = common::build_ctx(choice, vec![], |b| b);
+        let file = ctx
+            .open_file(&path, &rw().direct(mode == "direct").clone())
+            .await
+            .unwrap();
+        let (log, _) = AppendLogOptions::new()
+            .preallocate(64 << 10)
+            .open(file)
+            .await
+            .unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         for w in 0..32u64 {
             let (log, tx) = (log.clone(), tx.clone());
@@ -883,8 +923,22 @@ fn crash_child() {
 /// record's write completed and a sync after them — and no holes before an
 /// acknowledged record, not power-loss durability.
 fn crash_after_acknowledged_append(choice: BackendChoice) {
+    crash_test(choice, false);
+}
+
+/// The crash test with the log opened `O_DIRECT` (whole-block writes that
+/// rewrite the tail block), recovered through the page cache.
+fn crash_after_acknowledged_append_direct(choice: BackendChoice) {
+    crash_test(choice, true);
+}
+
+fn crash_test(choice: BackendChoice, direct: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("wal");
+    if direct && common::open_direct(&path).is_none() {
+        return;
+    }
+    let mode = if direct { "direct" } else { "buffered" };
     let backend = if choice == BackendChoice::IoUring {
         "uring"
     } else {
@@ -899,7 +953,7 @@ fn crash_after_acknowledged_append(choice: BackendChoice) {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(CHILD_ENV, format!("{backend}:{}", p.display()))
+            .env(CHILD_ENV, format!("{backend}:{mode}:{}", p.display()))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -943,11 +997,114 @@ fn crash_after_acknowledged_append(choice: BackendChoice) {
             );
         }
         eprintln!(
-            "log crash test ({backend}): {} acknowledged of {} recovered records verified, \
+            "log crash test ({backend}, {mode}): {} acknowledged of {} recovered records verified, \
              log {end} of {len} bytes",
             acked.len(),
             records.len()
         );
         drop(dir);
+    });
+}
+
+/// A log in a file opened with `O_DIRECT`: every write is whole blocks
+/// (the start of the first block rewritten as it was, the end of the last
+/// zero-padded), one at a time in offset order. Concurrent appends of
+/// every length, with a group cap small enough that full groups and
+/// records above it are written while another write is in flight, recover
+/// exactly — through `O_DIRECT` and through the page cache (one format) —
+/// and a log reopened with its tail inside a block (written by either)
+/// goes on from there. The bytes after the tail, to the end of its block,
+/// are zeroes.
+fn direct_log_round_trip(choice: BackendChoice) {
+    common::run("log_direct", Flavor::Multi, 120, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        if common::open_direct(&path).is_none() {
+            return;
+        }
+        let direct = rw().direct(true).clone();
+        let open = |o: OpenOptions| {
+            let path = path.clone();
+            async move {
+                let ctx = common::build_ctx(choice, vec![], |b| b);
+                let file = ctx.open_file(&path, &o).await.unwrap();
+                (ctx, file)
+            }
+        };
+        let options = AppendLogOptions::new().max_group_len(2048);
+        let mut acked = HashMap::new();
+        let mut tail = 0;
+        // Direct, buffered, direct again: each opening appends after what
+        // the one before wrote.
+        for (round, o) in [direct.clone(), rw(), direct.clone()]
+            .into_iter()
+            .enumerate()
+        {
+            let (_ctx, file) = open(o).await;
+            let (log, records) = options.open(file).await.unwrap();
+            assert_eq!(
+                records.len(),
+                acked.len(),
+                "round {round}: records recovered"
+            );
+            assert_eq!(check_contiguous(&records), tail, "round {round}");
+            for r in &records {
+                assert!(
+                    acked.get(&r.offset) == Some(&r.payload),
+                    "round {round}: record at {} is not the one acknowledged there",
+                    r.offset
+                );
+            }
+            let mut tasks = Vec::new();
+            for w in 0..12u64 {
+                let log = log.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    for i in 0..30u64 {
+                        // Mostly small; every seventh above the cap.
+                        let mut p = payload(w, i + 100 * round as u64);
+                        if i % 7 == 3 {
+                            p.resize(2500 + (w as usize * 997) % 9000, w as u8);
+                        }
+                        if i % 2 == 0 {
+                            out.push((log.append(p.clone()).await.unwrap(), p));
+                        } else {
+                            let q = payload(w, i + 5000);
+                            let (x, y) =
+                                tokio::try_join!(log.append(p.clone()), log.append(q.clone()))
+                                    .unwrap();
+                            out.push((x, p));
+                            out.push((y, q));
+                        }
+                    }
+                    out
+                }));
+            }
+            for t in tasks {
+                for (lsn, p) in t.await.unwrap() {
+                    assert!(acked.insert(lsn, p).is_none(), "position {lsn} given twice");
+                }
+            }
+            log.close().await.unwrap();
+            tail = log.tail();
+            let st = log.stats();
+            assert!(st.writes > 1 && st.writes < st.records, "{st:?}");
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() as u64 >= tail, "the file holds the log");
+        let block_end = (tail.next_multiple_of(4096) as usize).min(bytes.len());
+        assert!(
+            bytes[tail as usize..block_end].iter().all(|&b| b == 0),
+            "the rest of the last block is zeroes"
+        );
+        for o in [direct, rw()] {
+            let (_ctx, file) = open(o).await;
+            let (_log, records) = options.open(file).await.unwrap();
+            assert_eq!(records.len(), acked.len());
+            assert_eq!(check_contiguous(&records), tail);
+            for r in &records {
+                assert!(acked.get(&r.offset) == Some(&r.payload));
+            }
+        }
     });
 }

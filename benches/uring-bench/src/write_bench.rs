@@ -34,14 +34,19 @@
 //! threads (`write_all_at` + `sync_data`, std channels) and `no-backend`
 //! (the serial committer blocking its worker in `pwrite` + `fdatasync`: the
 //! serial group commit with an I/O path that costs nothing — a bound, not a
-//! design), and `append-log` (the crate's `AppendLog` helper: no committer,
+//! design), `append-log` (the crate's `AppendLog` helper: no committer,
 //! each writer appends itself; records appended while writes or a sync
 //! are in flight gathered into one write, each group a durable
 //! (`RWF_DSYNC`) write when all before it is durable, else written and
 //! covered by one `fdatasync` at a time; its own framing, checked by its
 //! own recovery; its records per write and per commit printed after the
-//! table). Commit latency is from `append` to its acknowledgement. After
-//! each run the log is parsed and every acknowledged record checked. Before
+//! table), `append-log-direct` (the same over the log opened `O_DIRECT`:
+//! whole-block writes, the tail block rewritten) and `no-backend-dsync`
+//! (the `no-backend` committer with the log opened `O_DIRECT | O_DSYNC`,
+//! each group one durable write padded to whole blocks: the same bound
+//! for durable direct writes). Commit latency is from `append` to its
+//! acknowledgement. After each run the log is parsed and every
+//! acknowledged record checked. Before
 //! each round, the flush floor: one writer's serial record + `fdatasync`,
 //! whose p50 sets the ceiling `writers / p50` commits/s that no engine can
 //! pass; and whether flushes overlap: 4 threads doing the same at once,
@@ -654,6 +659,11 @@ enum WalEngine {
     /// worker also changes how the writers are scheduled) and not a design
     /// to copy.
     Blocking,
+    /// `Blocking` with the log opened `O_DIRECT | O_DSYNC`: each group one
+    /// durable write, padded to whole blocks as in `uring-dsync`, the
+    /// committer blocking its worker in it — the same bound for durable
+    /// direct writes.
+    BlockingDsync,
     /// The crate's `AppendLog` (feature `append-log`): each writer appends
     /// its records itself (no committer task); the log reserves offsets,
     /// gathers the records appended while writes or a sync are in flight
@@ -661,6 +671,9 @@ enum WalEngine {
     /// written contiguously. Its own framing, so checked by its own
     /// recovery.
     AppendLog,
+    /// `AppendLog` over the log opened `O_DIRECT` (where the file system
+    /// takes it): every write whole blocks, the tail block rewritten.
+    AppendLogDirect,
 }
 
 struct WalOutcome {
@@ -764,15 +777,19 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
             let mut ctx = None;
             let mut tfile = None;
             let mut blocking = None;
-            if engine == WalEngine::Blocking {
-                blocking = Some(open_log(&path)?);
-            } else if engine == WalEngine::UringDsync {
-                let file = std::fs::OpenOptions::new()
+            let dsync_file = || {
+                std::fs::OpenOptions::new()
                     .write(true)
                     .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
                     .open(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                ctx = Some(UringContext::new(vec![file]).map_err(|e| e.to_string())?);
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            };
+            if engine == WalEngine::Blocking {
+                blocking = Some(open_log(&path)?);
+            } else if engine == WalEngine::BlockingDsync {
+                blocking = Some(dsync_file()?);
+            } else if engine == WalEngine::UringDsync {
+                ctx = Some(UringContext::new(vec![dsync_file()?]).map_err(|e| e.to_string())?);
             } else if engine != WalEngine::TokioFs {
                 let file = open_log(&path)?;
                 ctx = Some(UringContext::new(vec![file]).map_err(|e| e.to_string())?);
@@ -852,8 +869,15 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
                 } else if let Some(f) = &blocking {
                     // The bound, not a design: the worker blocks in the
                     // syscalls, so no hop of any backend is paid.
-                    f.write_all_at(&buf, tail).map_err(|e| e.to_string())?;
-                    f.sync_data().map_err(|e| e.to_string())?;
+                    if engine == WalEngine::BlockingDsync {
+                        buf.resize(buf.len().next_multiple_of(BLOCK), 0);
+                        let mut aligned = AlignedBuf::new(buf.len(), BLOCK);
+                        aligned.copy_from_slice(&buf);
+                        f.write_all_at(&aligned, tail).map_err(|e| e.to_string())?;
+                    } else {
+                        f.write_all_at(&buf, tail).map_err(|e| e.to_string())?;
+                        f.sync_data().map_err(|e| e.to_string())?;
+                    }
                 }
                 tail += buf.len() as u64;
                 groups += 1;
@@ -910,7 +934,7 @@ fn wal_async(engine: WalEngine, path: &Path, a: &WriteArgs) -> Result<WalOutcome
 /// The `append-log` engine: `AppendLog` over the log file, 64 writers
 /// appending directly; its acknowledged records are checked by reopening
 /// the log (recovery) right after the run.
-fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
+fn wal_append_log(path: &Path, a: &WriteArgs, direct: bool) -> Result<WalOutcome, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -921,7 +945,11 @@ fn wal_append_log(path: &Path, a: &WriteArgs) -> Result<WalOutcome, String> {
     rt.block_on(async move {
         let err = |e: std::io::Error| e.to_string();
         let ctx = UringContext::new(vec![]).map_err(err)?;
-        let opts = OpenOptions::new().read(true).write(true).clone();
+        let opts = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .direct(direct)
+            .clone();
         let file = ctx.open_file(&path, &opts).await.map_err(err)?;
         let (log, old) = AppendLogOptions::new().open(file).await.map_err(err)?;
         if !old.is_empty() {
@@ -1168,7 +1196,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         loadavg()
     );
     println!(
-        "{:>12} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
+        "{:>17} {:>11} {:>9} {:>10} {:>10} {:>10}  load",
         "engine", "commits/s", "groups/s", "p50 µs", "p99 µs", "p99.9 µs"
     );
     // `uring-dsync` needs O_DIRECT, which some file systems (tmpfs) refuse.
@@ -1189,16 +1217,24 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         WalEngine::TokioFs,
         WalEngine::Threads,
         WalEngine::Blocking,
+        WalEngine::BlockingDsync,
         WalEngine::AppendLog,
+        WalEngine::AppendLogDirect,
     ]
     .into_iter()
-    .filter(|&e| direct || e != WalEngine::UringDsync)
+    .filter(|&e| {
+        direct
+            || !matches!(
+                e,
+                WalEngine::UringDsync | WalEngine::BlockingDsync | WalEngine::AppendLogDirect
+            )
+    })
     .collect();
     let mut rows: HashMap<&str, Vec<Row>> = HashMap::new();
     let mut floors = Vec::new();
     let mut overflowed = 0u64;
     let mut concurrent = Vec::new();
-    let mut coalescing = Vec::new();
+    let mut coalescing: HashMap<&str, Vec<(f64, f64)>> = HashMap::new();
     for _ in 0..a.repeat {
         // One writer, one flush at a time: tens of thousands a second at most.
         prepare_log(&path, kind, prealloc_bytes(50_000.0, a, dir))?;
@@ -1217,13 +1253,16 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
             let out = match e {
                 WalEngine::Threads => wal_threads(&path, a)?,
                 // Verified by its own recovery (its own framing).
-                WalEngine::AppendLog => wal_append_log(&path, a)?,
+                WalEngine::AppendLog => wal_append_log(&path, a, false)?,
+                WalEngine::AppendLogDirect => wal_append_log(&path, a, true)?,
                 e => wal_async(e, &path, a)?,
             };
-            if e != WalEngine::AppendLog {
+            if !matches!(e, WalEngine::AppendLog | WalEngine::AppendLogDirect) {
                 verify_log(&path, &out.acked, a.record_bytes as usize)?;
             }
-            coalescing.extend(out.per_write_sync);
+            if let Some(c) = out.per_write_sync {
+                coalescing.entry(engine_name(e)).or_default().push(c);
+            }
             if kind == LogKind::Preallocated
                 && std::fs::metadata(&path).map_err(|e| e.to_string())?.len() > bytes
             {
@@ -1247,16 +1286,18 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "tokio-fs",
         "threads",
         "no-backend",
+        "no-backend-dsync",
         "append-log",
+        "append-log-direct",
     ] {
         let Some(r) = rows.get(name) else {
-            println!("{name:>12}  n/a: this file system refuses O_DIRECT");
+            println!("{name:>17}  n/a: this file system refuses O_DIRECT");
             continue;
         };
         let m = |f: fn(&Row) -> f64| median(r.iter().map(f).collect());
         let row = (m(|x| x.0), m(|x| x.1), m(|x| x.2), m(|x| x.3), m(|x| x.4));
         println!(
-            "{name:>12} {:>11.0} {:>9.0} {:>10.0} {:>10.0} {:>10.0}  {}",
+            "{name:>17} {:>11.0} {:>9.0} {:>10.0} {:>10.0} {:>10.0}  {}",
             row.0,
             row.1,
             row.2,
@@ -1270,7 +1311,7 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
     let floor_p99 = median(floors.iter().map(|f| f.1).collect());
     let ceiling = a.wal_writers as f64 / (floor_p50 / 1e6);
     println!(
-        "{:>12} {:>11.0} {:>9} {:>10.0} {:>10.0} {:>10}  (one writer: one record + fdatasync at a time)",
+        "{:>17} {:>11.0} {:>9} {:>10.0} {:>10.0} {:>10}  (one writer: one record + fdatasync at a time)",
         "flush floor", "-", "-", floor_p50, floor_p99, "-"
     );
     println!(
@@ -1284,13 +1325,21 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         "tokio-fs",
         "threads",
         "no-backend",
+        "no-backend-dsync",
         "append-log",
+        "append-log-direct",
     ] {
         let Some(row) = med.get(name) else { continue };
         println!("  {name}: {:.2} of the ceiling", row.0 / ceiling.max(1e-9));
     }
     let (t, th) = (med["tokio-fs"], med["threads"]);
-    for name in ["uring", "uring-serial", "uring-dsync", "append-log"] {
+    for name in [
+        "uring",
+        "uring-serial",
+        "uring-dsync",
+        "append-log",
+        "append-log-direct",
+    ] {
         let Some(&u) = med.get(name) else { continue };
         println!(
             "ratios {name}: commits/s vs tokio-fs {:.2}, vs threads {:.2}; p99 vs tokio-fs {:.2}, vs threads {:.2}",
@@ -1304,17 +1353,26 @@ fn wal_kind(a: &WriteArgs, dir: &Path, kind: LogKind) -> Result<(), String> {
         println!("({overflowed} runs wrote past the preallocated size and appended the rest)");
     }
     let nb = med["no-backend"];
-    if let Some(al) = med.get("append-log") {
-        println!(
-            "append-log (the crate's AppendLog): {:.2}x the no-backend reference",
-            al.0 / nb.0
-        );
+    for name in ["append-log", "append-log-direct"] {
+        if let Some(al) = med.get(name) {
+            print!(
+                "{name} (the crate's AppendLog): {:.2}x the no-backend reference",
+                al.0 / nb.0
+            );
+            if let Some(nd) = med.get("no-backend-dsync") {
+                print!(", {:.2}x no-backend-dsync", al.0 / nd.0);
+            }
+            println!();
+        }
     }
-    if !coalescing.is_empty() {
+    for name in ["append-log", "append-log-direct"] {
+        let Some(c) = coalescing.get(name) else {
+            continue;
+        };
         println!(
-            "append-log: {:.1} records per write, {:.1} per commit (fdatasync or durable write; its stats)",
-            median(coalescing.iter().map(|c| c.0).collect()),
-            median(coalescing.iter().map(|c| c.1).collect())
+            "{name}: {:.1} records per write, {:.1} per commit (fdatasync or durable write; its stats)",
+            median(c.iter().map(|c| c.0).collect()),
+            median(c.iter().map(|c| c.1).collect())
         );
     }
     println!(
@@ -1338,7 +1396,9 @@ fn engine_name(e: WalEngine) -> &'static str {
         WalEngine::Threads => "threads",
         WalEngine::UringDsync => "uring-dsync",
         WalEngine::Blocking => "no-backend",
+        WalEngine::BlockingDsync => "no-backend-dsync",
         WalEngine::AppendLog => "append-log",
+        WalEngine::AppendLogDirect => "append-log-direct",
     }
 }
 
