@@ -332,12 +332,69 @@ pub enum Mode {
     /// thread. Files O_DIRECT unless `--buffered` (then both are dropped
     /// from the page cache before every row); every block verified.
     Sched(SchedArgs),
+    /// One file on slow storage (a FUSE file system the bench mounts, each
+    /// read answered after 1 to 20 ms), many reads in flight: the crate on
+    /// its default route for FUSE files (the blocking pool) and on the
+    /// rings, against `spawn_blocking` + `pread`; with and without the page
+    /// cache, every block verified, ratios per round. Needs root and
+    /// `/dev/fuse`; otherwise it says why and exits with success.
+    SlowFile(SlowFileArgs),
     /// Parquet through the crate's `ParquetFileReader` against
     /// `tokio::fs::File` and a `spawn_blocking` reader (what
     /// `object_store`'s local file system does): random row lookups with
     /// the metadata loaded once, and full scans; hot and cold; every row
     /// checked. Needs the bench built with `--features parquet`.
     Parquet(ParquetArgs),
+}
+
+/// How `slow-file`'s FUSE file is cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlowCache {
+    /// `FOPEN_DIRECT_IO`: no page cache, each `pread` one FUSE request.
+    Direct,
+    /// Through the page cache (every read of a block not read before).
+    Cached,
+}
+
+/// Flags of `uring-bench slow-file`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SlowFileArgs {
+    /// Reads in flight: tasks, each reading in a loop.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub in_flight: u64,
+
+    /// Seconds per cell.
+    #[arg(short = 't', long, default_value = "2", value_parser = parse_secs)]
+    pub secs: f64,
+
+    /// Rounds (each runs every engine once, in a rotated order).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+
+    /// The slowest read, in ms: a read takes 1 to this many ms, by the
+    /// MiB it is in.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_delay_ms: u64,
+
+    /// The file's caching modes to run.
+    #[arg(long, value_delimiter = ',', default_values = ["direct", "cached"])]
+    pub cache: Vec<SlowCache>,
+
+    /// Only these engines (`spawn-blocking`, `pool`, `ring`); the ratios
+    /// need `spawn-blocking`.
+    #[arg(long, value_delimiter = ',', default_values = ["spawn-blocking", "pool", "ring"])]
+    pub engines: Vec<SlowEngine>,
+}
+
+/// An engine of `slow-file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlowEngine {
+    /// `spawn_blocking` + `FileExt::read_at`.
+    SpawnBlocking,
+    /// The crate's default route for FUSE files: the blocking pool.
+    Pool,
+    /// The crate on the rings (`fuse_via_blocking_pool(false)`).
+    Ring,
 }
 
 /// Flags of `uring-bench parquet`.
@@ -1015,6 +1072,53 @@ mod tests {
             &["--page-kib", "0"],
         ] {
             let mut args = vec!["uring-bench", "parquet"];
+            args.extend(bad);
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn slow_file_mode_parses_and_checks() {
+        let a = Args::parse_from(["uring-bench", "slow-file"]);
+        let Some(Mode::SlowFile(f)) = a.mode else {
+            panic!("slow-file parses as its mode")
+        };
+        assert_eq!(
+            (f.in_flight, f.secs, f.repeat, f.max_delay_ms),
+            (512, 2.0, 5, 20)
+        );
+        assert_eq!(f.cache, [SlowCache::Direct, SlowCache::Cached]);
+        assert_eq!(
+            f.engines,
+            [
+                SlowEngine::SpawnBlocking,
+                SlowEngine::Pool,
+                SlowEngine::Ring
+            ]
+        );
+        let a = Args::parse_from([
+            "uring-bench",
+            "slow-file",
+            "--cache",
+            "cached",
+            "--engines",
+            "pool,spawn-blocking",
+            "--in-flight",
+            "64",
+        ]);
+        let Some(Mode::SlowFile(f)) = a.mode else {
+            panic!("slow-file parses as its mode")
+        };
+        assert_eq!((f.cache.len(), f.engines.len(), f.in_flight), (1, 2, 64));
+        for bad in [
+            &["--in-flight", "0"][..],
+            &["--repeat", "0"],
+            &["--max-delay-ms", "0"],
+            &["--cache", "warm"],
+            &["--engines", "mmap"],
+            &["-t", "0"],
+        ] {
+            let mut args = vec!["uring-bench", "slow-file"];
             args.extend(bad);
             assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
         }

@@ -32,6 +32,7 @@ mod probes;
 mod random_reads;
 mod report;
 mod sched;
+mod slow_file;
 mod stop;
 mod two_threads;
 mod verify;
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Some(Mode::MemFair(a)) => mem_fair::run(a),
         Some(Mode::MemFairChild(a)) => mem_fair::child(a),
         Some(Mode::Sched(a)) => sched::run(a),
+        Some(Mode::SlowFile(a)) => slow_file::run(a),
         #[cfg(feature = "parquet")]
         Some(Mode::Parquet(a)) => parquet_bench::run(a),
         #[cfg(not(feature = "parquet"))]
