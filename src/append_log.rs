@@ -565,7 +565,8 @@ struct State {
     /// `written` reaches its start (the write before it completed), since
     /// two writes of whole blocks may share one.
     turns: BTreeMap<u64, oneshot::Sender<()>>,
-    /// `O_DIRECT`: the aligned buffer of the last write, for the next.
+    /// `O_DIRECT`: the aligned buffer of the last write, for the next
+    /// (not one a record above the group cap made large).
     spare_blocks: Option<AlignedBuf>,
     /// The sync task is running (at most one): it writes the pending group
     /// once no write is in flight, and syncs.
@@ -861,7 +862,12 @@ impl Inner {
                 head.clear();
                 head.extend_from_slice(&out[last..stop]);
                 st.head = Some(head);
-                st.spare_blocks = Some(out);
+                // Kept unless a large record made it larger than a group
+                // needs (as `recycle` does for the group buffers).
+                let keep = self.max_group_len.saturating_mul(2).max(SPARE_MIN) + 2 * block;
+                if out.capacity() <= keep {
+                    st.spare_blocks = Some(out);
+                }
                 st.recycle(buf, self.max_group_len);
                 self.kick(&mut st);
             }
