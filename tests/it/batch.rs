@@ -724,28 +724,39 @@ fn huge_batches_stay_linear() {
             let ctx = common::build_ctx(choice, opened, |b| b);
             let off = |i: u64| (i * 4093) % (file.len - 16);
             let _ = file.pread(0, file.len as usize); // cached
-            let t = Instant::now();
-            for i in 0..n {
-                let (r, _) = ctx.read_owned(0u32, off(i), Vec::with_capacity(16)).await;
-                r.unwrap();
+
+            // Measured up to three times: the other tests of this binary
+            // load the machine unevenly, and one slow moment during the
+            // batch is not the quadratic growth this looks for (which
+            // fails every attempt).
+            for attempt in 1..=3 {
+                let t = Instant::now();
+                for i in 0..n {
+                    let (r, _) = ctx.read_owned(0u32, off(i), Vec::with_capacity(16)).await;
+                    r.unwrap();
+                }
+                let one_by_one = t.elapsed();
+                let t = Instant::now();
+                let out = ctx
+                    .read_batch((0..n).map(|i| (0u32, off(i), Vec::with_capacity(16))))
+                    .await;
+                let batch = t.elapsed();
+                for (i, (r, buf)) in out.iter().enumerate() {
+                    assert_eq!(r.as_ref().ok(), Some(&16), "read {i}");
+                    assert_eq!(&buf[..], &file.expected(off(i as u64), 16)[..], "read {i}");
+                }
+                eprintln!(
+                    "{choice:?}: {n} cached reads one by one {one_by_one:?}, as one batch {batch:?}"
+                );
+                let linear = batch < one_by_one * 5 + Duration::from_millis(500);
+                assert!(
+                    linear || attempt < 3,
+                    "{choice:?}: a batch of {n} took {batch:?}, the same reads one by one {one_by_one:?}"
+                );
+                if linear {
+                    break;
+                }
             }
-            let one_by_one = t.elapsed();
-            let t = Instant::now();
-            let out = ctx
-                .read_batch((0..n).map(|i| (0u32, off(i), Vec::with_capacity(16))))
-                .await;
-            let batch = t.elapsed();
-            for (i, (r, buf)) in out.iter().enumerate() {
-                assert_eq!(r.as_ref().ok(), Some(&16), "read {i}");
-                assert_eq!(&buf[..], &file.expected(off(i as u64), 16)[..], "read {i}");
-            }
-            eprintln!(
-                "{choice:?}: {n} cached reads one by one {one_by_one:?}, as one batch {batch:?}"
-            );
-            assert!(
-                batch < one_by_one * 5 + Duration::from_millis(500),
-                "{choice:?}: a batch of {n} took {batch:?}, the same reads one by one {one_by_one:?}"
-            );
         });
     }
     drop(set);
