@@ -442,6 +442,60 @@ impl LogRecovery {
     }
 }
 
+/// Work of the log whose future may be dropped before it finishes — a
+/// write (its `writing` count taken) or the sync task — only when the
+/// runtime running it shuts down: dropped armed, it gives back what it
+/// held and poisons the log (a write that may or may not have happened is
+/// a hole), so that appends and `close` waiting for it fail instead of
+/// waiting forever.
+struct Abandoned {
+    inner: Arc<Inner>,
+    /// A write (else the sync task).
+    write: bool,
+    armed: bool,
+}
+
+impl Abandoned {
+    fn write(inner: Arc<Inner>) -> Self {
+        Abandoned {
+            inner,
+            write: true,
+            armed: true,
+        }
+    }
+
+    fn sync(inner: Arc<Inner>) -> Self {
+        Abandoned {
+            inner,
+            write: false,
+            armed: true,
+        }
+    }
+
+    /// The work finished (and gave back what it held itself).
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let what = if self.write {
+            st.writing -= 1;
+            "write"
+        } else {
+            st.syncing = false;
+            "sync task"
+        };
+        let e = io::Error::other("dropped before it finished: the runtime running it shut down");
+        st.poison(Poison::new(what, &e));
+    }
+}
+
 /// Why the log takes no more appends.
 #[derive(Clone, Debug)]
 struct Poison {
@@ -582,6 +636,22 @@ struct State {
 }
 
 impl State {
+    /// Whether the sync task is to start: none runs and there is work for
+    /// it — something written that is not durable, or a pending group and
+    /// no write in flight (marks it running).
+    /// The caller starts it with `Inner::start_sync` once the
+    /// lock is released.
+    #[must_use]
+    fn kick(&mut self) -> bool {
+        let start = !self.syncing
+            && self.poisoned.is_none()
+            && (self.written > self.durable || (self.pending.is_some() && self.writing == 0));
+        if start {
+            self.syncing = true;
+        }
+        start
+    }
+
     /// Takes the pending group to write it: a write in flight from now.
     fn take_pending(&mut self) -> Option<Group> {
         let g = self.pending.take()?;
@@ -708,17 +778,16 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts the sync task if none runs and there is work for it:
-    /// something written that is not durable, or a pending group and no
-    /// write in flight (called with the state locked).
-    fn kick(self: &Arc<Self>, st: &mut State) {
-        if !st.syncing
-            && st.poisoned.is_none()
-            && (st.written > st.durable || (st.pending.is_some() && st.writing == 0))
-        {
-            st.syncing = true;
-            self.runtime.spawn(sync_loop(self.clone()));
-        }
+    /// Spawns the sync task `kick` asked for (without the lock: on a
+    /// runtime that has shut down, the task is dropped at once, and its
+    /// guard poisons the log).
+    fn start_sync(self: &Arc<Self>) {
+        let guard = Abandoned::sync(self.clone());
+        let inner = self.clone();
+        drop(self.runtime.spawn(async move {
+            sync_loop(inner).await;
+            guard.disarm();
+        }));
     }
 
     /// Allocates `len` bytes from `from` ahead of the tail; a failure
@@ -758,9 +827,17 @@ impl Inner {
     /// durable) and kicks the sync task, or poisons the log. A short write
     /// is continued (`write_all`); one that writes nothing fails.
     async fn write_group(self: &Arc<Self>, group: Group, durable: bool) {
+        let guard = Abandoned::write(self.clone());
         if let Some(block) = self.block {
-            return self.write_blocks(group, durable, block).await;
+            self.write_blocks(group, durable, block).await;
+        } else {
+            self.write_buffered(group, durable).await;
         }
+        guard.disarm();
+    }
+
+    /// `write_group` on a file not opened `O_DIRECT`.
+    async fn write_buffered(self: &Arc<Self>, group: Group, durable: bool) {
         let Group { start, buf } = group;
         let end = start + buf.len() as u64;
         let write = self.file.write_all_at_owned(buf, start);
@@ -781,7 +858,10 @@ impl Inner {
                     st.made_durable(end);
                 }
                 st.recycle(buf, self.max_group_len);
-                self.kick(&mut st);
+                if st.kick() {
+                    drop(st);
+                    self.start_sync();
+                }
             }
             Err(e) => st.poison(Poison::new("write", &e)),
         }
@@ -869,7 +949,10 @@ impl Inner {
                     st.spare_blocks = Some(out);
                 }
                 st.recycle(buf, self.max_group_len);
-                self.kick(&mut st);
+                if st.kick() {
+                    drop(st);
+                    self.start_sync();
+                }
             }
             Err(e) => st.poison(Poison::new("write", &e)),
         }
@@ -1085,7 +1168,7 @@ impl AppendLog {
     ///
     /// The failure that poisoned the log, if one did.
     pub async fn close(&self) -> io::Result<()> {
-        let rx = {
+        let (rx, start) = {
             let mut st = self.inner.lock();
             st.closed = true;
             if let Some(p) = &st.poisoned {
@@ -1097,9 +1180,11 @@ impl AppendLog {
             let (tx, rx) = oneshot::channel();
             let tail = st.tail;
             st.barriers.push((tail, tx));
-            self.inner.kick(&mut st);
-            rx
+            (rx, st.kick())
         };
+        if start {
+            self.inner.start_sync();
+        }
         rx.await
             .map_err(|_| io::Error::other("append log: the sync task stopped"))?
     }
@@ -1173,6 +1258,7 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
     });
     let head = (inner.epoch, len);
     // Reserve the offset; join the pending group, or write at once.
+    let mut start_sync = false;
     let (offset, rx, before, own, durable) = {
         let mut st = inner.lock();
         if let Some(p) = &st.poisoned {
@@ -1213,7 +1299,7 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
             let mut buf = std::mem::take(&mut st.spare);
             encode_frame(&mut buf, offset, head, payload, body.as_ref());
             st.pending = Some(Group { start: offset, buf });
-            inner.kick(&mut st);
+            start_sync = st.kick();
         } else {
             // An idle log: written at once, and durable if all before it
             // is (as it is on an idle log) — unless a preallocation is
@@ -1225,6 +1311,9 @@ async fn append(inner: Arc<Inner>, payload: impl AsRef<[u8]>) -> io::Result<u64>
         }
         (offset, rx, before, own, durable)
     };
+    if start_sync {
+        inner.start_sync();
+    }
     if let Some((group, durable)) = before {
         inner.write_group(group, durable).await;
     }

@@ -310,6 +310,7 @@ backend_tests!(
     preallocation_refused_is_reported,
     direct_log_round_trip,
     crash_after_acknowledged_append_direct,
+    home_runtime_dies_mid_append,
 );
 
 type FuseBody = Box<
@@ -461,7 +462,15 @@ fn failed_write_poisons(choice: BackendChoice) {
 /// A small record appended after a 64 MiB one (whose write is still
 /// going on) resolves only once the large one is whole in the file: read
 /// back at once (with `pread`), its last bytes are there.
+/// The same on the file opened `O_DIRECT` (the small record's write waits
+/// for its turn behind the large one's).
 fn small_record_waits_for_a_large_one_before_it(choice: BackendChoice) {
+    for direct in [false, true] {
+        large_then_small(choice, direct);
+    }
+}
+
+fn large_then_small(choice: BackendChoice, direct: bool) {
     common::run(
         "log_large_then_small",
         Flavor::Multi,
@@ -469,8 +478,16 @@ fn small_record_waits_for_a_large_one_before_it(choice: BackendChoice) {
         move || async move {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("wal");
+            if direct && common::open_direct(&path).is_none() {
+                return;
+            }
             let options = AppendLogOptions::new().max_record_len(64 << 20);
-            let (_ctx, log, _) = reopen(choice, &path, &options).await;
+            let ctx = common::build_ctx(choice, vec![], |b| b);
+            let file = ctx
+                .open_file(&path, &rw().direct(direct).clone())
+                .await
+                .unwrap();
+            let (log, _) = options.open(file).await.unwrap();
             let f = File::open(&path).unwrap();
             for round in 0..3u8 {
                 let start = log.tail();
@@ -1125,4 +1142,80 @@ fn direct_log(choice: BackendChoice, options: AppendLogOptions, gathers: bool) {
             }
         }
     });
+}
+
+/// The runtime a log was opened on shuts down while 16 tasks append to it
+/// (buffered and `O_DIRECT`): the log used from another runtime
+/// afterwards answers `append` and `close` — an error or success, never a
+/// hang — and what it acknowledged before is recovered.
+fn home_runtime_dies_mid_append(choice: BackendChoice) {
+    for direct in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        if direct && common::open_direct(&path).is_none() {
+            continue;
+        }
+        let p = path.clone();
+        let acked = common::watchdog("log_runtime_dies", 60, move || {
+            let home = common::runtime(Flavor::Multi);
+            let (ctx, log) = home.block_on(async {
+                let ctx = common::build_ctx(choice, vec![], |b| b);
+                let file = ctx
+                    .open_file(&p, &rw().direct(direct).clone())
+                    .await
+                    .unwrap();
+                let (log, _) = AppendLogOptions::new().open(file).await.unwrap();
+                (ctx, log)
+            });
+            let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            for w in 0..16u64 {
+                let (log, acked) = (log.clone(), acked.clone());
+                home.spawn(async move {
+                    for i in 0.. {
+                        let p = payload(w, i);
+                        match log.append(p.clone()).await {
+                            Ok(at) => acked.lock().unwrap().push((at, p)),
+                            Err(_) => break,
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            drop(home);
+            let other = common::runtime(Flavor::Multi);
+            other.block_on(async {
+                let answered = tokio::time::timeout(Duration::from_secs(20), async {
+                    let _ = log.append(b"after".to_vec()).await;
+                    let _ = log.close().await;
+                })
+                .await;
+                assert!(answered.is_ok(), "the log hung after its runtime died");
+            });
+            drop((log, ctx));
+            let acked = acked.lock().unwrap().clone();
+            acked
+        });
+        assert!(
+            !acked.is_empty(),
+            "nothing was appended before the runtime died"
+        );
+        common::run(
+            "log_runtime_dies_recover",
+            Flavor::Multi,
+            60,
+            move || async move {
+                let (_ctx, _log, records) = reopen(choice, &path, &AppendLogOptions::new()).await;
+                let at: HashMap<u64, &[u8]> =
+                    records.iter().map(|r| (r.offset, &r.payload[..])).collect();
+                for (lsn, p) in &acked {
+                    assert_eq!(
+                        at.get(lsn),
+                        Some(&&p[..]),
+                        "acknowledged record at {lsn} lost"
+                    );
+                }
+                drop(dir);
+            },
+        );
+    }
 }
