@@ -6,11 +6,11 @@
 //! for borrowed ops, the caller's for owned ones), so a dropped future
 //! merely detaches a task that finishes on its own.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +43,63 @@ pub(crate) struct BlockingPool {
     gave_up: AtomicBool,
     /// Notified (to every waiter) when `gave_up` is set.
     gave_up_notify: Arc<Notify>,
+}
+
+/// The largest bounce buffer a thread keeps for its next blocking read.
+const KEPT_MAX_LEN: usize = 64 << 10;
+/// Bounce buffers a thread keeps.
+const KEPT_PER_THREAD: usize = 8;
+
+thread_local! {
+    /// Bounce buffers of finished blocking reads, for the thread's next
+    /// ones: a borrowed read is issued and its bytes copied out on the
+    /// caller's thread, so each thread mostly takes back what it gave.
+    static KEPT: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The size a bounce buffer for `len` bytes is allocated and kept at.
+fn bounce_class(len: usize) -> usize {
+    if len <= KEPT_MAX_LEN {
+        len.next_power_of_two().max(BOUNCE_ALIGN)
+    } else {
+        len
+    }
+}
+
+/// An empty page-aligned buffer of at least `len` bytes: one this thread
+/// kept, or a new one (not zeroed: a read initialises what it returns).
+fn bounce_buffer(len: usize) -> io::Result<AlignedBuf> {
+    let class = bounce_class(len);
+    if class <= KEPT_MAX_LEN {
+        let kept = KEPT
+            .try_with(|k| {
+                let mut k = k.try_borrow_mut().ok()?;
+                let i = k.iter().position(|b| b.capacity() == class)?;
+                Some(k.swap_remove(i))
+            })
+            .ok()
+            .flatten();
+        if let Some(mut buf) = kept {
+            buf.clear();
+            return Ok(buf);
+        }
+    }
+    AlignedBuf::try_with_capacity(class, BOUNCE_ALIGN)
+}
+
+/// Gives a bounce buffer whose bytes were copied out back to this thread,
+/// for its next blocking read (dropped if the thread keeps enough).
+pub(crate) fn recycle_bounce(buf: AlignedBuf) {
+    if buf.capacity() > KEPT_MAX_LEN || buf.align() != BOUNCE_ALIGN {
+        return;
+    }
+    let _ = KEPT.try_with(move |k| {
+        if let Ok(mut k) = k.try_borrow_mut() {
+            if k.len() < KEPT_PER_THREAD {
+                k.push(buf);
+            }
+        }
+    });
 }
 
 /// What a future waiting for blocking work watches to learn that
@@ -125,12 +182,20 @@ impl BlockingPool {
         permit: Permit,
     ) -> io::Result<JoinHandle<io::Result<(AlignedBuf, usize)>>> {
         // Bounded by the caller (`read::BORROWED_CHUNK`); fails cleanly all the same.
-        let mut buf = AlignedBuf::try_new(len, BOUNCE_ALIGN)?;
+        let mut buf = bounce_buffer(len)?;
         let done = self.start()?;
         Ok(self.runtime.spawn_blocking(move || {
             let _ioprio = crate::sys::IoprioGuard::set(permit.priority().ioprio());
             let _done = (done, permit);
-            let n = file.file.read_at(&mut buf, offset)?;
+            // SAFETY: `buf` has at least `len` bytes of storage (see
+            // `bounce_buffer`), owned by this task alone for the call;
+            // `MaybeUninit` because they need not be initialised.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(buf.stable_mut_ptr().cast::<MaybeUninit<u8>>(), len)
+            };
+            let n = crate::sys::pread(&file.file, dst, offset)?;
+            // SAFETY: `pread` initialised the first `n` bytes.
+            unsafe { buf.set_init(n) };
             Ok((buf, n))
         }))
     }

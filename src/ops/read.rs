@@ -391,6 +391,7 @@ impl Dest for Borrowed<'_> {
         let (data, n) = out?;
         let n = n.min(data.len()).min(self.0.len() - done);
         self.0[done..done + n].copy_from_slice(&data[..n]);
+        crate::blocking::recycle_bounce(data);
         Ok(n)
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {

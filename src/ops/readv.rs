@@ -174,7 +174,9 @@ impl Dest for BorrowedVec<'_, '_> {
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize> {
         let (data, n) = out?;
         let n = n.min(data.len()).min(self.len - done);
-        Ok(scatter(self.bufs, done, &data[..n]))
+        let copied = scatter(self.bufs, done, &data[..n]);
+        crate::blocking::recycle_bounce(data);
+        Ok(copied)
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         None

@@ -244,4 +244,76 @@ fn o_direct_files(choice: BackendChoice) {
     });
 }
 
-backend_tests!(owned_buffer_types, o_direct_files);
+/// Borrowed reads on the blocking pool reuse their bounce buffers (kept
+/// per thread, one thread here): a read shorter than the last one through
+/// the same buffer writes its own bytes only, never the old ones after
+/// them, alone or many at once.
+fn reused_bounce_buffers_write_only_the_bytes_read(choice: BackendChoice) {
+    const SENTINEL: u8 = 0xEE;
+    let set = common::FileSet::new(0xed6, &[(1 << 20) + 100, 300]);
+    let files = set.files.clone();
+    let opened = set.open_all();
+    common::run(
+        "reused_bounce_buffers",
+        Flavor::Current,
+        60,
+        move || async move {
+            let ctx = common::default_ctx(choice, opened);
+            let big = &files[0];
+            // (file, offset, length): full reads, then shorter ones of the
+            // same size class, short ones at the end of either file, one
+            // above what a thread keeps, and nothing at all.
+            let reads = [
+                (0usize, 0u64, 4096usize),
+                (0, big.len - 100, 4096),
+                (1, 0, 4096),
+                (0, 4096, 3000),
+                (1, 200, 4096),
+                (0, 8192, 8192),
+                (0, big.len - 5000, 8192),
+                (0, 12345, 5000),
+                (0, 65536, 65536),
+                (0, big.len - 70000, 70000),
+                (0, 1, 1),
+                (1, 300, 4096),
+                (0, big.len - 1, 4096),
+            ];
+            let check = |buf: &[u8], n: usize, fi: usize, off: u64, len: usize| {
+                let want = files[fi].expected(off, len);
+                assert_eq!(n, want.len(), "file {fi} @ {off}+{len}: count");
+                assert_eq!(&buf[..n], &want[..], "file {fi} @ {off}+{len}: bytes");
+                assert!(
+                    buf[n..].iter().all(|&b| b == SENTINEL),
+                    "file {fi} @ {off}+{len}: bytes written past the {n} read"
+                );
+            };
+            for _ in 0..3 {
+                for &(fi, off, len) in &reads {
+                    let mut buf = vec![SENTINEL; len];
+                    let n = ctx.read(fi as u32, off, &mut buf).await.expect("read");
+                    check(&buf, n, fi, off, len);
+                }
+                let mut bufs: Vec<Vec<u8>> = reads
+                    .iter()
+                    .map(|&(_, _, len)| vec![SENTINEL; len])
+                    .collect();
+                let got = futures::future::join_all(
+                    bufs.iter_mut()
+                        .zip(&reads)
+                        .map(|(buf, &(fi, off, _))| ctx.read(fi as u32, off, buf)),
+                )
+                .await;
+                for ((n, buf), &(fi, off, len)) in got.into_iter().zip(&bufs).zip(&reads) {
+                    check(buf, n.expect("concurrent read"), fi, off, len);
+                }
+            }
+            drop(set);
+        },
+    );
+}
+
+backend_tests!(
+    owned_buffer_types,
+    o_direct_files,
+    reused_bounce_buffers_write_only_the_bytes_read
+);
