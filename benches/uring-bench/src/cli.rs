@@ -334,8 +334,9 @@ pub enum Mode {
     Sched(SchedArgs),
     /// One file on slow storage (a FUSE file system the bench mounts, each
     /// read answered after 1 to 20 ms), many reads in flight: the crate on
-    /// its default route for FUSE files (the blocking pool) and on the
-    /// rings, against `spawn_blocking` + `pread`; with and without the page
+    /// its default route for FUSE files (the blocking pool, with borrowed
+    /// and with owned buffers) and on the rings, against `spawn_blocking` +
+    /// `pread`; with and without the page
     /// cache, every block verified, ratios per round. Needs root and
     /// `/dev/fuse`; otherwise it says why and exits with success.
     SlowFile(SlowFileArgs),
@@ -380,9 +381,13 @@ pub struct SlowFileArgs {
     #[arg(long, value_delimiter = ',', default_values = ["direct", "cached"])]
     pub cache: Vec<SlowCache>,
 
-    /// Only these engines (`spawn-blocking`, `pool`, `ring`); the ratios
-    /// need `spawn-blocking`.
-    #[arg(long, value_delimiter = ',', default_values = ["spawn-blocking", "pool", "ring"])]
+    /// Each runtime's `max_blocking_threads` (tokio's default: 512).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_blocking_threads: u64,
+
+    /// Only these engines (`spawn-blocking`, `pool`, `pool-owned`,
+    /// `ring`); the ratios need `spawn-blocking`.
+    #[arg(long, value_delimiter = ',', default_values = ["spawn-blocking", "pool", "pool-owned", "ring"])]
     pub engines: Vec<SlowEngine>,
 }
 
@@ -393,6 +398,9 @@ pub enum SlowEngine {
     SpawnBlocking,
     /// The crate's default route for FUSE files: the blocking pool.
     Pool,
+    /// The same route with owned buffers (`read_owned`, the task's one
+    /// buffer passed in and back): no bounce copy.
+    PoolOwned,
     /// The crate on the rings (`fuse_via_blocking_pool(false)`).
     Ring,
 }
@@ -1084,8 +1092,14 @@ mod tests {
             panic!("slow-file parses as its mode")
         };
         assert_eq!(
-            (f.in_flight, f.secs, f.repeat, f.max_delay_ms),
-            (512, 2.0, 5, 20)
+            (
+                f.in_flight,
+                f.secs,
+                f.repeat,
+                f.max_delay_ms,
+                f.max_blocking_threads
+            ),
+            (512, 2.0, 5, 20, 512)
         );
         assert_eq!(f.cache, [SlowCache::Direct, SlowCache::Cached]);
         assert_eq!(
@@ -1093,6 +1107,7 @@ mod tests {
             [
                 SlowEngine::SpawnBlocking,
                 SlowEngine::Pool,
+                SlowEngine::PoolOwned,
                 SlowEngine::Ring
             ]
         );
@@ -1105,13 +1120,25 @@ mod tests {
             "pool,spawn-blocking",
             "--in-flight",
             "64",
+            "--max-blocking-threads",
+            "1024",
         ]);
         let Some(Mode::SlowFile(f)) = a.mode else {
             panic!("slow-file parses as its mode")
         };
-        assert_eq!((f.cache.len(), f.engines.len(), f.in_flight), (1, 2, 64));
+        assert_eq!(
+            (
+                f.cache.len(),
+                f.engines.len(),
+                f.in_flight,
+                f.max_blocking_threads
+            ),
+            (1, 2, 64, 1024)
+        );
         for bad in [
             &["--in-flight", "0"][..],
+            &["--max-blocking-threads", "0"],
+            &["--engines", "pool-borrowed"],
             &["--repeat", "0"],
             &["--max-delay-ms", "0"],
             &["--cache", "warm"],

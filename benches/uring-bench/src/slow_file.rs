@@ -15,7 +15,10 @@
 //! Engines, each on a fresh 2-worker tokio runtime with `--in-flight`
 //! tasks reading in a loop: `spawn-blocking` (`spawn_blocking` +
 //! `FileExt::read_at` into a new buffer), `pool` (the crate's default route
-//! for FUSE files: `pread` on the blocking pool) and `ring` (the crate with
+//! for FUSE files: `pread` on the blocking pool, `ctx.read` into the task's
+//! buffer through a bounce buffer), `pool-owned` (the same route with
+//! `ctx.read_owned`: the task's one buffer goes to the read and comes back,
+//! no copy) and `ring` (the crate with
 //! `fuse_via_blocking_pool(false)`: the rings, with `IOSQE_ASYNC`). A 1 ms
 //! interval timer on the same runtime reports its worst gap. Before the
 //! measured rounds, one short unmeasured cell of each engine (thread pools
@@ -312,6 +315,7 @@ impl Engine {
         match self {
             Engine::SpawnBlocking => "spawn-blocking",
             Engine::Pool => "pool",
+            Engine::PoolOwned => "pool-owned",
             Engine::Ring => "ring",
         }
     }
@@ -326,16 +330,18 @@ struct Cell {
     waited: Option<f64>,
 }
 
-/// `engine` for `secs` with `in_flight` tasks; `next` hands out blocks.
+/// `engine` for `secs` with `a.in_flight` tasks; `next` hands out blocks.
 fn cell(
     engine: Engine,
     path: &std::path::Path,
-    in_flight: u64,
+    a: &SlowFileArgs,
     secs: f64,
     next: &Arc<AtomicU64>,
 ) -> Result<Cell, String> {
+    let (in_flight, max_blocking_threads) = (a.in_flight, a.max_blocking_threads as usize);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(max_blocking_threads)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
@@ -343,9 +349,9 @@ fn cell(
     let file = Arc::new(open()?);
     let ctx = match engine {
         Engine::SpawnBlocking => None,
-        Engine::Pool | Engine::Ring => Some(rt.block_on(async {
+        Engine::Pool | Engine::PoolOwned | Engine::Ring => Some(rt.block_on(async {
             UringContext::builder()
-                .fuse_via_blocking_pool(engine == Engine::Pool)
+                .fuse_via_blocking_pool(engine != Engine::Ring)
                 .build(vec![open()?])
                 .map_err(|e| e.to_string())
         })?),
@@ -376,9 +382,16 @@ fn cell(
                     let block = next.fetch_add(1, Ordering::Relaxed) % (FILE_LEN / BLOCK as u64);
                     let off = block * BLOCK as u64;
                     let got = if let Some(ctx) = &ctx {
-                        ctx.read(0u32, off, &mut buf)
-                            .await
-                            .map_err(|e| e.to_string())?
+                        if engine == Engine::PoolOwned {
+                            let (got, b) =
+                                ctx.read_owned(0u32, off, std::mem::take(&mut buf)).await;
+                            buf = b;
+                            got.map_err(|e| e.to_string())?
+                        } else {
+                            ctx.read(0u32, off, &mut buf)
+                                .await
+                                .map_err(|e| e.to_string())?
+                        }
                     } else {
                         let file = file.clone();
                         let (got, b) = tokio::task::spawn_blocking(move || {
@@ -454,21 +467,22 @@ pub fn run(a: &SlowFileArgs) -> Result<bool, String> {
             "FUSE through the page cache"
         };
         println!(
-            "== slow file, {what}: {} reads in flight, 1-{max} ms a read (mean {mean_ms:.1} ms: at most {ideal:.0} reads/s), {} s cells, {} rounds (load {})",
+            "== slow file, {what}: {} reads in flight, 1-{max} ms a read (mean {mean_ms:.1} ms: at most {ideal:.0} reads/s), max_blocking_threads {}, {} s cells, {} rounds (load {})",
             a.in_flight,
+            a.max_blocking_threads,
             a.secs,
             a.repeat,
             loadavg()
         );
         let engines = &a.engines;
         for &e in engines {
-            cell(e, &fs.path, a.in_flight, WARM_UP_SECS, &next)?;
+            cell(e, &fs.path, a, WARM_UP_SECS, &next)?;
         }
         let mut rows: Vec<Vec<Cell>> = engines.iter().map(|_| Vec::new()).collect();
         for round in 0..a.repeat as usize {
             for k in 0..engines.len() {
                 let i = (round + k) % engines.len();
-                rows[i].push(cell(engines[i], &fs.path, a.in_flight, a.secs, &next)?);
+                rows[i].push(cell(engines[i], &fs.path, a, a.secs, &next)?);
             }
         }
         let base = engines.iter().position(|&e| e == Engine::SpawnBlocking);
