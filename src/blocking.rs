@@ -45,10 +45,11 @@ pub(crate) struct BlockingPool {
     gave_up_notify: Arc<Notify>,
 }
 
-/// The largest bounce buffer a thread keeps for its next blocking read.
-const KEPT_MAX_LEN: usize = 64 << 10;
-/// Bounce buffers a thread keeps.
-const KEPT_PER_THREAD: usize = 8;
+/// The largest bounce buffer a thread keeps for its next blocking read
+/// (a database block; larger reads amortise their allocation).
+const KEPT_MAX_LEN: usize = 16 << 10;
+/// Bounce buffers a thread keeps: with [`KEPT_MAX_LEN`], at most 64 KiB.
+const KEPT_PER_THREAD: usize = 4;
 
 thread_local! {
     /// Bounce buffers of finished blocking reads, for the thread's next

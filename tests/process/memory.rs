@@ -303,10 +303,12 @@ fn fallback_thread_churn_keeps_nothing() {
         );
         // The heap: what the first cycle left allocated (lazily built
         // runtime and context state) is all there is, give or take a few
-        // KiB (tokio's bookkeeping of the last exited thread).
+        // KiB (tokio's bookkeeping of the last exited thread) and the
+        // bounce buffers each thread that polls reads keeps for its next
+        // ones (at most 64 KiB each: the two workers and this one).
         for (cycle, &l) in live.iter().enumerate().skip(1) {
             assert!(
-                l <= live[0] + (64 << 10),
+                l <= live[0] + (64 << 10) + 3 * (64 << 10),
                 "cycle {cycle}: {l} live heap bytes, {} after the first cycle: something is kept per cycle",
                 live[0]
             );
