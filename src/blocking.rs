@@ -6,7 +6,6 @@
 //! for borrowed ops, the caller's for owned ones), so a dropped future
 //! merely detaches a task that finishes on its own.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -51,13 +50,6 @@ const KEPT_MAX_LEN: usize = 16 << 10;
 /// Bounce buffers a thread keeps: with [`KEPT_MAX_LEN`], at most 64 KiB.
 const KEPT_PER_THREAD: usize = 4;
 
-thread_local! {
-    /// Bounce buffers of finished blocking reads, for the thread's next
-    /// ones: a borrowed read is issued and its bytes copied out on the
-    /// caller's thread, so each thread mostly takes back what it gave.
-    static KEPT: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
-}
-
 /// The size a bounce buffer for `len` bytes is allocated and kept at.
 fn bounce_class(len: usize) -> usize {
     if len <= KEPT_MAX_LEN {
@@ -68,18 +60,18 @@ fn bounce_class(len: usize) -> usize {
 }
 
 /// An empty page-aligned buffer of at least `len` bytes: one this thread
-/// kept, or a new one (not zeroed: a read initialises what it returns).
+/// kept, or a new one (not zeroed: a read initialises what it returns). A
+/// borrowed read is issued and its bytes copied out on the caller's
+/// thread, so each thread mostly takes back what it gave.
 fn bounce_buffer(len: usize) -> io::Result<AlignedBuf> {
     let class = bounce_class(len);
     if class <= KEPT_MAX_LEN {
-        let kept = KEPT
-            .try_with(|k| {
-                let mut k = k.try_borrow_mut().ok()?;
-                let i = k.iter().position(|b| b.capacity() == class)?;
-                Some(k.swap_remove(i))
-            })
-            .ok()
-            .flatten();
+        let kept = crate::thread::with_kept_bounce(|k| {
+            let mut k = k.try_borrow_mut().ok()?;
+            let i = k.iter().position(|b| b.capacity() == class)?;
+            Some(k.swap_remove(i))
+        })
+        .flatten();
         if let Some(mut buf) = kept {
             buf.clear();
             return Ok(buf);
@@ -94,7 +86,7 @@ pub(crate) fn recycle_bounce(buf: AlignedBuf) {
     if buf.capacity() > KEPT_MAX_LEN || buf.align() != BOUNCE_ALIGN {
         return;
     }
-    let _ = KEPT.try_with(move |k| {
+    crate::thread::with_kept_bounce(move |k| {
         if let Ok(mut k) = k.try_borrow_mut() {
             if k.len() < KEPT_PER_THREAD {
                 k.push(buf);

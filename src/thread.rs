@@ -1,10 +1,15 @@
 //! Every per-thread flag and slot of the crate, each a `thread_local` with
 //! the thin functions its users call: the thread's number ([`thread_slot`]),
 //! whether it runs drivers ([`on_driver_thread`]), the rings whose
-//! submissions it defers ([`with_deferred`]), and its stretch of inline
-//! reads ([`with_stretch`]).
+//! submissions it defers ([`with_deferred`]), its stretch of inline
+//! reads ([`with_stretch`]) and the bounce buffers its blocking reads
+//! brought back ([`with_kept_bounce`]). A thread-local destructor may issue
+//! ops: the locals that have destructors of their own are reached with
+//! `try_with`, so such an op does without them rather than panic.
 
 use std::cell::{Cell, RefCell};
+
+use crate::buf::AlignedBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -46,9 +51,10 @@ thread_local! {
 }
 
 /// Runs `f` on this thread's list of deferring rings' addresses (see
-/// `ring::Deferral`).
-pub(crate) fn with_deferred<R>(f: impl FnOnce(&RefCell<Vec<usize>>) -> R) -> R {
-    DEFERRED.with(f)
+/// `ring::Deferral`); `None` while the thread's locals are being destroyed
+/// (an op issued from a thread-local destructor defers nothing).
+pub(crate) fn with_deferred<R>(f: impl FnOnce(&RefCell<Vec<usize>>) -> R) -> Option<R> {
+    DEFERRED.try_with(f).ok()
 }
 
 /// Whose stretch of inline reads runs on this thread (the task's, `None`
@@ -65,4 +71,16 @@ thread_local! {
 /// `inline::turn_over`).
 pub(crate) fn with_stretch<R>(f: impl FnOnce(&Cell<Stretch>) -> R) -> R {
     STRETCH.with(f)
+}
+
+thread_local! {
+    /// Bounce buffers of this thread's finished blocking reads, for its
+    /// next ones (see `blocking::bounce_buffer`).
+    static KEPT_BOUNCE: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the bounce buffers this thread keeps; `None` while the
+/// thread's locals are being destroyed.
+pub(crate) fn with_kept_bounce<R>(f: impl FnOnce(&RefCell<Vec<AlignedBuf>>) -> R) -> Option<R> {
+    KEPT_BOUNCE.try_with(f).ok()
 }

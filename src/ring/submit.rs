@@ -65,7 +65,9 @@ fn address(ring: &Ring) -> usize {
 /// with nobody to submit it.
 pub(crate) struct Deferral<'a> {
     rings: &'a [Arc<Ring>],
-    mark: usize,
+    /// Where this deferral's rings start in the thread's list (`None`:
+    /// the thread is exiting and defers nothing).
+    mark: Option<usize>,
 }
 
 impl<'a> Deferral<'a> {
@@ -82,7 +84,9 @@ impl<'a> Deferral<'a> {
 
 impl Drop for Deferral<'_> {
     fn drop(&mut self) {
-        thread::with_deferred(|d| d.borrow_mut().truncate(self.mark));
+        if let Some(mark) = self.mark {
+            thread::with_deferred(|d| d.borrow_mut().truncate(mark));
+        }
         for ring in self.rings {
             if ring.has_unsubmitted() {
                 ring.whole_batch.store(true, Ordering::Release);
@@ -131,7 +135,7 @@ impl Ring {
     /// Whether this thread is queueing a batch's reads on this ring (a live
     /// [`Deferral`] covers it).
     pub(crate) fn batching_here(&self) -> bool {
-        thread::with_deferred(|d| d.borrow().contains(&address(self)))
+        thread::with_deferred(|d| d.borrow().contains(&address(self))).unwrap_or(false)
     }
 
     /// Hands what is queued to the kernel: from this thread when the driver

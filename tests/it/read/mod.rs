@@ -312,8 +312,115 @@ fn reused_bounce_buffers_write_only_the_bytes_read(choice: BackendChoice) {
     );
 }
 
+/// A `Drop` impl that reads through the crate (single reads and a batch)
+/// while its thread exits,
+/// before and after the thread's kept bounce buffers are gone (thread
+/// locals are destroyed in the reverse order of their first use): the
+/// reads are right either way, with no panic or hang.
+fn reads_from_a_thread_local_destructor(choice: BackendChoice) {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+    use uring_positioned_io::UringContext;
+
+    struct ReadsOnDrop {
+        ctx: UringContext,
+        done: mpsc::Sender<Result<(), String>>,
+        file: common::TestFile,
+    }
+    impl Drop for ReadsOnDrop {
+        fn drop(&mut self) {
+            let mut outcome = Ok(());
+            for (off, len) in [(0u64, 4096usize), (self.file.len - 10, 4096), (8192, 3000)] {
+                let mut buf = vec![0u8; len];
+                let n = {
+                    let mut fut = std::pin::pin!(self.ctx.read(0u32, off, &mut buf));
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    loop {
+                        if let Poll::Ready(r) = common::poll_once_noop(fut.as_mut()) {
+                            break r;
+                        }
+                        if Instant::now() > deadline {
+                            break Err(io::Error::other("no answer in 20 s"));
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                };
+                let want = self.file.expected(off, len);
+                match n {
+                    Ok(n) if buf[..n] == want[..] => {}
+                    Ok(n) => outcome = Err(format!("@ {off}+{len}: {n} bytes, not the file's")),
+                    Err(e) => outcome = Err(format!("@ {off}+{len}: {e}")),
+                }
+            }
+            // A batch, which defers its submissions on this thread.
+            let reads = (0..8u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
+            let mut batch = std::pin::pin!(self.ctx.read_batch(reads));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let got = loop {
+                if let Poll::Ready(got) = common::poll_once_noop(batch.as_mut()) {
+                    break Some(got);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            match got {
+                None => outcome = Err("batch: no answer in 20 s".into()),
+                Some(got) => {
+                    for (i, (res, block)) in got.into_iter().enumerate() {
+                        let off = i as u64 * 4096;
+                        match res {
+                            Ok(4096) if block == self.file.expected(off, 4096) => {}
+                            Ok(n) => {
+                                outcome = Err(format!("batch @ {off}: {n} bytes, not the file's"));
+                            }
+                            Err(e) => outcome = Err(format!("batch @ {off}: {e}")),
+                        }
+                    }
+                }
+            }
+            let _ = self.done.send(outcome);
+        }
+    }
+    thread_local! {
+        static ON_EXIT: RefCell<Option<ReadsOnDrop>> = const { RefCell::new(None) };
+    }
+
+    let set = common::FileSet::new(0xed7, &[1 << 20]);
+    let rt = common::runtime(Flavor::Multi);
+    for guard_first in [false, true] {
+        let file = set.files[0].clone();
+        let opened = set.open_all();
+        let ctx = rt.block_on(async { common::default_ctx(choice, opened) });
+        let (done, results) = mpsc::channel();
+        std::thread::spawn(move || {
+            if guard_first {
+                ON_EXIT.with(|_| {});
+            }
+            // A read on this thread first: its bounce buffer (fallback) is
+            // kept by this thread.
+            let mut buf = vec![0u8; 4096];
+            {
+                let mut fut = std::pin::pin!(ctx.read(0u32, 4096, &mut buf));
+                while common::poll_once_noop(fut.as_mut()).is_pending() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            ON_EXIT.with(|g| *g.borrow_mut() = Some(ReadsOnDrop { ctx, done, file }));
+        });
+        let outcome = results
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{choice:?}: no word from the exiting thread: {e}"));
+        outcome.unwrap_or_else(|e| panic!("{choice:?}, guard first {guard_first}: {e}"));
+    }
+    rt.shutdown_timeout(Duration::from_secs(5));
+}
+
 backend_tests!(
     owned_buffer_types,
     o_direct_files,
-    reused_bounce_buffers_write_only_the_bytes_read
+    reused_bounce_buffers_write_only_the_bytes_read,
+    reads_from_a_thread_local_destructor
 );
