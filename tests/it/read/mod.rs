@@ -313,15 +313,30 @@ fn reused_bounce_buffers_write_only_the_bytes_read(choice: BackendChoice) {
 }
 
 /// A `Drop` impl that reads through the crate (single reads and a batch)
-/// while its thread exits,
-/// before and after the thread's kept bounce buffers are gone (thread
-/// locals are destroyed in the reverse order of their first use): the
-/// reads are right either way, with no panic or hang.
+/// while its thread exits, before and after the thread's kept bounce
+/// buffers are gone (thread locals are destroyed in the reverse order of
+/// their first use): the reads are right either way, with no panic or hang.
 fn reads_from_a_thread_local_destructor(choice: BackendChoice) {
     use std::cell::RefCell;
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
     use uring_positioned_io::UringContext;
+
+    /// Polls `fut` (with a waker that does nothing) until it is ready, for
+    /// at most 20 s: `None` if it is not by then.
+    fn settle<F: Future>(fut: F) -> Option<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Poll::Ready(out) = common::poll_once_noop(fut.as_mut()) {
+                return Some(out);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 
     struct ReadsOnDrop {
         ctx: UringContext,
@@ -333,19 +348,8 @@ fn reads_from_a_thread_local_destructor(choice: BackendChoice) {
             let mut outcome = Ok(());
             for (off, len) in [(0u64, 4096usize), (self.file.len - 10, 4096), (8192, 3000)] {
                 let mut buf = vec![0u8; len];
-                let n = {
-                    let mut fut = std::pin::pin!(self.ctx.read(0u32, off, &mut buf));
-                    let deadline = Instant::now() + Duration::from_secs(20);
-                    loop {
-                        if let Poll::Ready(r) = common::poll_once_noop(fut.as_mut()) {
-                            break r;
-                        }
-                        if Instant::now() > deadline {
-                            break Err(io::Error::other("no answer in 20 s"));
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                };
+                let n = settle(self.ctx.read(0u32, off, &mut buf))
+                    .unwrap_or_else(|| Err(io::Error::other("no answer in 20 s")));
                 let want = self.file.expected(off, len);
                 match n {
                     Ok(n) if buf[..n] == want[..] => {}
@@ -355,18 +359,7 @@ fn reads_from_a_thread_local_destructor(choice: BackendChoice) {
             }
             // A batch, which defers its submissions on this thread.
             let reads = (0..8u64).map(|i| (0u32, i * 4096, Vec::with_capacity(4096)));
-            let mut batch = std::pin::pin!(self.ctx.read_batch(reads));
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let got = loop {
-                if let Poll::Ready(got) = common::poll_once_noop(batch.as_mut()) {
-                    break Some(got);
-                }
-                if Instant::now() > deadline {
-                    break None;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
-            match got {
+            match settle(self.ctx.read_batch(reads)) {
                 None => outcome = Err("batch: no answer in 20 s".into()),
                 Some(got) => {
                     for (i, (res, block)) in got.into_iter().enumerate() {
@@ -402,11 +395,9 @@ fn reads_from_a_thread_local_destructor(choice: BackendChoice) {
             // A read on this thread first: its bounce buffer (fallback) is
             // kept by this thread.
             let mut buf = vec![0u8; 4096];
-            {
-                let mut fut = std::pin::pin!(ctx.read(0u32, 4096, &mut buf));
-                while common::poll_once_noop(fut.as_mut()).is_pending() {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+            if let Err(e) = settle(ctx.read(0u32, 4096, &mut buf)).expect("first read answered") {
+                let _ = done.send(Err(format!("first read: {e}")));
+                return;
             }
             ON_EXIT.with(|g| *g.borrow_mut() = Some(ReadsOnDrop { ctx, done, file }));
         });
