@@ -962,9 +962,18 @@ fn a_cold_batch_ends_the_stretch() {
                 let mut batch = std::pin::pin!(ctx.read_batch(reads(round)));
                 let before = ctx.stats();
                 let first = common::poll_once(batch.as_mut()).await;
-                // Whatever the first poll queued reaches the kernel meanwhile.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                let after = ctx.stats();
+                // Whatever the first poll queued reaches the kernel meanwhile
+                // (the driver may take a while on a loaded machine; a batch
+                // that yielded first queued nothing, and nothing arrives
+                // however long this waits: it is not polled meanwhile).
+                let mut after = ctx.stats();
+                for _ in 0..40 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    after = ctx.stats();
+                    if after.submitted != before.submitted {
+                        break;
+                    }
+                }
                 let inline = first.is_ready();
                 if !inline && !after_inline {
                     cold += 1;
