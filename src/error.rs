@@ -8,8 +8,6 @@ use std::error::Error;
 use std::fmt;
 use std::io;
 
-use tokio::task::JoinError;
-
 use crate::id::FileId;
 
 /// Why a ring takes no more ops.
@@ -257,8 +255,8 @@ pub(crate) fn write_beyond_max(fid: FileId, offset: u64, len: usize) -> io::Erro
 }
 
 /// A blocking-pool op whose task panicked.
-pub(crate) fn blocking_task_failed(join: &JoinError) -> io::Error {
-    io::Error::other(format!("blocking-pool task failed: {join}"))
+pub(crate) fn blocking_task_failed() -> io::Error {
+    io::Error::other("blocking-pool task failed: it panicked")
 }
 
 /// A setting out of range (`msg` names it and its limit).

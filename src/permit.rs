@@ -40,6 +40,8 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use tokio::runtime::Handle;
 
+use crate::blocking::Job;
+
 /// How urgent an op is, for the in-flight slots it competes for.
 ///
 /// Point reads and the write path default to [`Latency`](Self::Latency);
@@ -182,10 +184,11 @@ struct FileCounts {
 enum WaiterState {
     Waiting(Option<Waker>),
     Granted,
+    /// Its job was granted a slot and handed to a thread to run.
+    Handed,
     Closed,
 }
 
-#[derive(Debug)]
 struct Waiter {
     class: Priority,
     file: Option<FileKey>,
@@ -193,6 +196,26 @@ struct Waiter {
     state: WaiterState,
     /// Granted while latency ops were active: its pieces are capped.
     capped: bool,
+    /// The blocking work it waits to run, built already: granted a slot,
+    /// it is handed to a thread at once, with no wake of its task (see
+    /// `blocking::hand_off`).
+    job: Option<Job>,
+    /// The bytes its job moves, counted when it is granted a slot.
+    job_bytes: u64,
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("class", &self.class)
+            .field("file", &self.file)
+            .field("since", &self.since)
+            .field("state", &self.state)
+            .field("capped", &self.capped)
+            .field("job", &self.job.is_some())
+            .field("job_bytes", &self.job_bytes)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -212,10 +235,11 @@ struct State {
     counts: [ClassCounts; 2],
 }
 
-/// Wakers to call once the lock is released.
+/// Wakers to call, and granted jobs to start, once the lock is released.
 struct Wakes {
     first: [Option<Waker>; 4],
     more: Vec<Waker>,
+    jobs: Vec<(Job, Priority, Option<FileKey>, u64)>,
 }
 
 impl Wakes {
@@ -223,6 +247,7 @@ impl Wakes {
         Wakes {
             first: [None, None, None, None],
             more: Vec::new(),
+            jobs: Vec::new(),
         }
     }
     fn push(&mut self, w: Waker) {
@@ -231,9 +256,19 @@ impl Wakes {
             None => self.more.push(w),
         }
     }
-    fn wake(self) {
+    fn wake(self, shared: &Arc<Shared>) {
         self.first.into_iter().flatten().for_each(Waker::wake);
         self.more.into_iter().for_each(Waker::wake);
+        for (job, class, file, bytes) in self.jobs {
+            shared.bytes[class.index()].fetch_add(bytes, Ordering::Relaxed);
+            let permit = Permit {
+                shared: shared.clone(),
+                class,
+                file,
+                piece_limit: usize::MAX,
+            };
+            crate::blocking::hand_off(job, permit, shared.runtime.as_ref());
+        }
     }
 }
 
@@ -352,7 +387,10 @@ impl State {
             let key = self.queues[c].remove(i).expect("position in range");
             let w = &mut self.waiters[key];
             let (class, file, since) = (w.class, w.file, w.since);
-            if let WaiterState::Waiting(Some(waker)) =
+            if let Some(job) = w.job.take() {
+                w.state = WaiterState::Handed;
+                wakes.jobs.push((job, class, file, w.job_bytes));
+            } else if let WaiterState::Waiting(Some(waker)) =
                 std::mem::replace(&mut w.state, WaiterState::Granted)
             {
                 wakes.push(waker);
@@ -414,7 +452,7 @@ impl Shared {
                     shared.arm_window(&mut st);
                 }
             }
-            wakes.wake();
+            wakes.wake(&shared);
         }));
     }
 }
@@ -471,7 +509,7 @@ impl Drop for Permit {
                 self.shared.arm_window(&mut st);
             }
         }
-        wakes.wake();
+        wakes.wake(&self.shared);
     }
 }
 
@@ -496,6 +534,14 @@ impl fmt::Debug for Wait {
     }
 }
 
+/// What [`Slots::take_or_queue`] did (the job, if any, comes back unless
+/// it was queued).
+enum Taken {
+    Now(Permit, Option<(Job, u64)>),
+    Queued(Wait),
+    Closed(Option<(Job, u64)>),
+}
+
 /// `Wait::key` of a wait that resolved.
 const DONE: usize = usize::MAX;
 
@@ -506,12 +552,28 @@ pub(crate) enum Acquired {
     Closed,
 }
 
+/// What [`Slots::acquire_job`] found.
+pub(crate) enum JobAcquired {
+    /// A slot at once: run the job with it.
+    Now(Job, Permit),
+    /// The job waits in the queue and runs when it is granted a slot; the
+    /// `Wait` takes it back out if dropped first.
+    Queued(Wait),
+    Closed(Job),
+}
+
 impl Slots {
     pub(crate) fn new(cfg: SlotsConfig) -> Slots {
+        Slots::on(cfg, Handle::try_current().ok())
+    }
+
+    /// Slots whose granted jobs, and whose latency-window timer, run on
+    /// `runtime`'s blocking threads.
+    pub(crate) fn on(cfg: SlotsConfig, runtime: Option<Handle>) -> Slots {
         Slots {
             shared: Arc::new(Shared {
                 bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-                runtime: Handle::try_current().ok(),
+                runtime,
                 state: Mutex::new(State {
                     cfg,
                     free: cfg.limit,
@@ -528,9 +590,11 @@ impl Slots {
         }
     }
 
-    /// Takes no new permits from now on; wakes every waiter.
+    /// Takes no new permits from now on; wakes every waiter and drops the
+    /// jobs that waited (each tells its op it never ran).
     pub(crate) fn close(&self) {
         let mut wakes = Wakes::new();
+        let mut jobs = Vec::new();
         {
             let mut st = self.shared.lock();
             st.closed = true;
@@ -539,6 +603,7 @@ impl Slots {
                 let w = &mut st.waiters[key];
                 let file = w.file;
                 let c = w.class.index();
+                jobs.extend(w.job.take());
                 if let WaiterState::Waiting(Some(waker)) =
                     std::mem::replace(&mut w.state, WaiterState::Closed)
                 {
@@ -550,14 +615,43 @@ impl Slots {
                 }
             }
         }
-        wakes.wake();
+        drop(jobs);
+        wakes.wake(&self.shared);
     }
 
     /// A slot for an op of `class` on `file`, at once if the rules admit it.
     pub(crate) fn acquire(&self, class: Priority, file: Option<FileKey>) -> Acquired {
+        match self.take_or_queue(class, file, None) {
+            Taken::Now(permit, _) => Acquired::Now(permit),
+            Taken::Queued(wait) => Acquired::Wait(wait),
+            Taken::Closed(_) => Acquired::Closed,
+        }
+    }
+
+    /// A slot for `job`, a latency op's blocking work on `file`: at once if
+    /// the rules admit it, else the job waits in the queue and the thread
+    /// whose release grants it a slot starts it.
+    /// `bytes`, what the job moves, are counted once it has its slot.
+    pub(crate) fn acquire_job(&self, file: Option<FileKey>, bytes: u64, job: Job) -> JobAcquired {
+        match self.take_or_queue(Priority::Latency, file, Some((job, bytes))) {
+            Taken::Now(permit, job) => {
+                self.count_bytes(Priority::Latency, bytes);
+                JobAcquired::Now(job.expect("the job comes back").0, permit)
+            }
+            Taken::Queued(wait) => JobAcquired::Queued(wait),
+            Taken::Closed(job) => JobAcquired::Closed(job.expect("the job comes back").0),
+        }
+    }
+
+    fn take_or_queue(
+        &self,
+        class: Priority,
+        file: Option<FileKey>,
+        job: Option<(Job, u64)>,
+    ) -> Taken {
         let mut st = self.shared.lock();
         if st.closed {
-            return Acquired::Closed;
+            return Taken::Closed(job);
         }
         let mut now = None;
         if st.free > 0 && st.admits(class, file, &mut now) {
@@ -568,12 +662,13 @@ impl Slots {
                 usize::MAX
             };
             drop(st);
-            return Acquired::Now(Permit {
+            let permit = Permit {
                 shared: self.shared.clone(),
                 class,
                 file,
                 piece_limit,
-            });
+            };
+            return Taken::Now(permit, job);
         }
         let key = st.waiters.insert(Waiter {
             class,
@@ -581,13 +676,15 @@ impl Slots {
             since: Instant::now(),
             state: WaiterState::Waiting(None),
             capped: false,
+            job_bytes: job.as_ref().map_or(0, |j| j.1),
+            job: job.map(|j| j.0),
         });
         st.queues[class.index()].push_back(key);
         if let Some(f) = file {
             st.file(f).waiting[class.index()] += 1;
         }
         self.shared.arm_window(&mut st);
-        Acquired::Wait(Wait {
+        Taken::Queued(Wait {
             shared: self.shared.clone(),
             key,
             _not_sync: PhantomData,
@@ -644,7 +741,7 @@ impl Wait {
                     piece_limit,
                 }))
             }
-            WaiterState::Closed => {
+            WaiterState::Handed | WaiterState::Closed => {
                 st.waiters.remove(key);
                 self.key = DONE;
                 Poll::Ready(Err(SlotsClosed))
@@ -672,13 +769,15 @@ impl Drop for Wait {
                     st.forget_if_idle(f);
                 }
                 // Its leaving may admit another file's over-share op.
+                let mut wakes = Wakes::new();
                 if !st.closed && st.free > 0 {
-                    let mut wakes = Wakes::new();
                     st.dispatch(&mut wakes);
                     self.shared.arm_window(&mut st);
-                    drop(st);
-                    wakes.wake();
                 }
+                drop(st);
+                // A job that never ran is dropped outside the lock.
+                drop(w.job);
+                wakes.wake(&self.shared);
             }
             WaiterState::Granted => {
                 // Granted but never taken: give the slot back.
@@ -690,7 +789,8 @@ impl Drop for Wait {
                     piece_limit: usize::MAX,
                 });
             }
-            WaiterState::Closed => {}
+            // Its job took the slot with it, or the slots closed.
+            WaiterState::Handed | WaiterState::Closed => {}
         }
     }
 }
@@ -881,6 +981,135 @@ mod tests {
         let w = wait(&slots, Latency, Some(2));
         drop(w);
         assert!(slots.shared.lock().queues[0].is_empty());
+    }
+
+    /// A multi-thread runtime whose blocking threads run the jobs.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap()
+    }
+
+    /// A job that sends its thread's id on `tx`, waits for `go` (if any),
+    /// lets go of its slot and sends its thread's id again.
+    fn job_on(
+        tx: std::sync::mpsc::Sender<std::thread::ThreadId>,
+        go: Option<std::sync::mpsc::Receiver<()>>,
+    ) -> Job {
+        Box::new(move |permit: Permit| {
+            tx.send(std::thread::current().id()).unwrap();
+            if let Some(go) = go {
+                go.recv_timeout(Duration::from_secs(30)).unwrap();
+            }
+            drop(permit);
+            tx.send(std::thread::current().id()).unwrap();
+        })
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_queued_job_runs_on_the_thread_whose_release_grants_it() {
+        let rt = runtime();
+        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, gate) = std::sync::mpsc::channel();
+        let JobAcquired::Now(first, permit) =
+            slots.acquire_job(Some(1), 0, job_on(tx.clone(), Some(gate)))
+        else {
+            panic!("the first job waited");
+        };
+        crate::blocking::hand_off(first, permit, Some(rt.handle()));
+        let runner = rx.recv_timeout(LONG).unwrap();
+        // The slot is held: the next job waits in the queue.
+        let JobAcquired::Queued(wait) = slots.acquire_job(Some(1), 0, job_on(tx, None)) else {
+            panic!("the second job got a slot");
+        };
+        go.send(()).unwrap();
+        assert_eq!(
+            rx.recv_timeout(LONG).unwrap(),
+            runner,
+            "the first job ended"
+        );
+        assert_eq!(
+            rx.recv_timeout(LONG).unwrap(),
+            runner,
+            "the second job started"
+        );
+        assert_eq!(
+            rx.recv_timeout(LONG).unwrap(),
+            runner,
+            "the second job ended"
+        );
+        drop(wait);
+        // Both slots came back.
+        let _p = now(&slots, Latency, Some(1));
+    }
+
+    #[test]
+    fn a_queued_job_dropped_before_its_grant_never_runs() {
+        let rt = runtime();
+        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let held = now(&slots, Latency, Some(1));
+        let ran = Arc::new(AtomicU64::new(0));
+        let counted = ran.clone();
+        let job: Job = Box::new(move |_permit| {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        let JobAcquired::Queued(wait) = slots.acquire_job(Some(1), 0, job) else {
+            panic!("the job got a slot");
+        };
+        drop(wait);
+        drop(held);
+        // The slot is free again, and the job is gone: it never ran.
+        let _p = now(&slots, Latency, Some(1));
+        assert_eq!(Arc::strong_count(&ran), 1);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn closing_drops_the_queued_jobs() {
+        let rt = runtime();
+        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let held = now(&slots, Latency, None);
+        let token = Arc::new(());
+        let kept = token.clone();
+        let job: Job = Box::new(move |_permit| drop(kept));
+        let JobAcquired::Queued(wait) = slots.acquire_job(None, 0, job) else {
+            panic!("the job got a slot");
+        };
+        slots.close();
+        assert_eq!(Arc::strong_count(&token), 1, "close() kept a queued job");
+        drop((wait, held));
+        assert!(matches!(
+            slots.acquire_job(None, 0, Box::new(drop)),
+            JobAcquired::Closed(_)
+        ));
+    }
+
+    #[test]
+    fn a_panicking_job_hands_its_slot_to_the_next() {
+        let rt = runtime();
+        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, gate) = std::sync::mpsc::channel::<()>();
+        let first: Job = Box::new(move |_permit| {
+            gate.recv_timeout(Duration::from_secs(30)).unwrap();
+            panic!("a job that panics (expected by this test)");
+        });
+        let JobAcquired::Now(first, permit) = slots.acquire_job(None, 0, first) else {
+            panic!("the first job waited");
+        };
+        crate::blocking::hand_off(first, permit, Some(rt.handle()));
+        let JobAcquired::Queued(wait) = slots.acquire_job(None, 0, job_on(tx, None)) else {
+            panic!("the second job got a slot");
+        };
+        go.send(()).unwrap();
+        rx.recv_timeout(LONG).expect("the queued job started");
+        rx.recv_timeout(LONG).expect("the queued job ended");
+        drop(wait);
+        let _p = now(&slots, Latency, None);
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! the thin functions its users call: the thread's number ([`thread_slot`]),
 //! whether it runs drivers ([`on_driver_thread`]), the rings whose
 //! submissions it defers ([`with_deferred`]), its stretch of inline
-//! reads ([`with_stretch`]) and the bounce buffers its blocking reads
-//! brought back ([`with_kept_bounce`]). A thread-local destructor may issue
+//! reads ([`with_stretch`]), the bounce buffers its blocking reads
+//! brought back ([`with_kept_bounce`]) and the blocking jobs it is to
+//! start ([`with_handoffs`]). A thread-local destructor may issue
 //! ops: the locals that have destructors of their own are reached with
 //! `try_with`, so such an op does without them rather than panic.
 
 use std::cell::{Cell, RefCell};
 
+use crate::blocking::Handoffs;
 use crate::buf::AlignedBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -75,7 +77,7 @@ pub(crate) fn with_stretch<R>(f: impl FnOnce(&Cell<Stretch>) -> R) -> R {
 
 thread_local! {
     /// Bounce buffers of this thread's finished blocking reads, for its
-    /// next ones (see `blocking::bounce_buffer`).
+    /// next ones (see `blocking::kept_bounce`).
     static KEPT_BOUNCE: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -83,4 +85,15 @@ thread_local! {
 /// thread's locals are being destroyed.
 pub(crate) fn with_kept_bounce<R>(f: impl FnOnce(&RefCell<Vec<AlignedBuf>>) -> R) -> Option<R> {
     KEPT_BOUNCE.try_with(f).ok()
+}
+
+thread_local! {
+    /// The blocking jobs this thread is to start (see `blocking::hand_off`).
+    static HANDOFFS: RefCell<Handoffs> = RefCell::new(Handoffs::default());
+}
+
+/// Runs `f` on the blocking jobs this thread is to start; `None` while the
+/// thread's locals are being destroyed.
+pub(crate) fn with_handoffs<R>(f: impl FnOnce(&RefCell<Handoffs>) -> R) -> Option<R> {
+    HANDOFFS.try_with(f).ok()
 }

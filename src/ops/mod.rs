@@ -16,7 +16,7 @@
 //! ```
 //!
 //! An op says what its SQE is ([`Op::sqe`]), what its blocking-pool twin is
-//! ([`Op::spawn_blocking`]), what a finished piece means ([`Op::advance`])
+//! ([`Op::blocking_job`]), what a finished piece means ([`Op::advance`])
 //! and what must outlive a dropped future ([`Op::park`]). The core owns
 //! everything else: the file lookup and binding, the route (ring, blocking
 //! pool, or inline), in-flight slots, the cooperative budget, errors
@@ -39,15 +39,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use tokio::task::JoinHandle;
-
-use crate::blocking::{BlockingPool, GiveUpWatch};
+use crate::blocking::{BlockingPool, GiveUpWatch, Lost, PoolHandle, PoolJob};
 use crate::error::{self, shut_down_error};
 use crate::files::FileEntry;
 use crate::id::FileId;
 use crate::inline;
 use crate::latency::OpKind;
-use crate::permit::{self, Acquired, Permit};
+use crate::permit::{self, Acquired, JobAcquired, Permit, Priority};
 use crate::ring::RingOp;
 use crate::shared::{Ctx, Inner, RingRef};
 use crate::thread::thread_slot;
@@ -139,7 +137,7 @@ pub(crate) trait Op {
         Inline::Ring
     }
     /// Caps the next piece at `max` bytes (`usize::MAX`: no cap), before
-    /// [`sqe`](Op::sqe) or [`spawn_blocking`](Op::spawn_blocking) sizes it:
+    /// [`sqe`](Op::sqe) or [`blocking_job`](Op::blocking_job) sizes it:
     /// the scheduler's limit on background pieces while latency ops are
     /// active (see `permit`). Ops that move data in pieces honour it.
     fn limit_piece(&mut self, _max: usize) {}
@@ -152,13 +150,20 @@ pub(crate) trait Op {
     }
     /// Puts the bytes a bounce buffer received where they belong.
     fn copy_out(&mut self, _src: &[u8]) {}
-    /// The next piece, on the blocking pool.
-    fn spawn_blocking(
+    /// Whether the next blocking-pool piece of a latency op may be built
+    /// before it has a slot and wait for one in the slots' queue, to be
+    /// started by the thread whose release grants it (see
+    /// `blocking::hand_off`): a read whose job holds at most a small bounce
+    /// buffer while it waits.
+    fn queues_job(&self) -> bool {
+        false
+    }
+    /// The next piece, as a job of the blocking pool.
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>>;
+    ) -> io::Result<PoolJob<Self::Blocking>>;
     /// What a blocking piece returned, as a ring result.
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize>;
     /// What a ring's completion of a piece means, before it is explained.
@@ -202,9 +207,10 @@ enum State<'a, J> {
         ring: RingRef<'a>,
         key: usize,
     },
-    /// On the blocking pool; a detachable op also watches for `shutdown()`
-    /// giving up on it.
-    Blocking(JoinHandle<J>, GiveUpWatch),
+    /// On the blocking pool, or its job queued for a slot (`Some` wait,
+    /// which takes it out of the queue if dropped first); a detachable op
+    /// also watches for `shutdown()` giving up on it.
+    Blocking(PoolHandle<J>, GiveUpWatch, Option<permit::Wait>),
     Done,
 }
 
@@ -429,7 +435,7 @@ impl<'a, O: Op> Core<'a, O> {
                         return Poll::Ready(Ok(res));
                     }
                 }
-                State::Blocking(handle, gave_up) => {
+                State::Blocking(handle, gave_up, _queued) => {
                     let Poll::Ready(out) = Pin::new(handle).poll(cx) else {
                         if gave_up.gave_up(&self.ctx.blocking, cx) {
                             // The task keeps its own buffer (and its slot)
@@ -441,9 +447,13 @@ impl<'a, O: Op> Core<'a, O> {
                     self.state = State::Start;
                     let res = match out {
                         Ok(out) => self.op.finish_blocking(out),
-                        // Cancelled: the runtime of the blocking pool shut down.
-                        Err(join) if join.is_cancelled() => Err(error::runtime_gone_error()),
-                        Err(join) => Err(error::blocking_task_failed(&join)),
+                        // Dropped while it waited for a slot: the pool closed.
+                        Err(Lost::NotRun) if self.ctx.blocking.is_closed() => {
+                            return Poll::Ready(Err(Stop(shut_down_error())));
+                        }
+                        // Dropped unrun: the runtime of the blocking pool shut down.
+                        Err(Lost::NotRun) => Err(error::runtime_gone_error()),
+                        Err(Lost::Panicked) => Err(error::blocking_task_failed()),
                     };
                     let res = res.map_err(|e| self.explain(e));
                     let piece = Piece {
@@ -617,11 +627,15 @@ impl<'a, O: Op> Core<'a, O> {
         ring: Option<RingRef<'a>>,
         file: Option<Arc<FileEntry>>,
     ) -> io::Result<()> {
+        let priority = self.ctx.priority();
+        if ring.is_none() && priority == Priority::Latency && self.op.queues_job() {
+            return self.queue_job(file);
+        }
         let slots = match &ring {
             Some(r) => &r.permits,
             None => &self.ctx.blocking.permits,
         };
-        match slots.acquire(self.ctx.priority(), file.as_deref().map(FileEntry::key)) {
+        match slots.acquire(priority, file.as_deref().map(FileEntry::key)) {
             Acquired::Now(permit) => self.start(ring, file, permit),
             Acquired::Wait(permit) => {
                 self.state = State::Acquire { ring, file, permit };
@@ -629,6 +643,36 @@ impl<'a, O: Op> Core<'a, O> {
             }
             Acquired::Closed => Err(closed_error(ring.as_ref())),
         }
+    }
+
+    /// A latency op's next piece on the blocking pool, built before it has
+    /// a slot: started at once if one is free, else queued with the slots,
+    /// for the thread whose release grants it one to start.
+    fn queue_job(&mut self, file: Option<Arc<FileEntry>>) -> io::Result<()> {
+        if self.bound.is_none() {
+            // Every later piece goes to the same file.
+            self.bound.clone_from(&file);
+        }
+        let key = file.as_deref().map(FileEntry::key);
+        let pool = &self.ctx.blocking;
+        // A latency op's pieces are never capped.
+        self.op.limit_piece(usize::MAX);
+        let PoolJob { job, handle } = self.op.blocking_job(pool, file)?;
+        let gave_up = pool.watch_give_up(O::BLOCKING_DETACHABLE);
+        let bytes = self.piece_bytes();
+        let queued = match pool.permits.acquire_job(key, bytes, job) {
+            JobAcquired::Now(job, permit) => {
+                pool.spawn(job, permit);
+                None
+            }
+            JobAcquired::Queued(wait) => Some(wait),
+            JobAcquired::Closed(job) => {
+                drop(job);
+                return Err(shut_down_error());
+            }
+        };
+        self.state = State::Blocking(handle, gave_up, queued);
+        Ok(())
     }
 
     /// Hands the next piece to ring `ring`, or to the blocking pool (`None`).
@@ -646,9 +690,10 @@ impl<'a, O: Op> Core<'a, O> {
         self.op.limit_piece(permit.piece_limit());
         let Some(ring) = ring else {
             let pool = &self.ctx.blocking;
-            let h = self.op.spawn_blocking(pool, file, permit)?;
+            let PoolJob { job, handle } = self.op.blocking_job(pool, file)?;
             let gave_up = pool.watch_give_up(O::BLOCKING_DETACHABLE);
-            self.state = State::Blocking(h, gave_up);
+            pool.spawn(job, permit);
+            self.state = State::Blocking(handle, gave_up, None);
             pool.permits.count_bytes(priority, self.piece_bytes());
             return Ok(());
         };

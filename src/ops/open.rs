@@ -14,14 +14,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use tokio::task::JoinHandle;
-
 use super::{Core, Op, Piece};
 use crate::blocking::BlockingPool;
+use crate::blocking::PoolJob;
 use crate::error::{self, shut_down_error};
 use crate::files::{Facts, FileEntry};
 use crate::id::FileId;
-use crate::permit::Permit;
 use crate::ring::RingOp;
 use crate::shared::{Ctx, Inner};
 use crate::sys;
@@ -244,17 +242,16 @@ impl Op for Open {
         unreachable!("an open runs on the blocking pool (`Core::via_blocking_pool`)")
     }
 
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         _file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
+    ) -> io::Result<PoolJob<Self::Blocking>> {
         let path = self.path.clone();
         let (flags, mode) = (self.flags, self.mode);
         // The descriptor is owned as soon as it exists: a dropped future's
         // task closes it.
-        pool.run(permit, move || open_blocking(&path, flags, mode))
+        pool.job(move || open_blocking(&path, flags, mode))
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {

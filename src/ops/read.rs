@@ -16,16 +16,14 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::task::JoinHandle;
-
 use super::{Access, Core, Inline, Op, Piece};
 use crate::blocking::BlockingPool;
+use crate::blocking::PoolJob;
 use crate::buf::{AlignedBuf, IoBufMut};
 use crate::error;
 use crate::files::FileEntry;
 use crate::id::FileId;
 use crate::latency::OpKind;
-use crate::permit::Permit;
 use crate::ring::{Dst, RingOp, MAX_RW};
 use crate::shared::Ctx;
 use crate::sys::{self, pread_nowait, Nowait};
@@ -65,15 +63,14 @@ pub(crate) trait Dest {
     fn copy_out(&mut self, _done: usize, _src: &[u8]) {}
     /// A blocking-pool read of `len` bytes at `offset` into the
     /// destination's bytes `done..`.
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         done: usize,
         len: usize,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>>;
+    ) -> io::Result<PoolJob<Self::Blocking>>;
     /// Puts a blocking-pool read's bytes at `done..` and says how many
     /// there were.
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize>;
@@ -289,16 +286,25 @@ impl<D: Dest> Op for Read<D> {
         self.dest.copy_out(self.done, src);
     }
 
-    fn spawn_blocking(
+    /// A destination read through a bounce buffer of the job's own
+    /// (`BLOCKING_DETACHABLE`) queues only pieces small enough that the
+    /// buffer it holds while it waits stays small (those a thread keeps);
+    /// the caller's own buffers cost nothing to hold.
+    fn queues_job(&self) -> bool {
+        let piece = (self.total - self.done)
+            .min(self.dest.max_piece())
+            .min(MAX_RW);
+        !D::BLOCKING_DETACHABLE || piece <= crate::blocking::KEPT_MAX_LEN
+    }
+
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
+    ) -> io::Result<PoolJob<Self::Blocking>> {
         let (offset, len) = self.next_piece();
         let file = file.ok_or_else(|| io::Error::other("read without a file (a bug)"))?;
-        self.dest
-            .spawn_blocking(pool, file, offset, self.done, len, permit)
+        self.dest.blocking_job(pool, file, offset, self.done, len)
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {
@@ -376,16 +382,15 @@ impl Dest for Borrowed<'_> {
         let n = src.len().min(dst.len());
         dst[..n].copy_from_slice(&src[..n]);
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         _done: usize,
         len: usize,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
-        pool.read(file, offset, len, permit)
+    ) -> io::Result<PoolJob<Self::Blocking>> {
+        pool.read(file, offset, len)
     }
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize> {
         let (data, n) = out?;
@@ -483,19 +488,18 @@ impl<B: IoBufMut> Dest for Owned<B> {
     fn bounced(&self) -> bool {
         false
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         done: usize,
         len: usize,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
+    ) -> io::Result<PoolJob<Self::Blocking>> {
         let at = done;
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
-        pool.read_owned(file, offset, at..at + len, lent, permit)
+        pool.read_owned(file, offset, at..at + len, lent)
     }
     fn finish_blocking(&mut self, res: Self::Blocking, _done: usize) -> io::Result<usize> {
         // Bring the buffer home now: a next piece needs it.

@@ -28,8 +28,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use crate::permit::Permit;
-use tokio::task::JoinHandle;
+use crate::blocking::PoolJob;
 
 use super::read::{Dest, Read, ReadCore, BORROWED_CHUNK};
 use super::Core;
@@ -160,16 +159,15 @@ impl Dest for BorrowedVec<'_, '_> {
         let n = src.len().min(self.len - done);
         scatter(self.bufs, done, &src[..n]);
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         _done: usize,
         len: usize,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
-        pool.read(file, offset, len, permit)
+    ) -> io::Result<PoolJob<Self::Blocking>> {
+        pool.read(file, offset, len)
     }
     fn finish_blocking(&mut self, out: Self::Blocking, done: usize) -> io::Result<usize> {
         let (data, n) = out?;
@@ -294,19 +292,18 @@ impl<B: IoBufMut> Dest for OwnedVec<B> {
     fn bounced(&self) -> bool {
         false
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
         offset: u64,
         done: usize,
         len: usize,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
+    ) -> io::Result<PoolJob<Self::Blocking>> {
         let lent = Arc::new(Mutex::new(self.bufs.take()));
         self.lent = Some(lent.clone());
         let totals = self.totals.clone();
-        pool.run(permit, move || {
+        pool.job(move || {
             let mut guard = crate::util::lock(&lent);
             let bufs = guard
                 .as_mut()

@@ -8,13 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use tokio::task::JoinHandle;
-
 use super::{Core, Op, Piece};
 use crate::blocking::BlockingPool;
+use crate::blocking::PoolJob;
 use crate::files::FileEntry;
 use crate::id::FileId;
-use crate::permit::Permit;
 use crate::ring::RingOp;
 use crate::sys;
 
@@ -91,14 +89,13 @@ impl Op for Statx {
         }
     }
 
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<Self::Blocking>> {
+    ) -> io::Result<PoolJob<Self::Blocking>> {
         let file = file.ok_or_else(|| io::Error::other("statx without a file (a bug)"))?;
-        pool.run(permit, move || sys::statx(&file.file, STATX_MASK))
+        pool.job(move || sys::statx(&file.file, STATX_MASK))
     }
 
     fn finish_blocking(&mut self, out: Self::Blocking) -> io::Result<usize> {

@@ -8,16 +8,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::task::JoinHandle;
-
 use super::{Core, Op, Piece};
 use crate::blocking::BlockingPool;
+use crate::blocking::PoolJob;
 use crate::error;
 use crate::files::FileEntry;
 use crate::flags::{FallocateMode, SyncRange};
 use crate::id::FileId;
 use crate::latency::OpKind;
-use crate::permit::Permit;
 use crate::ring::RingOp;
 use crate::sys;
 
@@ -97,15 +95,14 @@ impl Op for Sync {
         }
     }
 
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<io::Result<usize>>> {
+    ) -> io::Result<PoolJob<io::Result<usize>>> {
         let file = file.ok_or_else(|| io::Error::other("sync without a file (a bug)"))?;
         let op = *self;
-        pool.run(permit, move || {
+        pool.job(move || {
             let file = &file.file;
             match op {
                 Sync::Fsync { datasync } => sys::fsync(file, datasync),

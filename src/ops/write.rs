@@ -13,17 +13,15 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use tokio::task::JoinHandle;
-
 use super::read::BORROWED_CHUNK;
 use super::{Access, Core, Op, Piece};
 use crate::blocking::BlockingPool;
+use crate::blocking::PoolJob;
 use crate::buf::IoBuf;
 use crate::error;
 use crate::files::FileEntry;
 use crate::id::FileId;
 use crate::latency::OpKind;
-use crate::permit::Permit;
 use crate::ring::{RingOp, Src, MAX_RW};
 
 /// Where a write's bytes come from.
@@ -36,16 +34,15 @@ pub(crate) trait Source {
     fn sqe(&mut self, offset: u64, done: usize, len: usize) -> RingOp<'_>;
     /// The same on the blocking pool (`RWF_DSYNC` with `dsync`).
     #[allow(clippy::too_many_arguments)]
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
-        permit: Permit,
         offset: u64,
         done: usize,
         len: usize,
         dsync: bool,
-    ) -> io::Result<JoinHandle<io::Result<usize>>>;
+    ) -> io::Result<PoolJob<io::Result<usize>>>;
     /// A blocking piece is over: bring a lent buffer home.
     fn home(&mut self) {}
     /// See `Op::BLOCKING_DETACHABLE`.
@@ -175,16 +172,15 @@ impl<S: Source> Op for Write<S> {
         }
     }
 
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Option<Arc<FileEntry>>,
-        permit: Permit,
-    ) -> io::Result<JoinHandle<io::Result<usize>>> {
+    ) -> io::Result<PoolJob<io::Result<usize>>> {
         let (offset, len) = self.next_piece();
         let file = file.ok_or_else(|| io::Error::other("write without a file (a bug)"))?;
         self.src
-            .spawn_blocking(pool, file, permit, offset, self.done, len, self.dsync)
+            .blocking_job(pool, file, offset, self.done, len, self.dsync)
     }
 
     fn finish_blocking(&mut self, out: io::Result<usize>) -> io::Result<usize> {
@@ -273,22 +269,19 @@ impl Source for BorrowedSrc<'_> {
             dsync: false,
         }
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
-        permit: Permit,
         offset: u64,
         done: usize,
         len: usize,
         dsync: bool,
-    ) -> io::Result<JoinHandle<io::Result<usize>>> {
+    ) -> io::Result<PoolJob<io::Result<usize>>> {
         // Page-aligned, so that O_DIRECT files work as on the ring.
         let mut copy = crate::buf::AlignedBuf::try_new(len, crate::buf::BOUNCE_ALIGN)?;
         copy.copy_from_slice(&self.0[done..done + len]);
-        pool.run(permit, move || {
-            crate::sys::pwrite(&file.file, &copy, offset, dsync)
-        })
+        pool.job(move || crate::sys::pwrite(&file.file, &copy, offset, dsync))
     }
     fn park(&mut self) -> Option<Box<dyn Any + Send>> {
         None
@@ -341,19 +334,18 @@ impl<B: IoBuf> Source for OwnedSrc<B> {
             dsync: false,
         }
     }
-    fn spawn_blocking(
+    fn blocking_job(
         &mut self,
         pool: &BlockingPool,
         file: Arc<FileEntry>,
-        permit: Permit,
         offset: u64,
         done: usize,
         len: usize,
         dsync: bool,
-    ) -> io::Result<JoinHandle<io::Result<usize>>> {
+    ) -> io::Result<PoolJob<io::Result<usize>>> {
         let lent = Arc::new(Mutex::new(self.buf.take()));
         self.lent = Some(lent.clone());
-        pool.run(permit, move || {
+        pool.job(move || {
             let guard = crate::util::lock(&lent);
             let buf = guard
                 .as_ref()

@@ -266,15 +266,23 @@ async fn worker(
 }
 
 fn cancellation_storm(choice: BackendChoice) {
-    storm(choice, Flavor::Multi, TOTAL_READS);
+    storm(choice, Flavor::Multi, TOTAL_READS, 128);
 }
 
 /// The same storm, smaller, on a current_thread runtime.
 fn cancellation_storm_current_thread(choice: BackendChoice) {
-    storm(choice, Flavor::Current, TOTAL_READS / 5);
+    storm(choice, Flavor::Current, TOTAL_READS / 5, 128);
 }
 
-fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64) {
+/// The same storm, smaller, with 4 slots for the 64 workers: most reads
+/// wait for a slot when they are dropped or complete (on the blocking
+/// pool, their jobs wait in the slots' queue and run on the thread that
+/// frees a slot).
+fn cancellation_storm_few_slots(choice: BackendChoice) {
+    storm(choice, Flavor::Multi, TOTAL_READS / 5, 4);
+}
+
+fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64, max_in_flight: usize) {
     let _serial = common::serial();
     let (fds_before, fd_names_before) = common::fd_baseline();
     let set = common::FileSet::new(
@@ -285,7 +293,9 @@ fn storm(choice: BackendChoice, flavor: Flavor, total_reads: u64) {
     let files = Arc::new(set.files.clone());
     let opened = set.open_all();
     common::run("cancellation_storm", flavor, 150, move || async move {
-        let ctx = common::build_ctx(choice, opened, |b| b.ring_entries(32).max_in_flight(128));
+        let ctx = common::build_ctx(choice, opened, |b| {
+            b.ring_entries(32).max_in_flight(max_in_flight)
+        });
         let stop = Arc::new(AtomicBool::new(false));
         // Periodically evict the files from the page cache so that reads go
         // to the device and are really in flight when their futures drop.
@@ -607,6 +617,7 @@ fn parked_owned_buffers_are_released(choice: BackendChoice) {
 backend_tests!(
     cancellation_storm,
     cancellation_storm_current_thread,
+    cancellation_storm_few_slots,
     contexts_create_drop_no_leak,
     parked_owned_buffers_are_released
 );
