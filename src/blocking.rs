@@ -10,7 +10,6 @@
 //! free, or, for a latency read, queued with the slots and started by the
 //! thread whose release grants it one ([`hand_off`]).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -29,7 +28,8 @@ use tokio::sync::{oneshot, Notify};
 use crate::buf::{AlignedBuf, IoBufMut, BOUNCE_ALIGN};
 use crate::error::shut_down_error;
 use crate::files::FileEntry;
-use crate::permit::{Permit, Slots, SlotsConfig};
+use crate::permit::{Job, Permit, Slots, SlotsConfig};
+use crate::thread::Handoffs;
 
 #[derive(Debug)]
 pub(crate) struct BlockingPool {
@@ -100,12 +100,6 @@ pub(crate) fn recycle_bounce(buf: AlignedBuf) {
     });
 }
 
-/// Blocking work, built before it has a slot, run with the slot it is
-/// granted: at once on a new blocking task ([`BlockingPool::spawn`]), or,
-/// having waited in the slots' queue, by the thread whose release granted
-/// it ([`hand_off`]).
-pub(crate) type Job = Box<dyn FnOnce(Permit) + Send>;
-
 /// A job and where its result arrives.
 pub(crate) struct PoolJob<T> {
     pub(crate) job: Job,
@@ -146,17 +140,6 @@ impl<T> Drop for Reply<T> {
             let _ = tx.send(Err(self.lost));
         }
     }
-}
-
-/// The jobs this thread is to start (see [`hand_off`]).
-#[derive(Default)]
-pub(crate) struct Handoffs {
-    /// The thread runs jobs in a loop ([`run_jobs`]): it takes the first
-    /// itself when its job is over.
-    runner: bool,
-    /// A loop on this thread is spawning them.
-    spawning: bool,
-    jobs: VecDeque<(Job, Permit)>,
 }
 
 /// Starts `job`, granted `permit` by a release of a slot on this thread:
@@ -298,7 +281,7 @@ impl Drop for Done {
 impl BlockingPool {
     pub(crate) fn new(slots: SlotsConfig, runtime: Handle) -> BlockingPool {
         BlockingPool {
-            permits: Slots::on(slots, Some(runtime.clone())),
+            permits: Slots::on(slots, Some(runtime.clone()), Some(hand_off)),
             runtime,
             counts: Arc::default(),
             gave_up: AtomicBool::new(false),

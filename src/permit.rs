@@ -40,7 +40,13 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use tokio::runtime::Handle;
 
-use crate::blocking::Job;
+/// Blocking work, built before it has a slot, run with the slot it is
+/// granted (see `blocking`): it may wait in the queue in its op's place.
+pub(crate) type Job = Box<dyn FnOnce(Permit) + Send>;
+
+/// What starts a job granted a slot by a release on this thread (see
+/// `blocking::hand_off`), given the runtime the slots were made on.
+pub(crate) type StartJob = fn(Job, Permit, Option<&Handle>);
 
 /// How urgent an op is, for the in-flight slots it competes for.
 ///
@@ -267,7 +273,11 @@ impl Wakes {
                 file,
                 piece_limit: usize::MAX,
             };
-            crate::blocking::hand_off(job, permit, shared.runtime.as_ref());
+            match shared.start_job {
+                Some(start) => start(job, permit, shared.runtime.as_ref()),
+                // Only slots that start jobs take them (`acquire_job`).
+                None => drop((job, permit)),
+            }
         }
     }
 }
@@ -417,6 +427,9 @@ struct Shared {
     /// that wait only for it (see [`State::window_deadline`]): the runtime
     /// the slots were made on.
     runtime: Option<Handle>,
+    /// What starts the jobs its releases grant slots (`None`: slots that
+    /// take no jobs).
+    start_job: Option<StartJob>,
 }
 
 impl Shared {
@@ -564,16 +577,22 @@ pub(crate) enum JobAcquired {
 
 impl Slots {
     pub(crate) fn new(cfg: SlotsConfig) -> Slots {
-        Slots::on(cfg, Handle::try_current().ok())
+        Slots::on(cfg, Handle::try_current().ok(), None)
     }
 
-    /// Slots whose granted jobs, and whose latency-window timer, run on
-    /// `runtime`'s blocking threads.
-    pub(crate) fn on(cfg: SlotsConfig, runtime: Option<Handle>) -> Slots {
+    /// Slots whose latency-window timer runs on `runtime`'s blocking
+    /// threads, and that take jobs ([`Slots::acquire_job`]) started by
+    /// `start_job` once granted.
+    pub(crate) fn on(
+        cfg: SlotsConfig,
+        runtime: Option<Handle>,
+        start_job: Option<StartJob>,
+    ) -> Slots {
         Slots {
             shared: Arc::new(Shared {
                 bytes: [AtomicU64::new(0), AtomicU64::new(0)],
                 runtime,
+                start_job,
                 state: Mutex::new(State {
                     cfg,
                     free: cfg.limit,
@@ -1012,7 +1031,11 @@ mod tests {
     #[test]
     fn a_queued_job_runs_on_the_thread_whose_release_grants_it() {
         let rt = runtime();
-        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let slots = Slots::on(
+            cfg(1, 1, 1),
+            Some(rt.handle().clone()),
+            Some(crate::blocking::hand_off),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         let (go, gate) = std::sync::mpsc::channel();
         let JobAcquired::Now(first, permit) =
@@ -1050,7 +1073,11 @@ mod tests {
     #[test]
     fn a_queued_job_dropped_before_its_grant_never_runs() {
         let rt = runtime();
-        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let slots = Slots::on(
+            cfg(1, 1, 1),
+            Some(rt.handle().clone()),
+            Some(crate::blocking::hand_off),
+        );
         let held = now(&slots, Latency, Some(1));
         let ran = Arc::new(AtomicU64::new(0));
         let counted = ran.clone();
@@ -1071,7 +1098,11 @@ mod tests {
     #[test]
     fn closing_drops_the_queued_jobs() {
         let rt = runtime();
-        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let slots = Slots::on(
+            cfg(1, 1, 1),
+            Some(rt.handle().clone()),
+            Some(crate::blocking::hand_off),
+        );
         let held = now(&slots, Latency, None);
         let token = Arc::new(());
         let kept = token.clone();
@@ -1091,7 +1122,11 @@ mod tests {
     #[test]
     fn a_panicking_job_hands_its_slot_to_the_next() {
         let rt = runtime();
-        let slots = Slots::on(cfg(1, 1, 1), Some(rt.handle().clone()));
+        let slots = Slots::on(
+            cfg(1, 1, 1),
+            Some(rt.handle().clone()),
+            Some(crate::blocking::hand_off),
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         let (go, gate) = std::sync::mpsc::channel::<()>();
         let first: Job = Box::new(move |_permit| {

@@ -9,9 +9,10 @@
 //! `try_with`, so such an op does without them rather than panic.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 
-use crate::blocking::Handoffs;
 use crate::buf::AlignedBuf;
+use crate::permit::{Job, Permit};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -85,6 +86,17 @@ thread_local! {
 /// thread's locals are being destroyed.
 pub(crate) fn with_kept_bounce<R>(f: impl FnOnce(&RefCell<Vec<AlignedBuf>>) -> R) -> Option<R> {
     KEPT_BOUNCE.try_with(f).ok()
+}
+
+/// The blocking jobs this thread is to start (see `blocking::hand_off`).
+#[derive(Default)]
+pub(crate) struct Handoffs {
+    /// The thread runs jobs in a loop (`blocking::run_jobs`): it takes the
+    /// first itself when its job is over.
+    pub(crate) runner: bool,
+    /// A loop on this thread is spawning them.
+    pub(crate) spawning: bool,
+    pub(crate) jobs: VecDeque<(Job, Permit)>,
 }
 
 thread_local! {
