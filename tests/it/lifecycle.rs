@@ -993,6 +993,86 @@ fn home_runtime_dies_mid_read() {
     drop(set);
 }
 
+/// The fallback's blocking pool when the runtime it was built on dies
+/// while reads polled from another runtime wait for its 4 slots: small
+/// reads wait as queued jobs (run by the pool thread that frees a slot),
+/// large ones as wakers. Every read ends, with the right bytes or an error
+/// naming the cause.
+#[test]
+fn home_runtime_dies_with_reads_queued_on_the_pool() {
+    let _shared = common::shared();
+    const LEN: u64 = 16 << 20;
+    let set = common::FileSet::new(0x605, &[LEN]);
+    let file = set.files[0].clone();
+    common::watchdog(
+        "home_runtime_dies_with_reads_queued_on_the_pool",
+        120,
+        move || {
+            let mut outcomes = [0usize; 2]; // ok, error naming the cause
+            for round in 0..6u64 {
+                let home = common::runtime(Flavor::Multi);
+                let ctx = home.block_on(async {
+                    common::build_ctx(BackendChoice::Fallback, vec![file.open()], |b| {
+                        b.max_in_flight(4).shutdown_timeout(Duration::from_secs(5))
+                    })
+                });
+                let other = common::runtime(Flavor::Multi);
+                let mut rng = Rng::new(round);
+                let tasks: Vec<_> = (0..256)
+                    .map(|i| {
+                        let ctx = ctx.clone();
+                        let len = if i % 4 == 0 { 256 * 1024 } else { 4096 };
+                        let off = rng.below(LEN - len as u64);
+                        other.spawn(async move {
+                            let mut buf = vec![0u8; len];
+                            let r = ctx.read(0u32, off, &mut buf).await;
+                            (off, r, buf)
+                        })
+                    })
+                    .collect();
+                std::thread::sleep(Duration::from_millis(1 + round));
+                drop(home);
+                other.block_on(async {
+                    for t in tasks {
+                        let (off, r, buf) = tokio::time::timeout(Duration::from_secs(30), t)
+                            .await
+                            .expect("a read hangs after its home runtime died")
+                            .unwrap();
+                        match r {
+                            Ok(n) => {
+                                assert_eq!(n, buf.len(), "short read at {off}");
+                                assert_eq!(buf, file.expected(off, n), "wrong bytes at {off}");
+                                outcomes[0] += 1;
+                            }
+                            Err(e) => {
+                                let msg = e.to_string();
+                                assert!(
+                                    msg.contains("home runtime") || msg.contains("shut down"),
+                                    "the error should name the cause: {msg}"
+                                );
+                                outcomes[1] += 1;
+                            }
+                        }
+                    }
+                    // The context still answers: a new read fails cleanly.
+                    let mut buf = vec![0u8; 4096];
+                    let r =
+                        tokio::time::timeout(Duration::from_secs(30), ctx.read(0u32, 0, &mut buf))
+                            .await
+                            .expect("a read after the home runtime died hangs");
+                    if let Ok(n) = r {
+                        assert_eq!(buf[..n], file.expected(0, n)[..]);
+                    }
+                });
+                drop(ctx);
+                other.shutdown_timeout(Duration::from_secs(5));
+            }
+            eprintln!("outcomes (ok, error naming the cause): {outcomes:?}");
+        },
+    );
+    drop(set);
+}
+
 /// Teardown is bounded even when the kernel never returns the reads.
 #[test]
 fn teardown_with_reads_that_never_finish() {
