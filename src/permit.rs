@@ -1028,14 +1028,19 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(30);
 
-    #[test]
-    fn a_queued_job_runs_on_the_thread_whose_release_grants_it() {
-        let rt = runtime();
-        let slots = Slots::on(
+    /// One slot, whose granted jobs start as the blocking pool's do.
+    fn one_job_slot(rt: &tokio::runtime::Runtime) -> Slots {
+        Slots::on(
             cfg(1, 1, 1),
             Some(rt.handle().clone()),
             Some(crate::blocking::hand_off),
-        );
+        )
+    }
+
+    #[test]
+    fn a_queued_job_runs_on_the_thread_whose_release_grants_it() {
+        let rt = runtime();
+        let slots = one_job_slot(&rt);
         let (tx, rx) = std::sync::mpsc::channel();
         let (go, gate) = std::sync::mpsc::channel();
         let JobAcquired::Now(first, permit) =
@@ -1073,11 +1078,7 @@ mod tests {
     #[test]
     fn a_queued_job_dropped_before_its_grant_never_runs() {
         let rt = runtime();
-        let slots = Slots::on(
-            cfg(1, 1, 1),
-            Some(rt.handle().clone()),
-            Some(crate::blocking::hand_off),
-        );
+        let slots = one_job_slot(&rt);
         let held = now(&slots, Latency, Some(1));
         let ran = Arc::new(AtomicU64::new(0));
         let counted = ran.clone();
@@ -1098,11 +1099,7 @@ mod tests {
     #[test]
     fn closing_drops_the_queued_jobs() {
         let rt = runtime();
-        let slots = Slots::on(
-            cfg(1, 1, 1),
-            Some(rt.handle().clone()),
-            Some(crate::blocking::hand_off),
-        );
+        let slots = one_job_slot(&rt);
         let held = now(&slots, Latency, None);
         let token = Arc::new(());
         let kept = token.clone();
@@ -1122,11 +1119,7 @@ mod tests {
     #[test]
     fn a_panicking_job_hands_its_slot_to_the_next() {
         let rt = runtime();
-        let slots = Slots::on(
-            cfg(1, 1, 1),
-            Some(rt.handle().clone()),
-            Some(crate::blocking::hand_off),
-        );
+        let slots = one_job_slot(&rt);
         let (tx, rx) = std::sync::mpsc::channel();
         let (go, gate) = std::sync::mpsc::channel::<()>();
         let first: Job = Box::new(move |_permit| {

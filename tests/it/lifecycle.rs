@@ -921,6 +921,14 @@ backend_tests!(
     used_from_another_runtime,
 );
 
+/// What a reading task returned, once it ends (in 30 s, or the read hangs).
+async fn ended<T>(t: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), t)
+        .await
+        .expect("a read hangs after its home runtime died")
+        .unwrap()
+}
+
 /// The home runtime dies while reads polled from another runtime are in the
 /// kernel: correct bytes, or an error naming the cause — never a short
 /// count in the middle of the file, never EFAULT.
@@ -959,10 +967,7 @@ fn home_runtime_dies_mid_read() {
             drop(home);
             other.block_on(async {
                 for t in tasks {
-                    let (off, r, buf) = tokio::time::timeout(Duration::from_secs(30), t)
-                        .await
-                        .expect("a read hangs after its home runtime died")
-                        .unwrap();
+                    let (off, r, buf) = ended(t).await;
                     match r {
                         Ok(n) => {
                             let want = file.expected(off, READ);
@@ -1034,10 +1039,7 @@ fn home_runtime_dies_with_reads_queued_on_the_pool() {
                 drop(home);
                 other.block_on(async {
                     for t in tasks {
-                        let (off, r, buf) = tokio::time::timeout(Duration::from_secs(30), t)
-                            .await
-                            .expect("a read hangs after its home runtime died")
-                            .unwrap();
+                        let (off, r, buf) = ended(t).await;
                         match r {
                             Ok(n) => {
                                 assert_eq!(n, buf.len(), "short read at {off}");
