@@ -421,9 +421,41 @@ pub fn watchdog<T: Send + 'static>(
             }
         }
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            eprintln!(
+                "watchdog: `{name}` timed out; this process's threads:\n{}",
+                threads_report()
+            );
             panic!("watchdog: test `{name}` did not finish within {secs} s (hang?)")
         }
     }
+}
+
+/// This process's threads, for a test that timed out: for each kind (name,
+/// where it sleeps in the kernel, the top of its kernel stack when root may
+/// read it), how many.
+pub fn threads_report() -> String {
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for task in dir.flatten() {
+            let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+            let stack: Vec<String> = read("stack")
+                .lines()
+                .take(6)
+                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+                .collect();
+            let kind = format!(
+                "{} in {} [{}]",
+                read("comm").trim(),
+                read("wchan").trim(),
+                stack.join(" < ")
+            );
+            *kinds.entry(kind).or_default() += 1;
+        }
+    }
+    kinds
+        .into_iter()
+        .map(|(kind, n)| format!("  {n} x {kind}\n"))
+        .collect()
 }
 
 /// Build a runtime of `flavor` and block on the future made by `make`, on
@@ -442,7 +474,13 @@ where
         let out = rt.block_on(async move {
             tokio::time::timeout(Duration::from_secs(secs), make())
                 .await
-                .unwrap_or_else(|_| panic!("tokio timeout: `{inner}` took more than {secs} s"))
+                .unwrap_or_else(|_| {
+                    eprintln!(
+                        "`{inner}` timed out; this process's threads:\n{}",
+                        threads_report()
+                    );
+                    panic!("tokio timeout: `{inner}` took more than {secs} s")
+                })
         });
         // Do not let a wedged runtime shutdown hang the test thread forever.
         rt.shutdown_timeout(Duration::from_secs(5));

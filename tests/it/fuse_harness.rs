@@ -486,3 +486,21 @@ fn drop_with_a_file_still_open_does_not_hang() {
         }
     });
 }
+
+/// The report a timed-out test prints names every thread of the process
+/// (here: a sleeping thread with a name of its own).
+#[test]
+fn threads_report_names_the_threads() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let sleeper = thread::Builder::new()
+        .name("report-sleeper".into())
+        .spawn(move || rx.recv())
+        .unwrap();
+    let report = common::threads_report();
+    drop(tx);
+    sleeper.join().unwrap().unwrap_err();
+    assert!(
+        report.contains("report-sleeper in "),
+        "no line for the sleeping thread:\n{report}"
+    );
+}
