@@ -492,10 +492,16 @@ fn drop_with_a_file_still_open_does_not_hang() {
 #[test]
 fn threads_report_names_the_threads() {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (up, is_up) = std::sync::mpsc::channel::<()>();
     let sleeper = thread::Builder::new()
         .name("report-sleeper".into())
-        .spawn(move || rx.recv())
+        .spawn(move || {
+            up.send(()).unwrap();
+            rx.recv()
+        })
         .unwrap();
+    // Named by now: std names a thread before it runs its closure.
+    is_up.recv().unwrap();
     let report = common::threads_report();
     drop(tx);
     sleeper.join().unwrap().unwrap_err();
