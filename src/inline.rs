@@ -77,7 +77,7 @@ impl History {
 pub(crate) fn end_stretch() {
     let task = tokio::task::try_id();
     thread::with_stretch(|s| {
-        if s.get().is_some_and(|(t, _)| t == task) {
+        if s.get().is_some_and(|st| st.task == task) {
             s.set(None);
         }
     });
@@ -121,22 +121,49 @@ pub(crate) fn stretch(flavor: &RuntimeFlavor) -> Duration {
 /// (`batch::Core::turn_over`), so that its reads' inline time counts too.
 #[inline]
 pub(crate) fn turn_over(stretch: Duration) -> bool {
+    turn_over_after(stretch, usize::MAX)
+}
+
+/// Most bytes a stretch serves between two readings of the clock
+/// ([`turn_over_after`]).
+const UNCLOCKED_BYTES: usize = 16 << 10;
+
+/// [`turn_over`] for a read of at most `bytes` bytes from memory (a block
+/// cache hit): the clock is read at the start of a stretch and then once
+/// the reads since it was last read have asked for [`UNCLOCKED_BYTES`], or
+/// for one byte per nanosecond of `stretch` if that is fewer, rather than
+/// at every read. A small hit costs about as much as reading the clock;
+/// copying from memory moves more than a byte per nanosecond, so a stretch
+/// overruns by less than its own length (a zero stretch reads the clock at
+/// every read).
+#[inline]
+pub(crate) fn turn_over_after(stretch: Duration, bytes: usize) -> bool {
     let task = tokio::task::try_id();
-    thread::with_stretch(|s| {
-        let now = Instant::now();
-        match s.get() {
-            Some((t, start)) if t == task => {
-                if now.duration_since(start) < stretch {
-                    false
-                } else {
-                    s.set(None);
-                    true
-                }
+    thread::with_stretch(|s| match s.get() {
+        Some(mut st) if st.task == task => {
+            st.unclocked = st.unclocked.saturating_add(bytes);
+            let most = usize::try_from(stretch.as_nanos())
+                .map_or(UNCLOCKED_BYTES, |ns| ns.min(UNCLOCKED_BYTES));
+            if st.unclocked < most {
+                s.set(Some(st));
+                return false;
             }
-            _ => {
-                s.set(Some((task, now)));
+            if st.start.elapsed() < stretch {
+                st.unclocked = 0;
+                s.set(Some(st));
                 false
+            } else {
+                s.set(None);
+                true
             }
+        }
+        _ => {
+            s.set(Some(thread::Stretch {
+                task,
+                start: Instant::now(),
+                unclocked: 0,
+            }));
+            false
         }
     })
 }
@@ -198,6 +225,21 @@ mod tests {
         assert!(!turn_over(stretch));
         std::thread::sleep(stretch * 2);
         assert!(turn_over(stretch));
+    }
+
+    #[test]
+    fn small_reads_read_the_clock_every_few() {
+        let stretch = Duration::from_millis(2);
+        // The stretch starts (the clock read), then outlives itself; reads
+        // of 4 KiB do not look at the clock until 16 KiB were asked for.
+        assert!(!turn_over_after(stretch, 4096));
+        std::thread::sleep(stretch * 2);
+        let seen: Vec<bool> = (0..4).map(|_| turn_over_after(stretch, 4096)).collect();
+        assert_eq!(seen, [false, false, false, true]);
+        // A large read looks at it at once.
+        assert!(!turn_over_after(stretch, 4096));
+        std::thread::sleep(stretch * 2);
+        assert!(turn_over_after(stretch, 1 << 20));
     }
 
     #[test]

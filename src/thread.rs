@@ -60,19 +60,27 @@ pub(crate) fn with_deferred<R>(f: impl FnOnce(&RefCell<Vec<usize>>) -> R) -> Opt
     DEFERRED.try_with(f).ok()
 }
 
-/// Whose stretch of inline reads runs on this thread (the task's, `None`
-/// outside a task) and since when.
-pub(crate) type Stretch = Option<(Option<tokio::task::Id>, Instant)>;
+/// The stretch of inline reads running on a thread (see
+/// `inline::turn_over`).
+#[derive(Clone, Copy)]
+pub(crate) struct Stretch {
+    /// Whose: the task's, `None` outside a task.
+    pub(crate) task: Option<tokio::task::Id>,
+    /// Since when.
+    pub(crate) start: Instant,
+    /// Bytes asked for since the clock was last read.
+    pub(crate) unclocked: usize,
+}
 
 thread_local! {
     /// The stretch of inline reads running on this thread: whose (the
     /// task's, `None` outside a task) and since when (see `inline::turn_over`).
-    static STRETCH: Cell<Stretch> = const { Cell::new(None) };
+    static STRETCH: Cell<Option<Stretch>> = const { Cell::new(None) };
 }
 
 /// Runs `f` on this thread's stretch of inline reads (see
 /// `inline::turn_over`).
-pub(crate) fn with_stretch<R>(f: impl FnOnce(&Cell<Stretch>) -> R) -> R {
+pub(crate) fn with_stretch<R>(f: impl FnOnce(&Cell<Option<Stretch>>) -> R) -> R {
     STRETCH.with(f)
 }
 

@@ -41,8 +41,13 @@ const REGION_ALIGN: usize = 4096;
 pub(super) const EXCLUSIVE: u64 = 1 << 63;
 /// A frame's state word: pinned but in no table; the last unpin recycles it.
 pub(super) const RETIRED: u64 = 1 << 62;
+/// A frame's state word: its generation, which every fill of the frame
+/// advances (`FrameBuf::into_block`), so that a reader who copied without
+/// a pin can tell whether the frame was refilled meanwhile.
+const GEN: u64 = ((1 << 30) - 1) << GEN_SHIFT;
+const GEN_SHIFT: u32 = 32;
 /// A frame's state word: the pins.
-const PINS: u64 = RETIRED - 1;
+const PINS: u64 = (1 << GEN_SHIFT) - 1;
 
 /// The tag of a frame that holds no block.
 pub(super) const NO_FILE: u64 = u64::MAX;
@@ -69,6 +74,71 @@ fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (ptr, bytes);
+}
+
+/// Copies `dst.len()` bytes from `src`, memory another agent (the kernel)
+/// may write meanwhile, into `dst`.
+///
+/// On x86-64 one `rep movsb` (an `asm!` block: the compiler assumes
+/// nothing about the bytes it reads, as with a copy done by a syscall);
+/// elsewhere volatile loads of a word at a time.
+///
+/// # Safety
+///
+/// `src..src + dst.len()` is allocated, readable memory, and no Rust code
+/// writes it while this runs.
+#[inline]
+unsafe fn copy_shared(src: *const u8, dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `rep movsb` copies rcx bytes from rsi to rdi, forward (the
+    // direction flag is clear at every call boundary, as the ABI requires);
+    // `src` is readable and `dst` writable for `dst.len()` bytes (the
+    // caller's promise, and a `&mut [u8]`), and they do not overlap (`dst`
+    // is exclusive). It uses no stack and leaves the flags alone.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rcx") dst.len() => _,
+            inout("rsi") src => _,
+            inout("rdi") dst.as_mut_ptr() => _,
+            options(nostack, preserves_flags)
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let n = dst.len();
+        let out = dst.as_mut_ptr();
+        let mut i = 0;
+        let word = size_of::<usize>();
+        let head = src.align_offset(word).min(n);
+        while i < head {
+            // SAFETY: i < n: inside both ranges.
+            unsafe { out.add(i).write(src.add(i).read_volatile()) };
+            i += 1;
+        }
+        while i + word <= n {
+            // SAFETY: i + word <= n: inside both ranges; `src + i` is
+            // aligned for `usize` (past the head); `dst` may not be.
+            unsafe {
+                let v = src.add(i).cast::<usize>().read_volatile();
+                out.add(i).cast::<usize>().write_unaligned(v);
+            }
+            i += word;
+        }
+        while i < n {
+            // SAFETY: i < n: inside both ranges.
+            unsafe { out.add(i).write(src.add(i).read_volatile()) };
+            i += 1;
+        }
+    }
+}
+
+/// Billions of pins on one frame: only `mem::forget`ting `BlockRef`s gets
+/// there. Aborts, as `Arc` does when its count would overflow: a count that
+/// wrapped would let the frame be reused under live references.
+#[cold]
+fn pins_overflow() -> ! {
+    std::process::abort()
 }
 
 /// A frame's header.
@@ -103,6 +173,9 @@ impl Frame {
             if s & EXCLUSIVE != 0 {
                 return false;
             }
+            if s & PINS == PINS {
+                pins_overflow();
+            }
             match self
                 .state
                 .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
@@ -111,6 +184,28 @@ impl Frame {
                 Err(now) => s = now,
             }
         }
+    }
+
+    /// The start of a copy made without a pin (`Core::copy_if_holds`): the
+    /// state word, if the frame is not exclusive and holds block `block` of
+    /// `file`.
+    #[inline]
+    fn copy_begin(&self, file: u64, block: u64) -> Option<u64> {
+        // Acquire: the fill's bytes and length (stored before the state,
+        // with Release, by `FrameBuf::into_block`).
+        let s = self.state.load(Ordering::Acquire);
+        (s & EXCLUSIVE == 0 && self.holds(file, block)).then_some(s)
+    }
+
+    /// Whether the bytes copied since `copy_begin` returned `seen` are the
+    /// block's: the frame is not exclusive and still in the same
+    /// generation, so it was not claimed (and so not written) in between.
+    #[inline]
+    fn copy_still(&self, seen: u64) -> bool {
+        // The copy's loads before this one.
+        std::sync::atomic::fence(Ordering::Acquire);
+        let now = self.state.load(Ordering::Relaxed);
+        now & EXCLUSIVE == 0 && (now ^ seen) & GEN == 0
     }
 
     /// Whether it holds block `block` of file `file`.
@@ -141,9 +236,12 @@ impl Frame {
 
     /// The evictor's claim on a resident, unpinned frame.
     pub(super) fn try_claim(&self) -> bool {
-        self.state
-            .compare_exchange(0, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        let s = self.state.load(Ordering::Relaxed);
+        s & !GEN == 0
+            && self
+                .state
+                .compare_exchange(s, EXCLUSIVE | s, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Makes a mapped frame the block `(file, block)`; the caller maps it
@@ -359,7 +457,7 @@ impl Core {
     /// Puts an exclusive frame back on the free list.
     fn recycle(&self, f: u32) {
         let h = self.header(f);
-        debug_assert_eq!(h.state.load(Ordering::Relaxed), EXCLUSIVE);
+        debug_assert_eq!(h.state.load(Ordering::Relaxed) & !GEN, EXCLUSIVE);
         h.clear_tag();
         h.freq.store(0, Ordering::Relaxed);
         lock(&self.free).list.push(f);
@@ -379,10 +477,12 @@ impl Core {
         loop {
             debug_assert_eq!(s & (EXCLUSIVE | RETIRED), 0, "a mapped frame");
             if s & PINS == 0 {
-                match h
-                    .state
-                    .compare_exchange(s, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
-                {
+                match h.state.compare_exchange(
+                    s,
+                    EXCLUSIVE | s,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => return self.recycle(f),
                     Err(now) => s = now,
                 }
@@ -477,6 +577,46 @@ impl Core {
         Some(r)
     }
 
+    /// Copies bytes `skip..` of block `(file, block)` into `dst`, if frame
+    /// `f` holds it, without pinning the frame: the frame's generation and
+    /// state, read before and after the copy, show that no fill began in
+    /// between, so the bytes copied are the block's. Returns the bytes
+    /// copied and the block's length, or `None` (`dst` then holds anything)
+    /// if the frame does not hold the block or was claimed meanwhile.
+    ///
+    /// A pin costs two atomic read-modify-writes, each a full barrier on
+    /// x86 that waits for the copy's stores; this costs two loads.
+    #[inline]
+    pub(super) fn copy_if_holds(
+        &self,
+        f: u32,
+        file: u64,
+        block: u64,
+        skip: usize,
+        dst: &mut [u8],
+    ) -> Option<(usize, usize)> {
+        // SAFETY: f came from a table entry: a carved frame.
+        let (h, ptr) = unsafe { self.frame(f) };
+        let seen = h.copy_begin(file, block)?;
+        let len = (h.len.load(Ordering::Relaxed) as usize).min(self.block);
+        let n = len.saturating_sub(skip).min(dst.len());
+        if n > 0 {
+            // SAFETY: `skip + n <= len <= block`: inside the frame, whose
+            // region lives as long as the core (`self`). The bytes may be
+            // being written meanwhile, by the kernel only: a frame's bytes
+            // are written only while it is exclusive, by reads into a
+            // `FrameBuf` (owned reads: io_uring or `pread`, never a copy by
+            // this process), or at allocation, before its index is
+            // published. `copy_still` below discards any such copy.
+            unsafe { copy_shared(ptr.as_ptr().add(skip), &mut dst[..n]) };
+        }
+        if !h.copy_still(seen) {
+            return None;
+        }
+        h.touch();
+        Some((n, len))
+    }
+
     /// Frames carved so far.
     pub(super) fn carved(&self) -> usize {
         self.carved.load(Ordering::Relaxed)
@@ -536,8 +676,13 @@ impl FrameBuf {
             Ordering::Relaxed,
         );
         // Release: the bytes read (the kernel's writes, seen by this
-        // thread when the read completed) before any pin.
-        h.state.store(RETIRED | 1, Ordering::Release);
+        // thread when the read completed) before any pin. A new generation:
+        // a copy made without a pin before the frame was refilled fails its
+        // check (`Core::copy_if_holds`).
+        let s = h.state.load(Ordering::Relaxed);
+        debug_assert_eq!(s & !GEN, EXCLUSIVE);
+        let generation = s.wrapping_add(1 << GEN_SHIFT) & GEN;
+        h.state.store(generation | RETIRED | 1, Ordering::Release);
         core.retired.fetch_add(1, Ordering::Relaxed);
         core.taken.fetch_sub(1, Ordering::Relaxed);
         let r = BlockRef {
@@ -644,7 +789,10 @@ impl BlockRef {
 impl Clone for BlockRef {
     fn clone(&self) -> BlockRef {
         // Relaxed, as an `Arc`'s clone: this pin already holds the frame.
-        self.header().state.fetch_add(1, Ordering::Relaxed);
+        let prev = self.header().state.fetch_add(1, Ordering::Relaxed);
+        if prev & PINS >= PINS / 2 {
+            pins_overflow();
+        }
         BlockRef {
             core: self.core,
             hdr: self.hdr,
@@ -666,8 +814,14 @@ impl Drop for BlockRef {
         }
         // The last pin of a retired frame: recycle it, unless a reader
         // pinned it again from a stale table entry (its unpin does it).
+        let generation = prev & GEN;
         if h.state
-            .compare_exchange(RETIRED, EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(
+                RETIRED | generation,
+                EXCLUSIVE | generation,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
             .is_ok()
         {
             // SAFETY: the RETIRED bit held a strong count of the core
@@ -700,5 +854,69 @@ impl fmt::Debug for BlockRef {
         f.debug_struct("BlockRef")
             .field("len", &self.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame of `core` holding block `(file, block)`, resident and
+    /// unpinned, as a miss leaves it.
+    fn resident(core: &Arc<Core>, file: u64, block: u64, byte: u8) -> u32 {
+        let mut buf = core.take().unwrap();
+        let f = buf.frame;
+        // SAFETY: the buffer owns the frame (exclusive).
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), byte, core.block) };
+        buf.filled = core.block;
+        let b = buf.into_block();
+        core.header(f).set_tag(file, block);
+        core.mapped(f);
+        drop(b);
+        f
+    }
+
+    /// A copy made without a pin is accepted only if the frame was not
+    /// claimed meanwhile, even if it was refilled with the same block.
+    #[test]
+    fn a_refill_during_a_copy_is_seen() {
+        let core = Arc::new(Core::new(4096, 4, 4));
+        let f = resident(&core, 1, 7, 0xaa);
+        let h = core.header(f);
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(core.copy_if_holds(f, 1, 7, 0, &mut dst), Some((4096, 4096)));
+        assert!(dst.iter().all(|&b| b == 0xaa));
+        assert_eq!(
+            core.copy_if_holds(f, 1, 8, 0, &mut dst),
+            None,
+            "another block"
+        );
+
+        // Claimed (evicted) during the copy.
+        let seen = h.copy_begin(1, 7).unwrap();
+        assert!(h.try_claim());
+        assert!(!h.copy_still(seen));
+        assert_eq!(core.copy_if_holds(f, 1, 7, 0, &mut dst), None, "exclusive");
+        core.free_claimed(f);
+
+        // Refilled with the same block, in the same frame, during the copy.
+        let f2 = resident(&core, 1, 7, 0xbb);
+        assert_eq!(f2, f, "the freed frame is reused");
+        let seen = h.copy_begin(1, 7).unwrap();
+        assert!(h.copy_still(seen));
+        assert!(h.try_claim());
+        core.free_claimed(f);
+        assert_eq!(resident(&core, 1, 7, 0xcc), f);
+        assert!(h.copy_still(h.copy_begin(1, 7).unwrap()));
+        assert!(!h.copy_still(seen), "the generation moved on");
+
+        // Pins and retirement do not change the bytes: a copy stays valid.
+        let seen = h.copy_begin(1, 7).unwrap();
+        let pin = core.pin_if_holds(f, 1, 7).unwrap();
+        assert!(h.copy_still(seen));
+        core.unmapped(f);
+        assert!(h.copy_still(seen), "retired while pinned");
+        drop(pin);
+        assert!(!h.copy_still(seen), "recycled by its last unpin");
     }
 }

@@ -473,7 +473,7 @@ impl BlockCache {
     ) -> Vec<io::Result<BlockRef>> {
         let fid = fid.into();
         let blocks: Vec<u64> = blocks.into_iter().collect();
-        admit(&self.state).await;
+        admit(&self.state, blocks.len().saturating_mul(self.state.block)).await;
         let file = match self.state.resolve(fid) {
             Ok(f) => f,
             Err(e) => {
@@ -531,18 +531,30 @@ impl BlockCache {
         let last = (offset + len as u64 - 1) >> state.shift;
         // The first block's lines load while the task is admitted.
         let mut probed = state.probe(file.key, first);
-        admit(state).await;
+        admit(state, len).await;
         let mut done = 0;
         let mut next = first;
         // Hits first, on this poll, without allocating.
         while next <= last {
-            let hit = match probed.take() {
-                // Pinned as probed, or looked up again if it moved since.
-                Some(f) => state
-                    .pin(f, file.key, next)
-                    .or_else(|| state.cached(file.key, next)),
-                None => state.cached(file.key, next),
+            let Some(f) = probed
+                .take()
+                .or_else(|| state.tables.lookup(file.key, next))
+            else {
+                break;
             };
+            // Copied without a pin, or, if the frame changed under the
+            // copy, pinned, or looked up again if it moved since.
+            if let Some((n, end)) = state.copy_hit(f, file.key, next, offset, &mut buf[done..len]) {
+                done += n;
+                next += 1;
+                if end {
+                    return Ok(done);
+                }
+                continue;
+            }
+            let hit = state
+                .pin(f, file.key, next)
+                .or_else(|| state.cached(file.key, next));
             let Some(block) = hit else {
                 break;
             };

@@ -26,15 +26,16 @@ use crate::thread::thread_slot;
 use crate::util::lock;
 
 /// Spends one unit of tokio's coop budget and yields once the task has
-/// spent its inline stretch (`inline::turn_over`), as a page-cache read
-/// served inline does: a task looping on hits lets the others run.
-pub(super) fn admit(state: &State) -> impl Future<Output = ()> + '_ {
-    std::future::poll_fn(move |cx| poll_admit(state, cx))
+/// spent its inline stretch (`inline::turn_over_after`, for a call that
+/// asks for `bytes` bytes), as a page-cache read served inline does: a
+/// task looping on hits lets the others run.
+pub(super) fn admit(state: &State, bytes: usize) -> impl Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| poll_admit(state, bytes, cx))
 }
 
-pub(super) fn poll_admit(state: &State, cx: &mut Context<'_>) -> Poll<()> {
+pub(super) fn poll_admit(state: &State, bytes: usize, cx: &mut Context<'_>) -> Poll<()> {
     let coop = ready!(tokio::task::coop::poll_proceed(cx));
-    if inline::turn_over(state.ctx.inner.inline_stretch) {
+    if inline::turn_over_after(state.ctx.inner.inline_stretch, bytes) {
         cx.waker().wake_by_ref();
         return Poll::Pending;
     }
@@ -91,6 +92,29 @@ impl State {
         let b = self.core.pin_if_holds(f, file, block)?;
         self.hit();
         Some(b)
+    }
+
+    /// Copies what block `block` of `file` holds of a read at `offset`
+    /// into `dst` if frame `f` holds it (a hit, counted), without pinning
+    /// it (`Core::copy_if_holds`): the bytes copied, and whether the file
+    /// ends in this block. `None`: not copied (`dst` holds anything).
+    #[inline]
+    pub(super) fn copy_hit(
+        &self,
+        f: u32,
+        file: u64,
+        block: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Option<(usize, bool)> {
+        let start = block << self.shift;
+        let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        if skip >= self.block {
+            return None;
+        }
+        let (n, len) = self.core.copy_if_holds(f, file, block, skip, dst)?;
+        self.hit();
+        Some((n, len < self.block))
     }
 
     /// Copies what block `block` holds of a read at `offset` into `dst`
@@ -531,7 +555,7 @@ impl Future for GetBlock<'_> {
             }
             // The frame's lines load while the task is admitted.
             let frame = state.probe(file.key, this.block);
-            ready!(poll_admit(state, cx));
+            ready!(poll_admit(state, state.block, cx));
             if let Some(b) = frame.and_then(|f| state.pin(f, file.key, this.block)) {
                 return Poll::Ready(Ok(b));
             }

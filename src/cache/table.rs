@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use super::frames::{Core, NO_FILE};
 use super::{Key, KeyHash};
+use crate::buf::{AlignedBuf, IoBufMut};
 
 /// Entries per chunk of a file's table.
 const CHUNK_SHIFT: u32 = 12;
@@ -27,6 +28,9 @@ const GROUPS: usize = 1 << 10;
 const MAX_CHUNKS: usize = 1 << 20;
 
 type Chunk = [AtomicU32; CHUNK];
+
+/// Largest slab of chunks: one huge page.
+const CHUNK_SLAB_BYTES: usize = 2 << 20;
 
 /// Block `block`'s entry in its chunk.
 fn slot(block: u64) -> usize {
@@ -98,7 +102,8 @@ impl Tables {
         if chunk.is_null() {
             return None;
         }
-        // SAFETY: chunks are freed only with the tables.
+        // SAFETY: chunks are freed only with the policy (its slabs), when
+        // the cache goes, not while anyone can read the tables.
         let e = unsafe { &*chunk }[slot(block)].load(Ordering::Acquire);
         e.checked_sub(1)
     }
@@ -119,24 +124,11 @@ impl Drop for Tables {
                 let top = t.top.load(Ordering::Acquire);
                 if !top.is_null() {
                     // SAFETY: the table's current top, made by
-                    // `Box::into_raw`, freed once, here.
-                    free_top(&*unsafe { Box::from_raw(top) });
+                    // `Box::into_raw`, freed once, here (its chunks are the
+                    // policy's slabs').
+                    drop(unsafe { Box::from_raw(top) });
                 }
             }
-        }
-    }
-}
-
-/// Frees a table's chunks (the table's current top: replaced ones share
-/// them).
-fn free_top(top: &Top) {
-    for c in &*top.chunks {
-        let c = c.load(Ordering::Acquire);
-        if !c.is_null() {
-            // SAFETY: chunks are made by `Box::into_raw` and shared by a
-            // table's successive tops; only its current top frees them
-            // (replaced tops are dropped without their chunks).
-            drop(unsafe { Box::from_raw(c) });
         }
     }
 }
@@ -175,6 +167,56 @@ pub(super) struct Policy {
     ghost_seq: u64,
     /// Tops replaced by larger ones (readers may still be on them).
     old_tops: Vec<Top>,
+    /// The tables' chunks.
+    slabs: ChunkSlabs,
+}
+
+/// The memory of the tables' chunks: slabs carved a chunk at a time, in
+/// one huge page each where the capacity warrants it, so that a hit's
+/// entry costs no TLB miss of its own. Freed with the policy, never
+/// before: readers may be on any chunk until the tables go.
+struct ChunkSlabs {
+    slab_bytes: usize,
+    mem: Vec<AlignedBuf>,
+    /// Chunks carved from the last slab.
+    used: usize,
+}
+
+impl ChunkSlabs {
+    /// Slabs for a cache of `capacity` blocks: twice the bytes of its
+    /// entries (a dense table of that many blocks), within one chunk and
+    /// one huge page.
+    fn new(capacity: usize) -> ChunkSlabs {
+        let slab_bytes = capacity
+            .saturating_mul(2 * size_of::<AtomicU32>())
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            .clamp(size_of::<Chunk>(), CHUNK_SLAB_BYTES);
+        ChunkSlabs {
+            slab_bytes,
+            mem: Vec::new(),
+            used: 0,
+        }
+    }
+
+    /// A new chunk, every entry 0 (none), or `None` without memory.
+    fn carve(&mut self) -> Option<*mut Chunk> {
+        let per_slab = self.slab_bytes / size_of::<Chunk>();
+        if self.mem.is_empty() || self.used == per_slab {
+            self.mem
+                .push(AlignedBuf::try_new_huge(self.slab_bytes, align_of::<Chunk>().max(64)).ok()?);
+            self.used = 0;
+        }
+        let slab = self.mem.last_mut().expect("a slab");
+        // SAFETY: used < per_slab: the chunk lies inside the slab, aligned
+        // (the slab is, and a chunk's size is a multiple of its alignment);
+        // its bytes are zero (a new slab is zero-filled), which is an
+        // `AtomicU32` 0, and no other chunk shares them.
+        let chunk: *mut Chunk =
+            unsafe { slab.stable_mut_ptr().add(self.used * size_of::<Chunk>()) }.cast();
+        self.used += 1;
+        Some(chunk)
+    }
 }
 
 impl Policy {
@@ -188,6 +230,7 @@ impl Policy {
             ghost_fifo: VecDeque::new(),
             ghost_seq: 0,
             old_tops: Vec::new(),
+            slabs: ChunkSlabs::new(capacity),
         }
     }
 
@@ -274,11 +317,14 @@ impl Policy {
         let top = unsafe { &*top };
         let mut chunk = top.chunks[chunk_index].load(Ordering::Acquire);
         if chunk.is_null() {
-            let new: Box<Chunk> = Box::new([const { AtomicU32::new(0) }; CHUNK]);
-            chunk = Box::into_raw(new);
+            let Some(new) = self.slabs.carve() else {
+                return (false, 0);
+            };
+            chunk = new;
             top.chunks[chunk_index].store(chunk, Ordering::Release);
         }
-        // SAFETY: chunks are freed only with the tables.
+        // SAFETY: chunks are freed only with the policy (its slabs), when
+        // the cache goes, not while anyone can read the tables.
         let entry = &unsafe { &*chunk }[slot(key.block)];
         let old = entry.swap(0, Ordering::AcqRel);
         if let Some(o) = old.checked_sub(1) {
@@ -428,7 +474,8 @@ impl Policy {
             if chunk.is_null() {
                 continue;
             }
-            // SAFETY: chunks are freed only with the tables.
+            // SAFETY: chunks are freed only with the policy (its slabs), when
+            // the cache goes, not while anyone can read the tables.
             let chunk = unsafe { &*chunk };
             let base = (c as u64) << CHUNK_SHIFT;
             // `first - base` is below CHUNK in the first chunk, 0 after.
@@ -469,7 +516,8 @@ fn unmap_entry(tables: &Tables, key: Key, f: u32) {
     if chunk.is_null() {
         return;
     }
-    // SAFETY: chunks are freed only with the tables.
+    // SAFETY: chunks are freed only with the policy (its slabs), when
+    // the cache goes, not while anyone can read the tables.
     let e = &unsafe { &*chunk }[slot(key.block)];
     let _ = e.compare_exchange(f + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
 }

@@ -990,6 +990,71 @@ fn frames_stress(choice: BackendChoice) {
     );
 }
 
+/// `read` copies a hit out without pinning its frame, checking after the
+/// copy that the frame was not claimed meanwhile. Here frames are claimed
+/// and refilled all the time under such copies: 4 tasks on 2 workers read
+/// whole 64 KiB blocks (long copies) of 8 blocks through a cache of 3
+/// frames (many reads hit, every miss evicts), while a fifth task keeps
+/// invalidating blocks. Every word read must be the block's own: a copy
+/// that raced a refill and was let through would show another block's.
+fn hits_copied_while_frames_refill(choice: BackendChoice) {
+    const BLOCKS: u64 = 8;
+    const BIG: usize = 64 << 10;
+    common::run(
+        "cache-copy-refill",
+        Flavor::Multi,
+        120,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("refill");
+            let init: Vec<u8> = (0..BLOCKS)
+                .flat_map(|b| (0..BIG / 8).flat_map(move |_| stress_word(b, 0).to_le_bytes()))
+                .collect();
+            std::fs::write(&path, init).unwrap();
+            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            let options = CacheOptions {
+                capacity_bytes: 3 * BIG as u64,
+                block_size: BIG,
+            };
+            let cache = BlockCache::new(&ctx, options).unwrap();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let churn = {
+                let (cache, stop) = (cache.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(77);
+                    while !stop.load(Ordering::Relaxed) {
+                        let b = rng.below(BLOCKS);
+                        let at = b * BIG as u64;
+                        cache.invalidate(0u32, at..at + BIG as u64).unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                })
+            };
+            let mut readers = Vec::new();
+            for r in 0..4u64 {
+                let cache = cache.clone();
+                readers.push(tokio::spawn(async move {
+                    let mut rng = Rng::new(500 + r);
+                    let mut buf = vec![0u8; BIG];
+                    for _ in 0..3_000 {
+                        let b = rng.below(BLOCKS);
+                        let n = cache.read(0u32, b * BIG as u64, &mut buf).await.unwrap();
+                        assert_eq!(n, BIG);
+                        stress_check(&buf, b, 0, 0, "read");
+                    }
+                }));
+            }
+            for r in readers {
+                r.await.unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+            churn.await.unwrap();
+            let s = cache.stats();
+            assert!(s.hits > 1_000 && s.evictions > 100, "{s:?}");
+        },
+    );
+}
+
 /// Held blocks are never evicted: their frames keep their bytes and stay
 /// in the cache (a later get is a hit on the same memory) while the rest
 /// of the cache turns over many times; once invalidated they count as
@@ -1342,6 +1407,7 @@ backend_tests!(
     scan_resistance,
     memory_bound,
     frames_stress,
+    hits_copied_while_frames_refill,
     pinned_never_evicted,
     blocks_outlive_cache,
     hit_path,
