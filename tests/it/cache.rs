@@ -855,6 +855,16 @@ fn stress_check(bytes: &[u8], b: u64, floor: u64, ceil: u64, what: &str) {
     }
 }
 
+/// A file of `blocks` blocks of `bs` bytes, each holding `stress_word(b, 0)`.
+fn stress_file(dir: &std::path::Path, blocks: u64, bs: usize) -> std::path::PathBuf {
+    let path = dir.join("stress");
+    let init: Vec<u8> = (0..blocks)
+        .flat_map(|b| (0..bs / 8).flat_map(move |_| stress_word(b, 0).to_le_bytes()))
+        .collect();
+    std::fs::write(&path, init).unwrap();
+    path
+}
+
 /// Many tasks on a multi-thread runtime, a cache of 8 blocks over 64 that
 /// evicts all the time: hits and misses through `get`, `get_many` and
 /// `read`, `BlockRef`s held across other tasks' work (their bytes checked
@@ -871,11 +881,7 @@ fn frames_stress(choice: BackendChoice) {
         180,
         move || async move {
             let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("stress");
-            let init: Vec<u8> = (0..BLOCKS)
-                .flat_map(|b| (0..BS / 8).flat_map(move |_| stress_word(b, 0).to_le_bytes()))
-                .collect();
-            std::fs::write(&path, init).unwrap();
+            let path = stress_file(dir.path(), BLOCKS, BS);
             let ctx = common::default_ctx(choice, vec![rw(&path)]);
             const CAP: u64 = 8;
             let cache = BlockCache::new(&ctx, opts(CAP * BS as u64)).unwrap();
@@ -1006,11 +1012,7 @@ fn hits_copied_while_frames_refill(choice: BackendChoice) {
         120,
         move || async move {
             let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("refill");
-            let init: Vec<u8> = (0..BLOCKS)
-                .flat_map(|b| (0..BIG / 8).flat_map(move |_| stress_word(b, 0).to_le_bytes()))
-                .collect();
-            std::fs::write(&path, init).unwrap();
+            let path = stress_file(dir.path(), BLOCKS, BIG);
             let ctx = common::default_ctx(choice, vec![rw(&path)]);
             let options = CacheOptions {
                 capacity_bytes: 3 * BIG as u64,
