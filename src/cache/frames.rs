@@ -581,7 +581,7 @@ impl Core {
     /// `f` holds it, without pinning the frame: the frame's generation and
     /// state, read before and after the copy, show that no fill began in
     /// between, so the bytes copied are the block's. Returns the bytes
-    /// copied and the block's length, or `None` (`dst` then holds anything)
+    /// copied and the block's length, or `None` (what was copied is zeroed)
     /// if the frame does not hold the block or was claimed meanwhile.
     ///
     /// A pin costs two atomic read-modify-writes, each a full barrier on
@@ -611,6 +611,9 @@ impl Core {
             unsafe { copy_shared(ptr.as_ptr().add(skip), &mut dst[..n]) };
         }
         if !h.copy_still(seen) {
+            // What was copied may be another block's bytes: none of them
+            // stay in the caller's buffer.
+            dst[..n].fill(0);
             return None;
         }
         h.touch();

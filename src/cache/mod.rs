@@ -490,6 +490,9 @@ impl BlockCache {
     /// fewer only at the end of the file. A read whose blocks are all
     /// cached completes at its first poll.
     ///
+    /// Bytes of `buf` past the count returned, and all of them on an
+    /// error, hold the file's bytes, zeros, or what they held before.
+    ///
     /// # Errors
     ///
     /// As [`get`](Self::get), for the first block that fails.

@@ -97,7 +97,7 @@ impl State {
     /// Copies what block `block` of `file` holds of a read at `offset`
     /// into `dst` if frame `f` holds it (a hit, counted), without pinning
     /// it (`Core::copy_if_holds`): the bytes copied, and whether the file
-    /// ends in this block. `None`: not copied (`dst` holds anything).
+    /// ends in this block. `None`: not copied (what was is zeroed).
     #[inline]
     pub(super) fn copy_hit(
         &self,
