@@ -94,6 +94,12 @@ impl State {
         Some(b)
     }
 
+    /// Bytes of block `block` before a read at `offset` starts in it (0 if
+    /// it starts in an earlier block).
+    fn skip(&self, block: u64, offset: u64) -> usize {
+        usize::try_from(offset.saturating_sub(block << self.shift)).unwrap_or(usize::MAX)
+    }
+
     /// Copies what block `block` of `file` holds of a read at `offset`
     /// into `dst` if frame `f` holds it (a hit, counted), without pinning
     /// it (`Core::copy_if_holds`): the bytes copied, and whether the file
@@ -107,8 +113,7 @@ impl State {
         offset: u64,
         dst: &mut [u8],
     ) -> Option<(usize, bool)> {
-        let start = block << self.shift;
-        let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        let skip = self.skip(block, offset);
         if skip >= self.block {
             return None;
         }
@@ -127,8 +132,7 @@ impl State {
         offset: u64,
         dst: &mut [u8],
     ) -> (usize, bool) {
-        let start = block << self.shift;
-        let skip = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        let skip = self.skip(block, offset);
         let avail = data.len().saturating_sub(skip);
         let n = avail.min(dst.len());
         if n > 0 {
