@@ -265,6 +265,20 @@ pub(crate) struct FileTable {
     id: u64,
     capacity: u32,
     policy: RoutePolicy,
+    /// Per index, the registration there now, read without a lock
+    /// ([`current`](Self::current)): 0 for none, else `LIVE`, `DIRECT` if
+    /// opened with `O_DIRECT`, and the generation in the low 32 bits.
+    /// Written under every shard's write lock, with the shards.
+    marks: Box<[AtomicU64]>,
+}
+
+/// A `marks` word's bits besides the generation.
+const LIVE: u64 = 1 << 63;
+const DIRECT: u64 = 1 << 62;
+
+/// The `marks` word of `entry`.
+fn mark(entry: &FileEntry) -> u64 {
+    LIVE | if entry.direct { DIRECT } else { 0 } | u64::from(entry.gen)
 }
 
 /// What registering a file needs to know of it, read from the kernel once.
@@ -363,6 +377,12 @@ impl FileTable {
                 Ok(Some(Self::entry(file, facts, (i, 0, id), &free, &policy)))
             })
             .collect::<io::Result<FileSlots>>()?;
+        let marks = (0..capacity as usize)
+            .map(|i| {
+                let e = slots.get(i).and_then(Option::as_ref);
+                AtomicU64::new(e.map_or(0, |e| mark(e)))
+            })
+            .collect();
         Ok(FileTable {
             shards: (0..shards.max(1))
                 .map(|_| Shard(RwLock::new(slots.clone())))
@@ -371,6 +391,7 @@ impl FileTable {
             id,
             capacity,
             policy,
+            marks,
         })
     }
 
@@ -439,6 +460,21 @@ impl FileTable {
         guard.slots.iter().flatten().map(|e| e.id()).collect()
     }
 
+    /// The checked id of the registration `fid` names now, and whether it
+    /// was opened with `O_DIRECT`: one load, no lock. `None` if `fid` names
+    /// none (`lookup` says why).
+    #[inline]
+    pub(crate) fn current(&self, fid: FileId) -> Option<(FileId, bool)> {
+        let m = self
+            .marks
+            .get(fid.index() as usize)?
+            .load(Ordering::Acquire);
+        let gen = u32::try_from(m & u64::from(u32::MAX)).unwrap_or(0);
+        let answers = fid.ctx() == 0 || (fid.ctx() == self.id && fid.gen() == gen);
+        (m & LIVE != 0 && answers)
+            .then(|| (FileId::tagged(fid.index(), gen, self.id), m & DIRECT != 0))
+    }
+
     pub(crate) fn get(&self, fid: FileId) -> io::Result<Arc<FileEntry>> {
         self.shard(thread_slot()).lookup(fid).cloned()
     }
@@ -482,6 +518,7 @@ impl FileTable {
                 slots[index as usize] = Some(entry.clone());
             }
         }
+        self.marks[index as usize].store(mark(&entry), Ordering::Release);
         Ok(entry.id())
     }
 
@@ -497,6 +534,7 @@ impl FileTable {
             entry = slots.get_mut(fid.index() as usize).and_then(Option::take);
         }
         let entry = entry.ok_or_else(|| error::unknown_fid(fid))?;
+        self.marks[entry.index as usize].store(0, Ordering::Release);
         // Clear the kernel's slot under the write locks: the index cannot be
         // handed out before the kernel forgot it.
         let res = fixed.update(entry.index, -1);
@@ -601,6 +639,55 @@ mod tests {
             &a.get(FileId::from(1)).unwrap(),
             &a.get(again).unwrap()
         ));
+    }
+
+    /// `current` (one load, no lock) answers as `get` does, through
+    /// registering, unregistering and reusing an index.
+    #[test]
+    fn the_lock_free_word_agrees_with_the_entries() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let a = FileTable::new(vec![tmp(), tmp()], 8, 2, policy()).unwrap();
+        let b = FileTable::new(vec![tmp()], 8, 1, policy()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // O_DIRECT where the file system takes it.
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.path().join("d"));
+        let mut seen = a.ids();
+        seen.extend(b.ids());
+        seen.extend([
+            FileId::from(0),
+            FileId::from(1),
+            FileId::from(5),
+            FileId::from(-1),
+        ]);
+        let agree = |seen: &[FileId]| {
+            for &fid in seen {
+                let want = a.get(fid).ok().map(|e| (e.id(), e.direct));
+                assert_eq!(a.current(fid), want, "{fid:?}");
+            }
+        };
+        agree(&seen);
+        a.remove(seen[1], &NoRings).unwrap();
+        agree(&seen);
+        seen.push(add(&a).unwrap());
+        assert_eq!(seen.last().unwrap().index(), 1, "the index is reused");
+        agree(&seen);
+        if let Ok(f) = direct {
+            let facts = Facts::of(&f, &"direct").unwrap();
+            seen.push(a.insert(f, facts, &NoRings).unwrap());
+            assert_eq!(a.current(*seen.last().unwrap()).map(|c| c.1), Some(true));
+        }
+        agree(&seen);
+        for fid in seen.clone() {
+            let _ = a.remove(fid, &NoRings);
+        }
+        agree(&seen);
+        assert!(seen.iter().all(|&f| a.current(f).is_none()));
     }
 
     #[test]

@@ -37,6 +37,7 @@ use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use crate::context::UringContext;
 use crate::error::{self, os_error};
 use crate::id::FileId;
+use crate::thread::thread_slot;
 
 mod frames;
 mod options;
@@ -217,12 +218,49 @@ struct FileRef {
 /// Most blocks [`BlockCache::read`] fetches in one batch.
 const READ_WINDOW: u64 = 64;
 
-/// Per-thread-group hit counters, each on its own cache line.
-const HIT_SHARDS: usize = 8;
+/// Threads with a hit counter of their own, and counters the others share.
+const OWN_HITS: usize = 32;
+const SHARED_HITS: usize = 8;
 
 #[repr(align(128))]
 #[derive(Default)]
 struct Padded(AtomicU64);
+
+/// The hit count, without a locked instruction on most hits: each of the
+/// first `OWN_HITS` threads of the process (`thread_slot`, never reused)
+/// has a word only it writes, with a plain load and store; any other
+/// thread adds to a shared word atomically. Each word is on its own lines.
+#[derive(Default)]
+struct Hits {
+    own: [Padded; OWN_HITS],
+    shared: [Padded; SHARED_HITS],
+}
+
+impl Hits {
+    #[inline]
+    fn add(&self) {
+        let slot = thread_slot();
+        match self.own.get(slot) {
+            // Only this thread writes its word: no update is lost.
+            Some(w) => {
+                w.0.store(w.0.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+            None => {
+                self.shared[slot % SHARED_HITS]
+                    .0
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn sum(&self) -> u64 {
+        self.own
+            .iter()
+            .chain(&self.shared)
+            .map(|w| w.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
 
 struct State {
     ctx: UringContext,
@@ -240,7 +278,7 @@ struct State {
     /// Frames mapped in the tables.
     resident: AtomicUsize,
     flights: Mutex<Flights>,
-    hits: [Padded; HIT_SHARDS],
+    hits: Hits,
     misses: AtomicU64,
     coalesced: AtomicU64,
     evictions: AtomicU64,
@@ -384,7 +422,7 @@ impl BlockCache {
             policy: Mutex::new(Policy::new(items)),
             resident: AtomicUsize::new(0),
             flights: Mutex::new(Flights::default()),
-            hits: Default::default(),
+            hits: Hits::default(),
             misses: AtomicU64::new(0),
             coalesced: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -715,7 +753,7 @@ impl BlockCache {
         let bytes = |blocks: u64| blocks << s.shift;
         let resident = s.resident.load(Ordering::Relaxed) as u64;
         CacheStats {
-            hits: s.hits.iter().map(|h| h.0.load(Ordering::Relaxed)).sum(),
+            hits: s.hits.sum(),
             misses: s.misses.load(Ordering::Relaxed),
             coalesced: s.coalesced.load(Ordering::Relaxed),
             evictions: s.evictions.load(Ordering::Relaxed),

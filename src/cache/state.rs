@@ -16,7 +16,7 @@ use futures::FutureExt;
 
 use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
-    Outcome, State, HIT_SHARDS, MAX_SHORT,
+    Outcome, State, MAX_SHORT,
 };
 use crate::buf::IoBufMut;
 use crate::error;
@@ -50,20 +50,24 @@ impl State {
         if inner.closed.load(Ordering::Acquire) {
             return Err(error::shut_down_error());
         }
-        let shard = inner.files.shard(thread_slot());
-        let entry = shard.lookup(fid)?;
-        let id = entry.id();
+        // Not found by the word: no such registration (the table's lookup
+        // words why), or one made since.
+        let (id, direct) = if let Some(found) = inner.files.current(fid) {
+            found
+        } else {
+            let shard = inner.files.shard(thread_slot());
+            let entry = shard.lookup(fid)?;
+            (entry.id(), entry.direct)
+        };
         Ok(FileRef {
             id,
             key: file_key(id),
-            direct: entry.direct,
+            direct,
         })
     }
 
     pub(super) fn hit(&self) {
-        self.hits[thread_slot() % HIT_SHARDS]
-            .0
-            .fetch_add(1, Ordering::Relaxed);
+        self.hits.add();
     }
 
     /// Block `block` of `file` if it is cached (a hit, counted): one table

@@ -1396,6 +1396,47 @@ fn send_and_sync() {
     });
 }
 
+/// Hits are counted exactly whichever thread makes them: more threads
+/// than have a counter word of their own, all at once.
+fn hits_counted_on_every_thread(choice: BackendChoice) {
+    const THREADS: u64 = 40;
+    const READS: u64 = 10_000;
+    common::run("cache-hit-count", Flavor::Current, 60, move || async move {
+        let dir = tempfile::tempdir().unwrap();
+        let f = make_file(dir.path(), 13, 16 * BS as u64);
+        let ctx = common::build_ctx(choice, vec![f.open()], |b| b);
+        let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+        let mut buf = vec![0u8; 16 * BS];
+        assert_eq!(cache.read(0, 0, &mut buf).await.unwrap(), 16 * BS);
+        let before = cache.stats();
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let cache = cache.clone();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let mut small = [0u8; 64];
+                        for i in 0..READS {
+                            let off = ((t + i) % 16) * BS as u64 + 8;
+                            assert_eq!(cache.read(0, off, &mut small).await.unwrap(), 64);
+                        }
+                    });
+                })
+            })
+            .collect();
+        for t in threads {
+            tokio::task::spawn_blocking(move || t.join().unwrap())
+                .await
+                .unwrap();
+        }
+        let after = cache.stats();
+        assert_eq!(after.misses, before.misses, "{after:?}");
+        assert_eq!(after.hits - before.hits, THREADS * READS, "{after:?}");
+    });
+}
+
 backend_tests!(
     coherence,
     miss_in_flight_during_write,
@@ -1413,6 +1454,7 @@ backend_tests!(
     pinned_never_evicted,
     blocks_outlive_cache,
     hit_path,
+    hits_counted_on_every_thread,
     hit_stretch,
     geometries,
     bad_input,
