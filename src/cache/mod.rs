@@ -3,9 +3,10 @@
 //! that keep their own cache over `O_DIRECT` files.
 //!
 //! - **Hits** are served on the caller's thread at the first poll: a load
-//!   from the file's dense block table (`table.rs`), a pin on the frame
-//!   that holds the block and a check of its tag (`frames.rs`); no lock, no
-//!   hash, no allocation, no syscall. They spend tokio's coop budget and
+//!   from the file's dense block table (`table.rs`), then a pin on the
+//!   frame that holds the block and a check of its tag (`get`), or a copy
+//!   checked against the frame's generation (`read`, `frames.rs`); no lock,
+//!   no hash, no allocation, no syscall. They spend tokio's coop budget and
 //!   the inline path's stretch (`inline::turn_over`), so a task looping on
 //!   hits yields.
 //! - **Misses** are *flights* (`Flight`): one owned read per block into a
@@ -300,7 +301,12 @@ impl Drop for State {
 ///   [`read`](Self::read) any byte range (copied out), [`prefetch`](Self::prefetch)
 ///   a range in the background.
 /// - A hit completes at its first poll, on the caller's thread, with no
-///   system call and no allocation. Concurrent misses of one block are one
+///   system call and no allocation. Hits take turns as page-cache reads
+///   do: a task looping on hits yields once it has served them for the
+///   context's [`inline_stretch`](crate::Builder::inline_stretch) or spent
+///   tokio's coop budget. A longer stretch gives more hits per second
+///   when many tasks loop on hits, and makes every other task on the
+///   worker, timers included, wait longer for its turn. Concurrent misses of one block are one
 ///   read, whose result (bytes or error) every caller gets; a caller that
 ///   gives up (drops its future) leaves the read to the others. Errors are
 ///   never cached; a short block at the end of a file is cached as short.
