@@ -463,6 +463,7 @@ impl FileTable {
     /// The checked id of the registration `fid` names now, and whether it
     /// was opened with `O_DIRECT`: one load, no lock. `None` if `fid` names
     /// none (`lookup` says why).
+    #[cfg(any(feature = "cache", test))]
     #[inline]
     pub(crate) fn current(&self, fid: FileId) -> Option<(FileId, bool)> {
         let m = self
