@@ -139,6 +139,14 @@ pub(crate) struct FileEntry {
     free: Weak<Mutex<Vec<Freed>>>,
 }
 
+/// Whether `fid` may name the registration of generation `gen` in table
+/// `table`: a plain index always may; a checked id only if it was issued
+/// for that very registration.
+#[inline]
+fn answers(fid: FileId, table: u64, gen: u32) -> bool {
+    fid.ctx() == 0 || (fid.ctx() == table && fid.gen() == gen)
+}
+
 /// An index back on the free list, with the generation of the registration
 /// that last used it.
 #[derive(Debug, Clone, Copy)]
@@ -157,7 +165,7 @@ impl FileEntry {
     /// checked id only if it was issued for this very registration.
     #[inline]
     fn answers_to(&self, fid: FileId) -> bool {
-        fid.ctx() == 0 || (fid.ctx() == self.table && fid.gen() == self.gen)
+        answers(fid, self.table, self.gen)
     }
 
     /// Whether the descriptor was opened for reading.
@@ -471,8 +479,7 @@ impl FileTable {
             .get(fid.index() as usize)?
             .load(Ordering::Acquire);
         let gen = u32::try_from(m & u64::from(u32::MAX)).unwrap_or(0);
-        let answers = fid.ctx() == 0 || (fid.ctx() == self.id && fid.gen() == gen);
-        (m & LIVE != 0 && answers)
+        (m & LIVE != 0 && answers(fid, self.id, gen))
             .then(|| (FileId::tagged(fid.index(), gen, self.id), m & DIRECT != 0))
     }
 

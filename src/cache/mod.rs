@@ -306,10 +306,11 @@ impl Drop for State {
 ///   context's [`inline_stretch`](crate::Builder::inline_stretch) or spent
 ///   tokio's coop budget. A longer stretch gives more hits per second
 ///   when many tasks loop on hits, and makes every other task on the
-///   worker, timers included, wait longer for its turn. Concurrent misses of one block are one
-///   read, whose result (bytes or error) every caller gets; a caller that
-///   gives up (drops its future) leaves the read to the others. Errors are
-///   never cached; a short block at the end of a file is cached as short.
+///   worker, timers included, wait longer for its turn.
+/// - Concurrent misses of one block are one read, whose result (bytes or
+///   error) every caller gets; a caller that gives up (drops its future)
+///   leaves the read to the others. Errors are never cached; a short block
+///   at the end of a file is cached as short.
 /// - Eviction is scan-resistant (S3-FIFO): a large read of cold blocks
 ///   does not flush the blocks read again and again. A block held by a
 ///   [`BlockRef`] is never evicted.
