@@ -5,10 +5,11 @@
 //! inline step; the read op (`ops/read.rs`) makes the syscall.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::runtime::RuntimeFlavor;
 
+use crate::clock;
 use crate::thread::{self, thread_slot};
 
 /// Inline page-cache misses in a row after which the inline path only probes.
@@ -132,10 +133,10 @@ const UNCLOCKED_BYTES: usize = 16 << 10;
 /// cache hit): the clock is read at the start of a stretch and then once
 /// the reads since it was last read have asked for [`UNCLOCKED_BYTES`], or
 /// for one byte per nanosecond of `stretch` if that is fewer, rather than
-/// at every read. A small hit costs about as much as reading the clock;
-/// copying from memory moves more than a byte per nanosecond, so a stretch
-/// overruns by less than its own length (a zero stretch reads the clock at
-/// every read).
+/// at every read. Where the clock is `Instant` (`clock::now`), a small
+/// hit costs about as much as reading it; copying from memory moves more
+/// than a byte per nanosecond, so a stretch overruns by less than its own
+/// length (a zero stretch reads the clock at every read).
 #[inline]
 pub(crate) fn turn_over_after(stretch: Duration, bytes: usize) -> bool {
     let task = tokio::task::try_id();
@@ -160,7 +161,7 @@ pub(crate) fn turn_over_after(stretch: Duration, bytes: usize) -> bool {
         _ => {
             s.set(Some(thread::Stretch {
                 task,
-                start: Instant::now(),
+                start: clock::now(),
                 unclocked: 0,
             }));
             false

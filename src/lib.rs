@@ -267,6 +267,7 @@ mod builder;
 mod cache;
 #[cfg(feature = "cache")]
 mod changes;
+mod clock;
 mod context;
 mod error;
 mod file;

@@ -14,7 +14,6 @@ use std::collections::VecDeque;
 use crate::buf::AlignedBuf;
 use crate::permit::{Job, Permit};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 /// A small number identifying the calling thread, fixed on first use:
 /// threads are numbered in the order they first issue an op, so a runtime's worker
@@ -67,7 +66,7 @@ pub(crate) struct Stretch {
     /// Whose: the task's, `None` outside a task.
     pub(crate) task: Option<tokio::task::Id>,
     /// Since when.
-    pub(crate) start: Instant,
+    pub(crate) start: crate::clock::Stamp,
     /// Bytes asked for since the clock was last read.
     pub(crate) unclocked: usize,
 }
