@@ -200,28 +200,37 @@ mod tests {
 
     #[test]
     fn the_clock_agrees_with_instant() {
-        // The first readings calibrate it (after a millisecond).
+        // The first readings calibrate it (a millisecond apart).
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(3) {
             std::hint::black_box(now());
         }
-        // Calibration has concluded: the counter is used or refused.
+        // Calibration concludes (the counter used or refused) at the first
+        // reading a millisecond after the first.
         #[cfg(target_arch = "x86_64")]
-        assert_ne!(tsc::state(), 0, "not calibrated after 3 ms");
-        eprintln!("the inline path's clock: {:?}", now());
-        for _ in 0..3 {
-            let (a, i) = (now(), Instant::now());
-            std::thread::sleep(Duration::from_millis(30));
-            let (ours, std) = (a.elapsed(), i.elapsed());
-            // Each pair of readings is taken back to back; a preemption
-            // between them could skew one by a scheduler slice, hence the
-            // wide bound. A wrong rate (a unit off) is far outside it.
-            let diff = ours.abs_diff(std);
-            assert!(
-                diff < std / 4,
-                "the clock measured {ours:?} where Instant measured {std:?}"
-            );
+        {
+            while tsc::state() == 0 && start.elapsed() < Duration::from_secs(1) {
+                std::hint::black_box(now());
+            }
+            assert_ne!(tsc::state(), 0, "not calibrated after a second");
         }
+        eprintln!("the inline path's clock: {:?}", now());
+        // Each pair of readings is taken back to back, but a preemption
+        // between them skews one pair by a scheduler slice, so the closest
+        // of a few tries counts. A wrong rate (a unit off) misses on all.
+        let tries: Vec<(Duration, Duration)> = (0..4)
+            .map(|_| {
+                let (a, i) = (now(), Instant::now());
+                std::thread::sleep(Duration::from_millis(20));
+                (a.elapsed(), i.elapsed())
+            })
+            .collect();
+        assert!(
+            tries
+                .iter()
+                .any(|&(ours, std)| ours.abs_diff(std) < std / 10),
+            "the clock against Instant: {tries:?}"
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
