@@ -59,7 +59,8 @@ const PREFETCH_BYTES: usize = 256;
 
 /// Asks the CPU to load the cache lines of `bytes` bytes from `ptr` (a
 /// hint: nothing waits for them).
-#[inline(always)]
+#[cfg_attr(target_arch = "x86_64", inline(always))]
+#[cfg_attr(not(target_arch = "x86_64"), inline)]
 fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -117,6 +118,10 @@ unsafe fn copy_shared(src: *const u8, dst: &mut [u8]) {
             i += 1;
         }
         while i + word <= n {
+            #[allow(
+                clippy::cast_ptr_alignment,
+                reason = "`src + i` is aligned for `usize` past the head"
+            )]
             // SAFETY: i + word <= n: inside both ranges; `src + i` is
             // aligned for `usize` (past the head); `dst` may not be.
             unsafe {
