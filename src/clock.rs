@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Stamp {
     /// The time-stamp counter (its rate calibrated).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg(target_arch = "x86_64")]
     Tsc(u64),
     Std(Instant),
 }
@@ -45,8 +45,6 @@ impl Stamp {
         match self {
             #[cfg(target_arch = "x86_64")]
             Stamp::Tsc(t) => tsc::duration(tsc::read().saturating_sub(t)),
-            #[cfg(not(target_arch = "x86_64"))]
-            Stamp::Tsc(_) => Duration::ZERO,
             Stamp::Std(i) => i.elapsed(),
         }
     }
@@ -122,18 +120,19 @@ mod tsc {
     /// The two clocks read together: the counter's reading is the middle
     /// of two that bracket the `Instant`'s, from the closest bracket of a
     /// few tries (a thread preempted in between widens one).
-    fn pair() -> (Instant, u64, u64) {
-        let mut best: Option<(Instant, u64, u64)> = None;
+    fn pair() -> (Instant, u64) {
+        let mut best: Option<(u64, Instant, u64)> = None;
         for _ in 0..4 {
             let a = read();
             let i = Instant::now();
             let b = read();
             let width = b.wrapping_sub(a);
-            if best.is_none_or(|(_, _, w)| width < w) {
-                best = Some((i, a.wrapping_add(width / 2), width));
+            if best.is_none_or(|(w, _, _)| width < w) {
+                best = Some((width, i, a.wrapping_add(width / 2)));
             }
         }
-        best.expect("four tries")
+        let (_, i, t) = best.expect("four tries");
+        (i, t)
     }
 
     /// Pairs the clocks; once a first pairing is `SPAN` old, sets the
@@ -146,13 +145,13 @@ mod tsc {
                 NS_PER_TICK.store(UNUSABLE, Ordering::Relaxed);
                 return None;
             }
-            let (i, t, _) = pair();
+            let (i, t) = pair();
             Some((i, t))
         });
         let Some((i0, t0)) = *first else {
             return false;
         };
-        let (i1, t1, _) = pair();
+        let (i1, t1) = pair();
         let ns = i1.saturating_duration_since(i0).as_nanos();
         if ns < SPAN.as_nanos() {
             return false;
