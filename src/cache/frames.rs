@@ -77,37 +77,49 @@ fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
     let _ = (ptr, bytes);
 }
 
-/// Copies `dst.len()` bytes from `src`, memory another agent (the kernel)
-/// may write meanwhile, into `dst`.
+/// Copies `n` bytes from `src`, memory another agent (the kernel) may
+/// write meanwhile, into `dst[..n]`, where `n`, usually `dst.len()`, comes
+/// from a load that may still be waiting for memory (a frame's length).
 ///
 /// On x86-64 one `rep movsb` (an `asm!` block: the compiler assumes
-/// nothing about the bytes it reads, as with a copy done by a syscall);
-/// elsewhere volatile loads of a word at a time.
+/// nothing about the bytes it reads, as with a copy done by a syscall).
+/// Its length is picked by a branch, not computed from `n`: the CPU
+/// predicts `n == dst.len()` and starts the copy at once, while the load
+/// of `n` is still on its way, instead of waiting for it before the
+/// source's lines are even asked for. A shorter copy (a block at the end
+/// of a file) costs one mispredicted branch. Elsewhere volatile loads of
+/// a word at a time.
 ///
 /// # Safety
 ///
-/// `src..src + dst.len()` is allocated, readable memory, and no Rust code
-/// writes it while this runs.
+/// `n <= dst.len()`; `src..src + n` is allocated, readable memory, and no
+/// Rust code writes it while this runs.
 #[inline]
-unsafe fn copy_shared(src: *const u8, dst: &mut [u8]) {
+unsafe fn copy_shared(src: *const u8, dst: &mut [u8], n: usize) {
+    debug_assert!(n <= dst.len());
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `rep movsb` copies rcx bytes from rsi to rdi, forward (the
     // direction flag is clear at every call boundary, as the ABI requires);
-    // `src` is readable and `dst` writable for `dst.len()` bytes (the
+    // rcx is `dst.len()` only where it equals `n`, else `n`; `src` is
+    // readable for `n` bytes and `dst` writable for `n <= dst.len()` (the
     // caller's promise, and a `&mut [u8]`), and they do not overlap (`dst`
-    // is exclusive). It uses no stack and leaves the flags alone.
+    // is exclusive). It uses no stack; the comparison changes the flags.
     unsafe {
         std::arch::asm!(
+            "cmp rcx, {n}",
+            "je 2f",
+            "mov rcx, {n}",
+            "2:",
             "rep movsb",
+            n = in(reg) n,
             inout("rcx") dst.len() => _,
             inout("rsi") src => _,
             inout("rdi") dst.as_mut_ptr() => _,
-            options(nostack, preserves_flags)
+            options(nostack)
         );
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let n = dst.len();
         let out = dst.as_mut_ptr();
         let mut i = 0;
         let word = size_of::<usize>();
@@ -605,16 +617,17 @@ impl Core {
         let seen = h.copy_begin(file, block)?;
         let len = (h.len.load(Ordering::Relaxed) as usize).min(self.block);
         let n = len.saturating_sub(skip).min(dst.len());
-        if n > 0 {
-            // SAFETY: `skip + n <= len <= block`: inside the frame, whose
-            // region lives as long as the core (`self`). The bytes may be
-            // being written meanwhile, by the kernel only: a frame's bytes
-            // are written only while it is exclusive, by reads into a
-            // `FrameBuf` (owned reads: io_uring or `pread`, never a copy by
-            // this process), or at allocation, before its index is
-            // published. `copy_still` below discards any such copy.
-            unsafe { copy_shared(ptr.as_ptr().add(skip), &mut dst[..n]) };
-        }
+        // What a whole block leaves room for: `n` unless the block is
+        // short, and known without waiting for the frame's length.
+        let room = self.block.saturating_sub(skip).min(dst.len());
+        // SAFETY: `n <= room` (`len <= block`), and `skip + n <= len <=
+        // block`: inside the frame, whose region lives as long as the core
+        // (`self`). The bytes may be being written meanwhile, by the kernel
+        // only: a frame's bytes are written only while it is exclusive, by
+        // reads into a `FrameBuf` (owned reads: io_uring or `pread`, never
+        // a copy by this process), or at allocation, before its index is
+        // published. `copy_still` below discards any such copy.
+        unsafe { copy_shared(ptr.as_ptr().add(skip), &mut dst[..room], n) };
         if !h.copy_still(seen) {
             // What was copied may be another block's bytes: none of them
             // stay in the caller's buffer.

@@ -1339,6 +1339,23 @@ fn geometries(choice: BackendChoice) {
                     "block {block}, round {round}"
                 );
             }
+            // Hits on the short last block, read past the end of the file:
+            // the bytes it has, and the rest of the buffer left as it was.
+            let hits = whole.stats().hits;
+            for (off, n) in [(len - 123, block), (len - 1, 2), (9 * block as u64, 124)] {
+                let mut buf = vec![0xEE; n];
+                let got = whole.read(0u32, off, &mut buf).await.unwrap();
+                assert_eq!(
+                    &buf[..got],
+                    &pread(&path, off, n)[..],
+                    "block {block}: {off}+{n}"
+                );
+                assert!(
+                    buf[got..].iter().all(|&b| b == 0xEE),
+                    "block {block}: a read at {off}+{n} wrote past the {got} bytes it returned"
+                );
+            }
+            assert_eq!(whole.stats().hits, hits + 3, "block {block}: hits");
             ctx.shutdown().await;
         }
     });
