@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// A small number identifying the calling thread, fixed on first use:
 /// threads are numbered in the order they first issue an op, so a runtime's worker
 /// threads spread over rings and file-table shards.
+#[inline]
 pub(crate) fn thread_slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {

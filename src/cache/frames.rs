@@ -184,6 +184,7 @@ impl Frame {
     }
 
     /// Pins the frame unless it is exclusive (free, or being filled).
+    #[inline]
     fn try_pin(&self) -> bool {
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
@@ -226,6 +227,7 @@ impl Frame {
     }
 
     /// Whether it holds block `block` of file `file`.
+    #[inline]
     fn holds(&self, file: u64, block: u64) -> bool {
         self.file.load(Ordering::Relaxed) == file && self.block.load(Ordering::Relaxed) == block
     }
@@ -240,6 +242,7 @@ impl Frame {
 
     /// Marks it accessed (only if not already: a hit does not dirty the
     /// line for nothing).
+    #[inline]
     fn touch(&self) {
         if self.freq.load(Ordering::Relaxed) == 0 {
             self.freq.store(1, Ordering::Relaxed);
@@ -372,6 +375,7 @@ impl Core {
     /// # Safety
     ///
     /// `f` was carved (the index came from a frame of this core).
+    #[inline]
     unsafe fn frame(&self, f: u32) -> (&Frame, NonNull<u8>) {
         let f = f as usize;
         let slot = &self.regions[f >> self.region_shift];
@@ -574,6 +578,7 @@ impl Core {
 
     /// A pin on block `(file, block)` in frame `f` if the frame holds it
     /// now (a hit), its access bit set.
+    #[inline]
     pub(super) fn pin_if_holds(&self, f: u32, file: u64, block: u64) -> Option<BlockRef> {
         // SAFETY: f came from a table entry: a carved frame.
         let (h, ptr) = unsafe { self.frame(f) };

@@ -89,6 +89,7 @@ struct Key {
     block: u64,
 }
 
+#[inline]
 fn file_key(id: FileId) -> u64 {
     (u64::from(id.index()) << 32) | u64::from(id.gen())
 }

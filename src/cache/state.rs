@@ -33,6 +33,7 @@ pub(super) fn admit(state: &State, bytes: usize) -> impl Future<Output = ()> + '
     std::future::poll_fn(move |cx| poll_admit(state, bytes, cx))
 }
 
+#[inline]
 pub(super) fn poll_admit(state: &State, bytes: usize, cx: &mut Context<'_>) -> Poll<()> {
     let coop = ready!(tokio::task::coop::poll_proceed(cx));
     if inline::turn_over_after(state.ctx.inner.inline_stretch, bytes) {
@@ -45,19 +46,15 @@ pub(super) fn poll_admit(state: &State, bytes: usize, cx: &mut Context<'_>) -> P
 
 impl State {
     /// The file `fid` names now, as the context's reads find it.
+    #[inline]
     pub(super) fn resolve(&self, fid: FileId) -> io::Result<FileRef> {
         let inner = &self.ctx.inner;
         if inner.closed.load(Ordering::Acquire) {
             return Err(error::shut_down_error());
         }
-        // Not found by the word: no such registration (the table's lookup
-        // words why), or one made since.
-        let (id, direct) = if let Some(found) = inner.files.current(fid) {
-            found
-        } else {
-            let shard = inner.files.shard(thread_slot());
-            let entry = shard.lookup(fid)?;
-            (entry.id(), entry.direct)
+        let (id, direct) = match inner.files.current(fid) {
+            Some(found) => found,
+            None => self.resolve_in_shard(fid)?,
         };
         Ok(FileRef {
             id,
@@ -66,6 +63,17 @@ impl State {
         })
     }
 
+    /// [`resolve`](Self::resolve) when the file table's word did not
+    /// answer: no such registration (the shard's lookup words why), or one
+    /// made since.
+    #[cold]
+    fn resolve_in_shard(&self, fid: FileId) -> io::Result<(FileId, bool)> {
+        let shard = self.ctx.inner.files.shard(thread_slot());
+        let entry = shard.lookup(fid)?;
+        Ok((entry.id(), entry.direct))
+    }
+
+    #[inline]
     pub(super) fn hit(&self) {
         self.hits.add();
     }
@@ -100,6 +108,7 @@ impl State {
 
     /// Bytes of block `block` before a read at `offset` starts in it (0 if
     /// it starts in an earlier block).
+    #[inline]
     fn skip(&self, block: u64, offset: u64) -> usize {
         usize::try_from(offset.saturating_sub(block << self.shift)).unwrap_or(usize::MAX)
     }

@@ -68,6 +68,7 @@ impl Tables {
         }
     }
 
+    #[inline]
     fn table(&self, file: u64) -> Option<&FileTable> {
         let index = (file >> 32) as usize;
         let g = self
@@ -86,6 +87,7 @@ impl Tables {
 
     /// The frame mapped for block `block` of `file`, if any (it may be
     /// being replaced: the frame's tag says).
+    #[inline]
     pub(super) fn lookup(&self, file: u64, block: u64) -> Option<u32> {
         let t = self.table(file)?;
         if t.key.load(Ordering::Acquire) != file {
