@@ -56,17 +56,24 @@ pub(crate) fn gave_up() -> io::Error {
     )
 }
 
-/// A read the kernel cancelled or cut short (`what`) because the thread
-/// that submitted it exited. Not `Interrupted`: that means "retry", and a
+/// A read the kernel cancelled (with the errno `os`) or cut short (`what`)
+/// because the thread that submitted it exited; the kernel's errno stays
+/// visible to [`os_error`]. Not `Interrupted`: that means "retry", and a
 /// retry cannot succeed on a context whose home runtime is gone.
-pub(crate) fn submitter_exited(fid: FileId, offset: u64, what: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::BrokenPipe,
-        format!(
-            "a read of {fid} at offset {offset} was {what} because the thread that submitted it exited \
-             (the UringContext's home runtime shut down); the context is shut down"
-        ),
-    )
+pub(crate) fn submitter_exited(
+    fid: FileId,
+    offset: u64,
+    what: &str,
+    os: Option<io::Error>,
+) -> io::Error {
+    let what = format!(
+        "a read of {fid} at offset {offset} was {what} because the thread that submitted it \
+         exited (the UringContext's home runtime shut down); the context is shut down"
+    );
+    match os {
+        Some(os) => explained(io::ErrorKind::BrokenPipe, os, what),
+        None => io::Error::new(io::ErrorKind::BrokenPipe, what),
+    }
 }
 
 pub(crate) fn unknown_fid(fid: FileId) -> io::Error {
@@ -262,4 +269,26 @@ pub(crate) fn blocking_task_failed() -> io::Error {
 /// A setting out of range (`msg` names it and its limit).
 pub(crate) fn invalid<T>(msg: String) -> io::Result<T> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_cancelled_with_its_submitter_keeps_the_errno() {
+        let fid = FileId::from(3u32);
+        let os = io::Error::from_raw_os_error(libc::ECANCELED);
+        let e = submitter_exited(fid, 4096, "cancelled", Some(os));
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+        assert_eq!(os_error(&e), Some(libc::ECANCELED));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("home runtime") && msg.contains("os error 125"),
+            "{msg}"
+        );
+        let e = submitter_exited(fid, 4096, "cut short (10 of 4096 bytes)", None);
+        assert_eq!((e.kind(), os_error(&e)), (io::ErrorKind::BrokenPipe, None));
+        assert!(e.to_string().contains("cut short (10 of 4096 bytes)"));
+    }
 }

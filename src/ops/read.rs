@@ -175,12 +175,12 @@ impl<D: Dest> Read<D> {
         file: Option<&FileEntry>,
     ) -> io::Result<usize> {
         // Not `Interrupted` (see `error::submitter_exited`).
-        let gone = |what: String| error::submitter_exited(self.fid, self.offset, &what);
+        let (fid, offset) = (self.fid, self.offset);
         let n = match res {
             Ok(n) => n,
             Err(e) => {
                 self.done = 0;
-                return Err(gone(format!("cancelled ({e})")));
+                return Err(error::submitter_exited(fid, offset, "cancelled", Some(e)));
             }
         };
         let read_to = self.done + n;
@@ -192,10 +192,12 @@ impl<D: Dest> Read<D> {
             Ok(read_to)
         } else {
             self.done = 0;
-            Err(gone(format!(
-                "cut short ({read_to} of {} bytes)",
-                self.total
-            )))
+            Err(error::submitter_exited(
+                fid,
+                offset,
+                &format!("cut short ({read_to} of {} bytes)", self.total),
+                None,
+            ))
         }
     }
 
