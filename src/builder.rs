@@ -300,7 +300,10 @@ impl Builder {
     /// a request the server never answers blocks `io_uring_enter` on a
     /// runtime worker (see the design document's storage model). Turn it off
     /// only for a FUSE file system known to use the page cache and to
-    /// answer every request.
+    /// answer every request. Even then, the file's writes and `fallocate`s
+    /// stay on the blocking pool: io-wq runs those of files whose inodes
+    /// hash alike one at a time, so one hung there would hold up other
+    /// files' writes.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn fuse_via_blocking_pool(mut self, on: bool) -> Self {
         self.fuse_via_blocking_pool = on;
@@ -315,7 +318,9 @@ impl Builder {
     /// route that is never worse than `spawn_blocking` +
     /// `pread`. Turned off, their ring reads are issued with `IOSQE_ASYNC`
     /// (so that no `io_uring_enter` waits for the server), as are those of
-    /// FUSE files with [`fuse_via_blocking_pool(false)`](Self::fuse_via_blocking_pool).
+    /// FUSE files with [`fuse_via_blocking_pool(false)`](Self::fuse_via_blocking_pool),
+    /// and their writes and `fallocate`s stay on the blocking pool, as
+    /// theirs do.
     #[must_use = "a Builder does nothing until `build` is called"]
     pub fn network_fs_via_blocking_pool(mut self, on: bool) -> Self {
         self.network_fs_via_blocking_pool = on;

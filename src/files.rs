@@ -37,6 +37,9 @@ pub enum FileRoute {
     /// this file's storage: a FUSE or network file put on the rings with
     /// `Builder::fuse_via_blocking_pool(false)` or
     /// `Builder::network_fs_via_blocking_pool(false)` (the reason says which).
+    /// Its writes and `fallocate`s go to the blocking pool: io-wq runs
+    /// those of files whose inodes hash alike one at a time, and one that
+    /// never returned would hold up other files' writes.
     RingAsync(&'static str),
     /// On tokio's blocking pool (`pread`, `pwrite`, ...), because io_uring is
     /// not trustworthy on this file's file system (the reason says why); also
@@ -185,6 +188,13 @@ impl FileEntry {
     /// Whether ops on this file may use the rings (reads: the inline path too).
     pub(crate) fn on_ring(&self) -> bool {
         matches!(self.route, FileRoute::Ring | FileRoute::RingAsync(_))
+    }
+
+    /// Whether its storage may never answer and it is on the rings anyway
+    /// (`FileRoute::RingAsync`): ops io-wq serializes by inode stay off
+    /// the rings (`Op::iowq_serialized`).
+    pub(crate) fn may_hang(&self) -> bool {
+        matches!(self.route, FileRoute::RingAsync(_))
     }
 
     /// This registration's key in the in-flight scheduler (`permit`):

@@ -112,6 +112,16 @@ pub(crate) trait Op {
     const BLOCKING_DETACHABLE: bool;
     /// What the op is called in errors ("read", "write", "fsync", ...).
     fn name(&self) -> &'static str;
+    /// Whether io-wq runs it one at a time with every other such op on a
+    /// file whose inode hashes alike (io_uring's `hash_reg_file`: writes
+    /// and `fallocate` on regular files, 64 buckets per ring). Such an op on
+    /// a file whose storage may never answer goes to the blocking pool even
+    /// when the file is on the rings (`FileRoute::RingAsync`): hung in
+    /// io-wq, it would hold up the writes of unrelated files that io-wq
+    /// hashed to its bucket.
+    fn iowq_serialized(&self) -> bool {
+        false
+    }
     /// The access to its file the op needs.
     fn access(&self) -> Access {
         Access::Any
@@ -504,7 +514,9 @@ impl<'a, O: Op> Core<'a, O> {
                 Err(e) => return Poll::Ready(Some(Ok(Err(e)))),
             }
         }
-        let ring = if self.route != Route::Pool && file.is_none_or(|f| f.on_ring()) {
+        let ring = if self.route != Route::Pool
+            && file.is_none_or(|f| f.on_ring() && !(f.may_hang() && self.op.iowq_serialized()))
+        {
             self.ctx.ring(slot)
         } else {
             None

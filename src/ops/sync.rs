@@ -87,6 +87,10 @@ impl Op for Sync {
         }
     }
 
+    fn iowq_serialized(&self) -> bool {
+        matches!(self, Sync::Fallocate { .. })
+    }
+
     fn sqe(&mut self) -> RingOp<'_> {
         match *self {
             Sync::Fsync { datasync } => RingOp::Fsync { datasync },

@@ -105,6 +105,10 @@ impl<S: Source> Op for Write<S> {
         "write"
     }
 
+    fn iowq_serialized(&self) -> bool {
+        true
+    }
+
     #[cfg(feature = "cache")]
     fn changes(&self) -> Option<(u64, u64)> {
         Some((self.offset, self.src.len() as u64))

@@ -1218,3 +1218,86 @@ fn an_open_that_never_returns_does_not_freeze_the_runtime() {
     }
     drop(fs);
 }
+
+/// io-wq runs the writes (and `fallocate`s) of files whose inodes hash
+/// alike (64 buckets per ring) one at a time. On a FUSE file opted onto
+/// the rings they go to the blocking pool, so a write hung there holds up
+/// no other file's writes; were it in io-wq, about one file in 64 would
+/// wait behind it for as long as it hung (with the writes put back on the
+/// rings, 3–7 of these 299 files did). 299 other files, each written once
+/// with a 2 s limit (a healthy write takes milliseconds).
+#[test]
+fn a_hung_write_on_the_rings_holds_up_no_other_file() {
+    let _shared = common::shared();
+    let names: Vec<String> = (0..300).map(|i| format!("f{i}")).collect();
+    let specs: Vec<FileSpec> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| FileSpec::new(n, 64 * 1024, 0x7200 + i as u64))
+        .collect();
+    let Some(fs) = FaultFs::mount_writable_or_skip(&specs, false) else {
+        return;
+    };
+    let fs = std::sync::Arc::new(fs);
+    let paths: Vec<_> = names.iter().map(|n| fs.path(n)).collect();
+    let fs2 = fs.clone();
+    common::run(
+        "hung_write_neighbours",
+        Flavor::Multi,
+        120,
+        move || async move {
+            let fs = fs2;
+            let rw = |p: &std::path::Path| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+            };
+            let ctx = Route::Ring.ctx(paths.iter().map(|p| rw(p)).collect(), |b| {
+                b.shutdown_timeout(Duration::from_secs(1))
+            });
+            assert!(
+                matches!(
+                    ctx.file_route(0u32).unwrap(),
+                    uring_positioned_io::FileRoute::RingAsync(_)
+                ),
+                "the FUSE files are on the rings"
+            );
+            fs.set_write_fault("f0", 0..64 * 1024, Fault::Hang);
+            let hung = {
+                let ctx = ctx.clone();
+                tokio::spawn(async move { ctx.write_all(0u32, 4096, &[9u8; 4096]).await })
+            };
+            let fs3 = fs.clone();
+            let n = tokio::task::spawn_blocking(move || {
+                fs3.wait_writes_hung("f0", 1, Duration::from_secs(10))
+            })
+            .await
+            .unwrap();
+            assert_eq!(n, 1, "the write did not reach the server");
+            let mut waited = Vec::new();
+            for i in 1..paths.len() as u32 {
+                let w =
+                    tokio::time::timeout(Duration::from_secs(2), ctx.write_all(i, 0, &[1u8; 4096]));
+                match w.await {
+                    Ok(r) => r.unwrap(),
+                    Err(_) => waited.push(i),
+                }
+            }
+            assert!(
+            waited.is_empty(),
+            "the writes of {} of {} files ({waited:?}) waited behind a write hung on another file",
+            waited.len(),
+            paths.len() - 1
+        );
+            assert!(!hung.is_finished());
+            fs.release_hangs();
+            let _ = tokio::time::timeout(Duration::from_secs(10), hung).await;
+            tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
+                .await
+                .expect("shutdown");
+        },
+    );
+    fs.release_hangs();
+}
