@@ -43,6 +43,10 @@ pub enum EngineKind {
     Uring,
     /// OS threads copying out of MADV_RANDOM mappings.
     Mmap,
+    /// The same copies on tokio tasks (`--workers` workers, one task per
+    /// read in flight) that yield as the crate's inline reads and cache hits
+    /// do: the price of that fairness, without the crate.
+    MmapTasks,
     /// OS threads calling pread(2).
     Pread,
     /// tokio tasks doing spawn_blocking + pread (what tokio::fs does).
@@ -60,15 +64,16 @@ pub enum EngineKind {
     /// `BlockRef`, verified in place); `--cache-mib`; hot: filled before the
     /// window.
     UringCacheRef,
-    /// Every engine above (uring, mmap, pread, tokio-fs, tokio-uring,
+    /// Every engine above (uring, mmap, mmap-tasks, pread, tokio-fs, tokio-uring,
     /// uring-raw, fio, uring-cache, uring-cache-ref).
     All,
 }
 
 impl EngineKind {
-    pub const ALL: [EngineKind; 9] = [
+    pub const ALL: [EngineKind; 10] = [
         EngineKind::Uring,
         EngineKind::Mmap,
+        EngineKind::MmapTasks,
         EngineKind::Pread,
         EngineKind::TokioFs,
         EngineKind::TokioUring,
@@ -82,6 +87,7 @@ impl EngineKind {
         match self {
             EngineKind::Uring => "uring",
             EngineKind::Mmap => "mmap",
+            EngineKind::MmapTasks => "mmap-tasks",
             EngineKind::Pread => "pread",
             EngineKind::TokioFs => "tokio-fs",
             EngineKind::TokioUring => "tokio-uring",

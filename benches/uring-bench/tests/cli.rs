@@ -137,7 +137,7 @@ fn engine_end_to_end(engine: &str) {
     assert_eq!(cells.len(), regimes.split(',').count());
     for c in cells {
         let status = c["status"].as_str().unwrap();
-        if engine == "mmap" && c["regime"] == "direct" {
+        if engine.starts_with("mmap") && c["regime"] == "direct" {
             assert_eq!(status, "n/a");
             continue;
         }
@@ -164,6 +164,11 @@ fn engine_uring() {
 #[test]
 fn engine_mmap() {
     engine_end_to_end("mmap");
+}
+
+#[test]
+fn engine_mmap_tasks() {
+    engine_end_to_end("mmap-tasks");
 }
 
 #[test]

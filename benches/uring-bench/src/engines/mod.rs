@@ -742,7 +742,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
     let name = spec.engine.name();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match spec.engine {
         EngineKind::Uring => uring::run(spec),
-        EngineKind::Mmap => mmap::run(spec),
+        EngineKind::Mmap | EngineKind::MmapTasks => mmap::run(spec),
         EngineKind::Pread => pread::run(spec),
         EngineKind::TokioFs => tokio_fs::run(spec),
         EngineKind::TokioUring => tokio_uring::run(spec),
@@ -767,7 +767,7 @@ pub fn run(spec: &CellSpec<'_>) -> Result<Measured, String> {
 /// Why an engine cannot run a regime at all (reported as n/a).
 pub fn not_applicable(engine: EngineKind, regime: Regime) -> Option<&'static str> {
     match (engine, regime) {
-        (EngineKind::Mmap, Regime::Direct) => {
+        (EngineKind::Mmap | EngineKind::MmapTasks, Regime::Direct) => {
             Some("mmap always goes through the page cache; O_DIRECT does not apply")
         }
         _ => None,
