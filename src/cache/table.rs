@@ -33,11 +33,13 @@ type Chunk = [AtomicU32; CHUNK];
 const CHUNK_SLAB_BYTES: usize = 2 << 20;
 
 /// Block `block`'s entry in its chunk.
+#[inline]
 fn slot(block: u64) -> usize {
     usize::try_from(block & (CHUNK as u64 - 1)).expect("below CHUNK")
 }
 
 /// Block `block`'s chunk (`usize::MAX` if beyond what a table holds).
+#[inline]
 fn chunk_of(block: u64) -> usize {
     usize::try_from(block >> CHUNK_SHIFT).unwrap_or(usize::MAX)
 }
