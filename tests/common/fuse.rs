@@ -906,6 +906,20 @@ impl FaultFs {
             .count()
     }
 
+    /// [`wait_writes_hung`](Self::wait_writes_hung) from async code: it
+    /// polls on the blocking pool.
+    pub async fn writes_hung(
+        self: &std::sync::Arc<Self>,
+        name: &str,
+        n: usize,
+        within: Duration,
+    ) -> usize {
+        let (fs, name) = (self.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || fs.wait_writes_hung(&name, n, within))
+            .await
+            .unwrap()
+    }
+
     /// Poll until at least `n` write or sync requests of `name` are hung
     /// or `within` passes; returns the last count.
     pub fn wait_writes_hung(&self, name: &str, n: usize, within: Duration) -> usize {

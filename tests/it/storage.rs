@@ -125,6 +125,15 @@ impl Route {
     }
 }
 
+/// `path` opened for reading and writing.
+fn read_write(path: &std::path::Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
 /// Storage that fails: the errno reaches the caller as is, on every route,
 /// by every read call; reads outside the failing range are right.
 #[test]
@@ -906,14 +915,7 @@ fn fuse_writes_that_fail_lie_or_hang() {
             let base = r as u64 * MIB;
             let label = format!("{route:?} direct={direct}");
             common::run("fuse_write_faults", Flavor::Multi, 90, move || async move {
-                let rw = |p: &std::path::Path| {
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(p)
-                        .unwrap()
-                };
-                let ctx = route.ctx(vec![rw(&path), rw(&healthy)], |b| {
+                let ctx = route.ctx(vec![read_write(&path), read_write(&healthy)], |b| {
                     b.shutdown_timeout(Duration::from_secs(1))
                 });
                 let data = |seed: u8, len: usize| -> Vec<u8> {
@@ -1046,23 +1048,13 @@ fn fuse_writes_that_fail_lie_or_hang() {
                     let ctx = ctx.clone();
                     tokio::spawn(async move { ctx.write_all(0u32, off, &[9u8; 4096]).await })
                 };
-                let fs2 = fs.clone();
-                let n = tokio::task::spawn_blocking(move || {
-                    fs2.wait_writes_hung("w", 1, Duration::from_secs(10))
-                })
-                .await
-                .unwrap();
+                let n = fs.writes_hung("w", 1, Duration::from_secs(10)).await;
                 assert_eq!(n, 1, "{label}: the write did not reach the server");
                 let hung_sync = {
                     let ctx = ctx.clone();
                     tokio::spawn(async move { ctx.fdatasync(0u32).await })
                 };
-                let fs2 = fs.clone();
-                let n = tokio::task::spawn_blocking(move || {
-                    fs2.wait_writes_hung("w", 2, Duration::from_millis(300))
-                })
-                .await
-                .unwrap();
+                let n = fs.writes_hung("w", 2, Duration::from_millis(300)).await;
                 // Seen on kernel 6.18: the sync waits in the kernel behind
                 // the hung write (FUSE takes the inode lock for both), so
                 // the server sees only the write.
@@ -1247,14 +1239,7 @@ fn a_hung_write_on_the_rings_holds_up_no_other_file() {
         120,
         move || async move {
             let fs = fs2;
-            let rw = |p: &std::path::Path| {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(p)
-                    .unwrap()
-            };
-            let ctx = Route::Ring.ctx(paths.iter().map(|p| rw(p)).collect(), |b| {
+            let ctx = Route::Ring.ctx(paths.iter().map(|p| read_write(p)).collect(), |b| {
                 b.shutdown_timeout(Duration::from_secs(1))
             });
             assert!(
@@ -1269,12 +1254,7 @@ fn a_hung_write_on_the_rings_holds_up_no_other_file() {
                 let ctx = ctx.clone();
                 tokio::spawn(async move { ctx.write_all(0u32, 4096, &[9u8; 4096]).await })
             };
-            let fs3 = fs.clone();
-            let n = tokio::task::spawn_blocking(move || {
-                fs3.wait_writes_hung("f0", 1, Duration::from_secs(10))
-            })
-            .await
-            .unwrap();
+            let n = fs.writes_hung("f0", 1, Duration::from_secs(10)).await;
             assert_eq!(n, 1, "the write did not reach the server");
             let mut waited = Vec::new();
             for i in 1..paths.len() as u32 {
