@@ -76,14 +76,6 @@ fn opts(capacity_bytes: u64) -> CacheOptions {
     }
 }
 
-fn rw(path: &std::path::Path) -> File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
-}
-
 /// `pread` of `len` bytes at `off` of `path` (short at the end of the file).
 fn pread(path: &std::path::Path, off: u64, len: usize) -> Vec<u8> {
     let f = File::open(path).unwrap();
@@ -194,7 +186,9 @@ fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
         let mut seed = 0xC0FFEE_u64;
         let mut path = make_file(&dir_path, seed, FILE_LEN).path;
         // Ring reads stay in flight over a poll (no inline page-cache hits).
-        let ctx = common::build_ctx(choice, vec![rw(&path)], |b| b.inline_nowait(false));
+        let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| {
+            b.inline_nowait(false)
+        });
         // Smaller than the file: evictions happen too.
         let cache = BlockCache::new(&ctx, opts(6 * BS as u64)).unwrap();
         let mut fid = ctx.file_id(0).unwrap();
@@ -274,7 +268,7 @@ fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
                     ctx.unregister_file(old).unwrap();
                     seed += 1;
                     path = make_file(&dir_path, seed, FILE_LEN - seed % 3 * 1000).path;
-                    fid = ctx.register_file(rw(&path)).unwrap();
+                    fid = ctx.register_file(common::open_rw(&path)).unwrap();
                     // The old id never reads anything again.
                     let e = cache_read(&cache, old, 0, 10).await.unwrap_err();
                     assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
@@ -312,7 +306,7 @@ fn concurrent_writes_never_stale(choice: BackendChoice) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("versions");
         std::fs::write(&path, vec![0u8; BLOCKS as usize * BS]).unwrap();
-        let ctx = common::default_ctx(choice, vec![rw(&path)]);
+        let ctx = common::default_ctx(choice, vec![common::open_rw(&path)]);
         // Smaller than the file: evictions and misses all along.
         let cache = BlockCache::new(&ctx, opts(16 * BS as u64)).unwrap();
         let done: Arc<Vec<AtomicU64>> = Arc::new((0..BLOCKS).map(|_| AtomicU64::new(0)).collect());
@@ -373,7 +367,9 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
         move || async move {
             let dir = tempfile::tempdir().unwrap();
             let path = make_file(dir.path(), 7, 4 * BS as u64 + 904).path;
-            let ctx = common::build_ctx(choice, vec![rw(&path)], |b| b.inline_nowait(false));
+            let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| {
+                b.inline_nowait(false)
+            });
             let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
             for round in 0..20u8 {
                 let mut get = pin!(cache.get(0, 1));
@@ -882,7 +878,7 @@ fn frames_stress(choice: BackendChoice) {
         move || async move {
             let dir = tempfile::tempdir().unwrap();
             let path = stress_file(dir.path(), BLOCKS, BS);
-            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            let ctx = common::default_ctx(choice, vec![common::open_rw(&path)]);
             const CAP: u64 = 8;
             let cache = BlockCache::new(&ctx, opts(CAP * BS as u64)).unwrap();
             // Per block: versions completed, and started.
@@ -1013,7 +1009,7 @@ fn hits_copied_while_frames_refill(choice: BackendChoice) {
         move || async move {
             let dir = tempfile::tempdir().unwrap();
             let path = stress_file(dir.path(), BLOCKS, BIG);
-            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            let ctx = common::default_ctx(choice, vec![common::open_rw(&path)]);
             let options = CacheOptions {
                 capacity_bytes: 3 * BIG as u64,
                 block_size: BIG,
@@ -1278,7 +1274,7 @@ fn geometries(choice: BackendChoice) {
             // Nine blocks and a short tenth.
             let len = block as u64 * 9 + 123;
             let path = common::make_file(dir.path(), 77 + i as u64, len).path;
-            let ctx = common::default_ctx(choice, vec![rw(&path)]);
+            let ctx = common::default_ctx(choice, vec![common::open_rw(&path)]);
             let cache = BlockCache::new(
                 &ctx,
                 CacheOptions {

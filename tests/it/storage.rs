@@ -125,15 +125,6 @@ impl Route {
     }
 }
 
-/// `path` opened for reading and writing.
-fn read_write(path: &std::path::Path) -> File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
-}
-
 /// Storage that fails: the errno reaches the caller as is, on every route,
 /// by every read call; reads outside the failing range are right.
 #[test]
@@ -915,9 +906,10 @@ fn fuse_writes_that_fail_lie_or_hang() {
             let base = r as u64 * MIB;
             let label = format!("{route:?} direct={direct}");
             common::run("fuse_write_faults", Flavor::Multi, 90, move || async move {
-                let ctx = route.ctx(vec![read_write(&path), read_write(&healthy)], |b| {
-                    b.shutdown_timeout(Duration::from_secs(1))
-                });
+                let ctx = route.ctx(
+                    vec![common::open_rw(&path), common::open_rw(&healthy)],
+                    |b| b.shutdown_timeout(Duration::from_secs(1)),
+                );
                 let data = |seed: u8, len: usize| -> Vec<u8> {
                     (0..len)
                         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -1239,7 +1231,7 @@ fn a_hung_write_on_the_rings_holds_up_no_other_file() {
         120,
         move || async move {
             let fs = fs2;
-            let ctx = Route::Ring.ctx(paths.iter().map(|p| read_write(p)).collect(), |b| {
+            let ctx = Route::Ring.ctx(paths.iter().map(|p| common::open_rw(p)).collect(), |b| {
                 b.shutdown_timeout(Duration::from_secs(1))
             });
             assert!(
