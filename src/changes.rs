@@ -1,10 +1,12 @@
 //! The hook through which a context tells its block caches that bytes of a
 //! file changed ([`Listeners`], kept in `Inner`): a write or `fallocate`
-//! through the context before its future resolves (`ops::Core`), and
-//! `unregister_file` (the whole file).
+//! through the context before its future resolves (`ops::Core`), again when
+//! the kernel or the blocking pool finishes one whose future was dropped
+//! before it resolved ([`LateChange`]), and `unregister_file` (the whole
+//! file).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{RwLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 
 use crate::id::FileId;
 
@@ -18,7 +20,10 @@ pub(crate) trait Invalidate: Send + Sync {
 /// The block caches of a context. A context without one pays one relaxed
 /// load per write.
 #[derive(Default)]
-pub(crate) struct Listeners {
+pub(crate) struct Listeners(Arc<List>);
+
+#[derive(Default)]
+struct List {
     any: AtomicBool,
     list: RwLock<Vec<Weak<dyn Invalidate>>>,
 }
@@ -27,17 +32,38 @@ impl Listeners {
     /// Adds a listener; listeners already dropped are forgotten here.
     pub(crate) fn add(&self, listener: Weak<dyn Invalidate>) {
         let mut list = self
+            .0
             .list
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         list.retain(|l| l.strong_count() > 0);
         list.push(listener);
-        self.any.store(true, Ordering::Release);
+        self.0.any.store(true, Ordering::Release);
     }
 
     /// Tells every live listener that `len` bytes at `offset` of `file`
     /// changed (or may have).
     pub(crate) fn notify(&self, file: FileId, offset: u64, len: u64) {
+        self.0.notify(file, offset, len);
+    }
+
+    /// A notice of the same change to give when it is dropped: kept with
+    /// work that may change the file after its future is gone (an op the
+    /// kernel still owns, a job the blocking pool still runs), so that
+    /// what a cache read in between is dropped once the bytes landed.
+    /// `None` while the context has no listener (nothing to tell).
+    pub(crate) fn later(&self, file: FileId, offset: u64, len: u64) -> Option<LateChange> {
+        (self.0.any.load(Ordering::Acquire) && len != 0).then(|| LateChange {
+            listeners: self.0.clone(),
+            file,
+            offset,
+            len,
+        })
+    }
+}
+
+impl List {
+    fn notify(&self, file: FileId, offset: u64, len: u64) {
         if !self.any.load(Ordering::Acquire) || len == 0 {
             return;
         }
@@ -48,5 +74,21 @@ impl Listeners {
         for l in list.iter().filter_map(Weak::upgrade) {
             l.invalidate(file, offset, len);
         }
+    }
+}
+
+/// A change told to the listeners when this is dropped (see
+/// [`Listeners::later`]). It holds the list, not the context: parked with
+/// an op in its ring, it makes no cycle.
+pub(crate) struct LateChange {
+    listeners: Arc<List>,
+    file: FileId,
+    offset: u64,
+    len: u64,
+}
+
+impl Drop for LateChange {
+    fn drop(&mut self) {
+        self.listeners.notify(self.file, self.offset, self.len);
     }
 }

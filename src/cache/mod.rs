@@ -320,9 +320,10 @@ impl Drop for State {
 ///   resolves, no read through the cache returns the bytes it replaced;
 ///   [`unregister_file`](UringContext::unregister_file) drops the file's
 ///   blocks, and a file registered later under the same index never sees
-///   them. Changes through other descriptors (or a write future dropped
-///   before it resolved, whose bytes may land later) are not seen: call
-///   [`invalidate`](Self::invalidate).
+///   them. A write future dropped before it resolved may still land
+///   later: its range is dropped again when the kernel or the blocking
+///   pool is done with it. Changes through other descriptors are not
+///   seen: call [`invalidate`](Self::invalidate).
 ///
 /// ```
 /// # use std::io::Write;
@@ -699,9 +700,9 @@ impl BlockCache {
 
     /// Drops the blocks of `range` of file `fid` (reads of them in flight
     /// complete for their callers but cache nothing): for changes the
-    /// cache cannot see — writes through another descriptor, a truncation,
-    /// a write future dropped before it resolved. Changes through the
-    /// context are dropped without it.
+    /// cache cannot see — writes through another descriptor or process, a
+    /// truncation. Changes through the context (even a write whose future
+    /// was dropped) are dropped without it.
     ///
     /// # Errors
     ///

@@ -666,10 +666,10 @@ impl<'a, O: Op> Core<'a, O> {
             self.bound.clone_from(&file);
         }
         let key = file.as_deref().map(FileEntry::key);
-        let pool = &self.ctx.blocking;
         // A latency op's pieces are never capped.
         self.op.limit_piece(usize::MAX);
-        let PoolJob { job, handle } = self.op.blocking_job(pool, file)?;
+        let PoolJob { job, handle } = self.pool_job(file)?;
+        let pool = &self.ctx.blocking;
         let gave_up = pool.watch_give_up(O::BLOCKING_DETACHABLE);
         let bytes = self.piece_bytes();
         let queued = match pool.permits.acquire_job(key, bytes, job) {
@@ -701,8 +701,8 @@ impl<'a, O: Op> Core<'a, O> {
         let priority = self.ctx.priority();
         self.op.limit_piece(permit.piece_limit());
         let Some(ring) = ring else {
+            let PoolJob { job, handle } = self.pool_job(file)?;
             let pool = &self.ctx.blocking;
-            let PoolJob { job, handle } = self.op.blocking_job(pool, file)?;
             let gave_up = pool.watch_give_up(O::BLOCKING_DETACHABLE);
             pool.spawn(job, permit);
             self.state = State::Blocking(handle, gave_up, None);
@@ -713,6 +713,27 @@ impl<'a, O: Op> Core<'a, O> {
         ring.permits.count_bytes(priority, self.piece_bytes());
         self.state = State::InFlight { ring, key };
         Ok(())
+    }
+
+    /// The op's next piece as a job of the blocking pool. A job that may
+    /// change the file tells the context's block caches again when it is
+    /// over (or dropped unrun): its future may be gone by then, and a
+    /// cache read in between would have kept the old bytes. (A job whose
+    /// future is still there tells them twice: the range is dropped again.)
+    fn pool_job(&mut self, file: Option<Arc<FileEntry>>) -> io::Result<PoolJob<O::Blocking>> {
+        #[cfg(feature = "cache")]
+        let late = self.late_change();
+        #[cfg_attr(not(feature = "cache"), allow(unused_mut))]
+        let mut job = self.op.blocking_job(&self.ctx.blocking, file)?;
+        #[cfg(feature = "cache")]
+        if let Some(late) = late {
+            let run = job.job;
+            job.job = Box::new(move |permit| {
+                run(permit);
+                drop(late);
+            });
+        }
+        Ok(job)
     }
 
     /// The bytes of the piece just started (0 for an op that moves none).
@@ -737,6 +758,15 @@ impl<O: Op> Core<'_, O> {
             self.ctx.invalidation.notify(file.id(), offset, len);
         }
     }
+
+    /// The same notice, given when the returned value is dropped: kept with
+    /// a piece that may outlive this future (`None` if the op changes
+    /// nothing, or no cache listens).
+    #[cfg(feature = "cache")]
+    fn late_change(&self) -> Option<crate::changes::LateChange> {
+        let (file, (offset, len)) = (self.bound.as_ref()?, self.op.changes()?);
+        self.ctx.invalidation.later(file.id(), offset, len)
+    }
 }
 
 impl<O: Op> Drop for Core<'_, O> {
@@ -746,7 +776,15 @@ impl<O: Op> Drop for Core<'_, O> {
             self.changed();
         }
         if let State::InFlight { ring, key } = &self.state {
-            ring.abandon(*key, self.op.park());
+            #[cfg_attr(not(feature = "cache"), allow(unused_mut))]
+            let mut park = self.op.park();
+            // A write the kernel still owns may land after this: the caches
+            // hear of it again when its completion releases what is parked.
+            #[cfg(feature = "cache")]
+            if let Some(late) = self.late_change() {
+                park = Some(Box::new((park, late)));
+            }
+            ring.abandon(*key, park);
         }
     }
 }

@@ -425,6 +425,87 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
     );
 }
 
+/// A write whose future is dropped while the write is held up in the
+/// kernel or the blocking pool, a read through the cache meanwhile (the old
+/// bytes), then the write lands: the cache must not keep the old bytes.
+/// The write is held up by the file's inode lock, taken by a `pwrite` from
+/// another thread whose source is a mapping of a FUSE file whose read hangs
+/// (its page fault is taken with the lock held).
+fn dropped_write_landing_late(choice: BackendChoice) {
+    const SRC: u64 = 1 << 20;
+    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("src", SRC, 0x1A7E)], false) else {
+        return;
+    };
+    let fs = Arc::new(fs);
+    fs.set_fault("src", 0..SRC, Fault::Hang);
+    common::run(
+        "cache-dropped-write-late",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = make_file(dir.path(), 0x1A7, 16 * BS as u64).path;
+            let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
+            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+            let src = File::open(fs.path("src")).unwrap();
+            // SAFETY: FaultFs serves fixed bytes and nothing writes the
+            // file while the map lives (its reads hang, then fail).
+            let map = unsafe { memmap2::Mmap::map(&src) }.unwrap();
+            let holder_file = common::open_rw(&path);
+            let holder = std::thread::spawn(move || {
+                // Faults on the map with the inode lock held: hangs until
+                // `release_hangs`, then fails (EFAULT) or writes nothing.
+                let _ = holder_file.write_at(&map[..BS], 12 * BS as u64);
+            });
+            let f2 = fs.clone();
+            wait_until("the holder's page fault to hang", 20, move || {
+                f2.reads_hung_now() >= 1
+            })
+            .await;
+            let (block, at) = (3u64, 3 * BS as u64 + 100);
+            let new = [0xAB_u8; 10];
+            let old = pread(&path, at, new.len());
+            assert_ne!(old, new);
+            let mut write = Box::pin(ctx.write_all(0, at, &new));
+            assert!(poll_once_noop(write.as_mut()).is_pending());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(
+                poll_once_noop(write.as_mut()).is_pending(),
+                "the write was not held up by the inode lock"
+            );
+            drop(write);
+            let b = cache.get(0, block).await.unwrap();
+            assert_eq!(&b[100..110], &old[..], "the write landed early");
+            drop(b);
+            fs.release_hangs();
+            tokio::task::spawn_blocking(move || holder.join().unwrap())
+                .await
+                .unwrap();
+            let p2 = path.clone();
+            wait_until("the dropped write to land", 20, move || {
+                pread(&p2, at, new.len()) == new
+            })
+            .await;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let b = cache.get(0, block).await.unwrap();
+                if b[100..110] == new {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the cache kept the bytes from before a dropped write that landed"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(
+                &cache.get(0, block).await.unwrap()[..],
+                &pread(&path, 3 * BS as u64, BS)[..]
+            );
+        },
+    );
+}
+
 /// unregister_file drops the file's blocks; a file registered under the
 /// same index never hits them.
 fn unregister_drops_blocks(choice: BackendChoice) {
@@ -1453,6 +1534,7 @@ fn hits_counted_on_every_thread(choice: BackendChoice) {
 backend_tests!(
     coherence,
     miss_in_flight_during_write,
+    dropped_write_landing_late,
     concurrent_writes_never_stale,
     unregister_drops_blocks,
     o_direct,
