@@ -1,8 +1,9 @@
 //! The block cache (feature `cache`): coherence with writes, `fallocate` and
 //! re-registration through the context (a property test against `pread`),
-//! coalesced misses, errors and hung reads reaching every waiter (FUSE
-//! harness), a cancelled leader, scan resistance, the memory bound, and the
-//! hit path (no allocation, yields). Every test runs on both backends.
+//! a write whose future was dropped landing late, coalesced misses, errors
+//! and hung reads reaching every waiter (FUSE harness), a cancelled leader,
+//! scan resistance, the memory bound, and the hit path (no allocation,
+//! yields). Every test runs on both backends.
 
 use crate::common;
 
@@ -425,19 +426,88 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
     );
 }
 
+/// A FUSE file system with one file, `src`, whose reads hang: the source
+/// of [`InodeLockHolder`]'s write.
+fn hanging_source() -> Option<Arc<FaultFs>> {
+    const SRC: u64 = 1 << 20;
+    let fs = FaultFs::mount_or_skip(&[FileSpec::new("src", SRC, 0x1A7E)], false)?;
+    fs.set_fault("src", 0..SRC, Fault::Hang);
+    Some(Arc::new(fs))
+}
+
+/// A `pwrite` into a file, on a thread of its own, that holds the file's
+/// inode lock until released: its source is a mapping of a FUSE file whose
+/// reads hang ([`hanging_source`]), and the kernel takes the page fault on
+/// it with the lock held. Writes to the file through the context wait for
+/// it meanwhile; reads do not.
+struct InodeLockHolder {
+    fs: Arc<FaultFs>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InodeLockHolder {
+    async fn hold(fs: &Arc<FaultFs>, path: &std::path::Path) -> InodeLockHolder {
+        let src = File::open(fs.path("src")).unwrap();
+        // SAFETY: FaultFs serves fixed bytes and nothing writes the file
+        // while the map lives (its reads hang, then fail).
+        let map = unsafe { memmap2::Mmap::map(&src) }.unwrap();
+        let file = common::open_rw(path);
+        let thread = std::thread::spawn(move || {
+            // Hangs until `release_hangs`, then fails (EFAULT) or writes
+            // nothing.
+            let _ = file.write_at(&map[..BS], 12 * BS as u64);
+        });
+        let f2 = fs.clone();
+        wait_until("the holder's page fault to hang", 20, move || {
+            f2.reads_hung_now() >= 1
+        })
+        .await;
+        InodeLockHolder {
+            fs: fs.clone(),
+            thread: Some(thread),
+        }
+    }
+
+    /// Lets go of the lock (the holder's write fails).
+    async fn release(mut self) {
+        self.fs.release_hangs();
+        let thread = self.thread.take().expect("held");
+        tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for InodeLockHolder {
+    /// A test that failed while holding the lock lets go of it, or its
+    /// runtime's shutdown would wait for the held write forever (a thread
+    /// that issued io_uring work waits for its io-wq workers when it ends).
+    fn drop(&mut self) {
+        self.fs.release_hangs();
+    }
+}
+
+/// Starts a write of `bytes` at `at` of file 0 of `ctx` and drops its
+/// future while an [`InodeLockHolder`] holds the write up.
+async fn drop_held_write(ctx: &UringContext, at: u64, bytes: &[u8]) {
+    let mut write = Box::pin(ctx.write_all(0, at, bytes));
+    assert!(poll_once_noop(write.as_mut()).is_pending());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        poll_once_noop(write.as_mut()).is_pending(),
+        "the write was not held up by the inode lock"
+    );
+}
+
 /// A write whose future is dropped while the write is held up in the
 /// kernel or the blocking pool, a read through the cache meanwhile (the old
 /// bytes), then the write lands: the cache must not keep the old bytes.
-/// The write is held up by the file's inode lock, taken by a `pwrite` from
-/// another thread whose source is a mapping of a FUSE file whose read hangs
-/// (its page fault is taken with the lock held).
+/// (The drop may also cancel the write before it starts; then the old
+/// bytes are the file's, and the cache must say so.)
 fn dropped_write_landing_late(choice: BackendChoice) {
-    const SRC: u64 = 1 << 20;
-    let Some(fs) = FaultFs::mount_or_skip(&[FileSpec::new("src", SRC, 0x1A7E)], false) else {
+    let Some(fs) = hanging_source() else {
         return;
     };
-    let fs = Arc::new(fs);
-    fs.set_fault("src", 0..SRC, Fault::Hang);
     common::run(
         "cache-dropped-write-late",
         Flavor::Multi,
@@ -447,61 +517,67 @@ fn dropped_write_landing_late(choice: BackendChoice) {
             let path = make_file(dir.path(), 0x1A7, 16 * BS as u64).path;
             let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
             let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
-            let src = File::open(fs.path("src")).unwrap();
-            // SAFETY: FaultFs serves fixed bytes and nothing writes the
-            // file while the map lives (its reads hang, then fail).
-            let map = unsafe { memmap2::Mmap::map(&src) }.unwrap();
-            let holder_file = common::open_rw(&path);
-            let holder = std::thread::spawn(move || {
-                // Faults on the map with the inode lock held: hangs until
-                // `release_hangs`, then fails (EFAULT) or writes nothing.
-                let _ = holder_file.write_at(&map[..BS], 12 * BS as u64);
-            });
-            let f2 = fs.clone();
-            wait_until("the holder's page fault to hang", 20, move || {
-                f2.reads_hung_now() >= 1
-            })
-            .await;
+            let holder = InodeLockHolder::hold(&fs, &path).await;
             let (block, at) = (3u64, 3 * BS as u64 + 100);
             let new = [0xAB_u8; 10];
             let old = pread(&path, at, new.len());
             assert_ne!(old, new);
-            let mut write = Box::pin(ctx.write_all(0, at, &new));
-            assert!(poll_once_noop(write.as_mut()).is_pending());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            assert!(
-                poll_once_noop(write.as_mut()).is_pending(),
-                "the write was not held up by the inode lock"
-            );
-            drop(write);
+            drop_held_write(&ctx, at, &new).await;
             let b = cache.get(0, block).await.unwrap();
             assert_eq!(&b[100..110], &old[..], "the write landed early");
             drop(b);
-            fs.release_hangs();
-            tokio::task::spawn_blocking(move || holder.join().unwrap())
-                .await
-                .unwrap();
-            let p2 = path.clone();
-            wait_until("the dropped write to land", 20, move || {
-                pread(&p2, at, new.len()) == new
+            holder.release().await;
+            wait_until("the dropped write to be over", 20, || {
+                ctx.stats().in_flight == 0
             })
             .await;
+            // Its completion is reaped, then what it parked is dropped:
+            // the caches hear of it a moment after `in_flight` says so.
+            let file = pread(&path, 3 * BS as u64, BS);
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let b = cache.get(0, block).await.unwrap();
-                if b[100..110] == new {
-                    break;
-                }
+            while cache.get(0, block).await.unwrap()[..] != file[..] {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "the cache kept the bytes from before a dropped write that landed"
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            assert_eq!(
-                &cache.get(0, block).await.unwrap()[..],
-                &pread(&path, 3 * BS as u64, BS)[..]
-            );
+        },
+    );
+}
+
+/// The same held-up write, dropped, then its cache and its context
+/// dropped before it is over: the notice it carries finds no cache, and
+/// nothing breaks or hangs.
+fn dropped_write_outliving_cache_and_context(choice: BackendChoice) {
+    let Some(fs) = hanging_source() else {
+        return;
+    };
+    common::run(
+        "cache-dropped-write-outlives",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = make_file(dir.path(), 0x1A8, 16 * BS as u64).path;
+            let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
+            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+            let holder = InodeLockHolder::hold(&fs, &path).await;
+            let at = 5 * BS as u64;
+            let new = [0xCD_u8; 64];
+            drop_held_write(&ctx, at, &new).await;
+            assert_ne!(&cache.get(0, 5).await.unwrap()[..64], &new[..]);
+            drop(cache);
+            // Dropping the context may wait for the write (the kernel owns
+            // it): let go of the lock from elsewhere, a little later.
+            let release = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                holder.release().await;
+            });
+            tokio::task::spawn_blocking(move || drop(ctx))
+                .await
+                .unwrap();
+            release.await.unwrap();
         },
     );
 }
@@ -1535,6 +1611,7 @@ backend_tests!(
     coherence,
     miss_in_flight_during_write,
     dropped_write_landing_late,
+    dropped_write_outliving_cache_and_context,
     concurrent_writes_never_stale,
     unregister_drops_blocks,
     o_direct,
