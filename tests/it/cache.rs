@@ -487,6 +487,28 @@ impl Drop for InodeLockHolder {
     }
 }
 
+/// A file of 16 blocks of the pattern of `seed` in a directory of its own
+/// (to drop after the holder let go: removing the file takes its lock), a
+/// context and a cache over it, and its inode lock held.
+async fn held_file(
+    choice: BackendChoice,
+    fs: &Arc<FaultFs>,
+    seed: u64,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    UringContext,
+    BlockCache,
+    InodeLockHolder,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_file(dir.path(), seed, 16 * BS as u64).path;
+    let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
+    let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+    let holder = InodeLockHolder::hold(fs, &path).await;
+    (dir, path, ctx, cache, holder)
+}
+
 /// Starts a write of `bytes` at `at` of file 0 of `ctx` and drops its
 /// future while an [`InodeLockHolder`] holds the write up.
 async fn drop_held_write(ctx: &UringContext, at: u64, bytes: &[u8]) {
@@ -513,11 +535,7 @@ fn dropped_write_landing_late(choice: BackendChoice) {
         Flavor::Multi,
         60,
         move || async move {
-            let dir = tempfile::tempdir().unwrap();
-            let path = make_file(dir.path(), 0x1A7, 16 * BS as u64).path;
-            let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
-            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
-            let holder = InodeLockHolder::hold(&fs, &path).await;
+            let (_dir, path, ctx, cache, holder) = held_file(choice, &fs, 0x1A7).await;
             let (block, at) = (3u64, 3 * BS as u64 + 100);
             let new = [0xAB_u8; 10];
             let old = pread(&path, at, new.len());
@@ -558,11 +576,7 @@ fn dropped_write_outliving_cache_and_context(choice: BackendChoice) {
         Flavor::Multi,
         60,
         move || async move {
-            let dir = tempfile::tempdir().unwrap();
-            let path = make_file(dir.path(), 0x1A8, 16 * BS as u64).path;
-            let ctx = common::build_ctx(choice, vec![common::open_rw(&path)], |b| b);
-            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
-            let holder = InodeLockHolder::hold(&fs, &path).await;
+            let (_dir, _path, ctx, cache, holder) = held_file(choice, &fs, 0x1A8).await;
             let at = 5 * BS as u64;
             let new = [0xCD_u8; 64];
             drop_held_write(&ctx, at, &new).await;
