@@ -49,8 +49,8 @@ impl Listeners {
 
     /// A notice of the same change to give when it is dropped: kept with
     /// work that may change the file after its future is gone (an op the
-    /// kernel still owns, a job the blocking pool still runs), so that
-    /// what a cache read in between is dropped once the bytes landed.
+    /// kernel still owns, a job the blocking pool still runs), so that a
+    /// block a cache read in the meantime is dropped once the bytes land.
     /// `None` while the context has no listener (nothing to tell).
     pub(crate) fn later(&self, file: FileId, offset: u64, len: u64) -> Option<LateChange> {
         (self.0.any.load(Ordering::Acquire) && len != 0).then(|| LateChange {
