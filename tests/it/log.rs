@@ -459,7 +459,7 @@ fn failed_write_poisons(choice: BackendChoice) {
     });
 }
 
-/// A small record appended after a 64 MiB one (whose write is still
+/// A small record appended after a 16 MiB one (whose write is still
 /// going on) resolves only once the large one is whole in the file: read
 /// back at once (with `pread`), its last bytes are there.
 /// The same on the file opened `O_DIRECT` (the small record's write waits
@@ -481,7 +481,8 @@ fn large_then_small(choice: BackendChoice, direct: bool) {
             if direct && common::open_direct(&path).is_none() {
                 return;
             }
-            let options = AppendLogOptions::new().max_record_len(64 << 20);
+            const BIG: usize = 16 << 20;
+            let options = AppendLogOptions::new().max_record_len(BIG);
             let ctx = common::build_ctx(choice, vec![], |b| b);
             let file = ctx
                 .open_file(&path, &rw().direct(direct).clone())
@@ -491,7 +492,7 @@ fn large_then_small(choice: BackendChoice, direct: bool) {
             let f = File::open(&path).unwrap();
             for round in 0..3u8 {
                 let start = log.tail();
-                let big = tokio::spawn(log.append(vec![round + 1; 64 << 20]));
+                let big = tokio::spawn(log.append(vec![round + 1; BIG]));
                 while log.tail() == start {
                     tokio::task::yield_now().await;
                 }
