@@ -704,11 +704,11 @@ fn cold_batch_with_the_inline_path_is_one_enter() {
 }
 
 /// A batch of many cached reads costs about what the same reads cost one
-/// by one. Each poll of a batch used to poll every unfinished read, while
-/// tokio's coop budget lets ~128 of them finish per poll: n reads took
-/// O(n² / 128) read polls (release build, 200 k reads of a cached file:
-/// 2.2 s against 0.15 s one by one). The bound below is loose (a factor
-/// 5) against a growth that was ~15× at this size and grows with it.
+/// by one. A batch whose every poll polled every unfinished read, while
+/// tokio's coop budget lets ~128 of them finish per poll, would take
+/// O(n² / 128) read polls for n reads. The bound below is loose (a
+/// factor 5) against that growth, which is an order of magnitude at this
+/// size and grows with it.
 #[test]
 fn huge_batches_stay_linear() {
     let _shared = common::shared();

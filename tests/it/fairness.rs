@@ -341,10 +341,9 @@ async fn worst_tick_during<T>(work: impl std::future::Future<Output = T>) -> (T,
 /// copy: a `current_thread` runtime's 10 ms ticker keeps ticking through a
 /// 1 GiB cached read, borrowed (inline `preadv2` in 1 MiB pieces, with the
 /// fairness check between them) and owned (the ring read goes to io-wq,
-/// not copied inside the submitting `io_uring_enter`). Before, the worst
-/// tick came 0.23 s (borrowed) and 0.58 s (owned) apart here, 0.7–0.9 s in
-/// a hostile-user pass; after, 11–13 ms. A gap over the
-/// bound (150 ms) counts only if a fair reader of the same bytes (1 MiB
+/// not copied inside the submitting `io_uring_enter`). A copy of the whole
+/// GiB in one go would hold the thread for a few tenths of a second. A gap
+/// over the bound (150 ms) counts only if a fair reader of the same bytes (1 MiB
 /// `pread`s with a yield between them), measured right after, keeps the
 /// ticker well within it: otherwise the machine is too busy to judge.
 #[test]
@@ -461,10 +460,9 @@ async fn counting_polls<F: std::future::Future>(fut: F, polls: &mut u32) -> F::O
 /// of inline reads, and a batch's inline reads count toward it. Structural,
 /// with a stretch of zero on a `current_thread` runtime: every batch but
 /// the first returns `Pending` at least once, and another task that only
-/// yields runs between every two batches. Before, batches of 8 cached reads
-/// yielded only when tokio's coop budget (128 reads) ran out: one batch in
-/// 16, and the other task waited 16 batches. For the future, the stream
-/// and merged batches. On the fallback backend there are no inline reads:
+/// yields runs between every two batches. (Left to tokio's coop budget
+/// alone, batches of 8 cached reads would yield once in 16 batches.) On
+/// the fallback backend there are no inline reads:
 /// a batch waits for the blocking pool, and returns `Pending` unless the
 /// pool's threads were done before it looked (most batches here: a woken
 /// pool thread can preempt the runtime's), as a single read does; then
