@@ -21,6 +21,7 @@ mod cli;
 mod cpu_per_read;
 mod dataset;
 mod engines;
+mod first_touch;
 mod kinds;
 mod lines;
 mod machine;

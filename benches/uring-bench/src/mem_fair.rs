@@ -816,6 +816,9 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
     );
     let wake = crate::wake::measure(crate::wake::SAMPLES);
     println!("machine: {machine}; {}", wake.summary());
+    // what the cache engines pay per frame as they fill (first_touch.rs)
+    let touch = crate::first_touch::measure(crate::first_touch::BYTES)?;
+    println!("machine: {}", touch.summary());
     let regime = format!(
         "memory limit {} MiB per engine (cgroup {:?} under {}); cache engines: BlockCache of {} MiB \
          (budget - {} MiB allowance for the process), files O_DIRECT; dataset {} files x {} MiB = {:.2} GiB \
@@ -926,7 +929,11 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         }
     }
     let runs: Vec<Run> = cells.into_iter().map(median_run).collect();
-    let mut md = format!("machine: {machine}; {}\n\n{regime}\n", wake.summary());
+    let mut md = format!(
+        "machine: {machine}; {}; {}\n\n{regime}\n",
+        wake.summary(),
+        touch.summary()
+    );
     for &w in &a.workloads {
         let _ = write!(md, "\n#### {}\n\n{}", w.name(), table(&runs, w));
         if w == MemWorkload::Fill {
@@ -944,6 +951,7 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "git_commit": git_commit(),
         "machine": machine,
+        "first_touch": touch,
         "loadavg_end": loadavg(),
         "regime": regime,
         "runs": runs,

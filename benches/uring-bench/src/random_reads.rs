@@ -8,7 +8,7 @@ use crate::engines::{self, CellSpec, ProbeOpts, UringOpts};
 use crate::kinds::{EngineKind, OnOff, Regime};
 use crate::machine::{cpu_model, git_commit, kernel, loadavg, meminfo, utc_now};
 use crate::report::{self, Cell, Report, RunInfo};
-use crate::{charts, probes, wake};
+use crate::{charts, first_touch, probes, wake};
 use std::time::{Duration, Instant};
 
 /// Files in the hot working set.
@@ -117,6 +117,17 @@ pub fn run(args: &Args) -> Result<bool, String> {
     // the unit this machine charges for a thread hand-off (see wake.rs)
     let thread_wake = wake::measure(wake::SAMPLES);
     report::say(&format!("machine: {}", thread_wake.summary()));
+    // what a cache filling its frames pays per frame (see first_touch.rs)
+    let first_touch = if engines
+        .iter()
+        .any(|e| matches!(e, EngineKind::UringCache | EngineKind::UringCacheRef))
+    {
+        let t = first_touch::measure(first_touch::BYTES)?;
+        report::say(&format!("machine: {}", t.summary()));
+        Some(t)
+    } else {
+        None
+    };
     let fio_missing = if engines.contains(&EngineKind::Fio) {
         engines::fio::unavailable(&args.fio)
     } else {
@@ -331,6 +342,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
             loadavg_end: loadavg(),
             syscall_probe: probes::syscall_probe_description(args.syscall_window > 0.0),
             thread_wake: Some(thread_wake),
+            first_touch,
         },
         cells,
     };

@@ -289,6 +289,9 @@ pub struct RunInfo {
     /// The machine's thread wake-up latency, measured before the cells
     /// (`wake.rs`): the cost of each thread hand-off in the latencies.
     pub thread_wake: Option<crate::wake::WakeLatency>,
+    /// What touching fresh memory costs, measured when a cache engine runs
+    /// (`first_touch.rs`): part of what a cache filling its frames pays.
+    pub first_touch: Option<crate::first_touch::FirstTouch>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -615,6 +618,9 @@ pub fn markdown(r: &Report, charts: &[String]) -> String {
     );
     if let Some(w) = &i.thread_wake {
         let _ = writeln!(s, "- {}", w.summary());
+    }
+    if let Some(t) = &i.first_touch {
+        let _ = writeln!(s, "- {}", t.summary());
     }
     let _ = writeln!(
         s,
