@@ -323,6 +323,13 @@ pub enum Mode {
     #[command(hide = true)]
     MemFairChild(MemFairChildArgs),
 
+    /// Eviction policies on the draws of `mem-fair`'s zipf workload,
+    /// simulated (no I/O): LRU, S3-FIFO with an access bit, S3-FIFO with
+    /// 2-bit counters (as `BlockCache` runs it), W-TinyLFU with exact
+    /// counts, and the ideal (a cache that always holds the most likely
+    /// blocks). Hit ratios over the same draws, after a warm-up.
+    ZipfPolicies(ZipfPoliciesArgs),
+
     /// Lookups under a scan: cold random 4 KiB point lookups on one file,
     /// arriving at a fixed light rate (open loop, Poisson, latency from
     /// arrival), alone and with a full-speed scan of another file on the
@@ -685,6 +692,36 @@ pub struct MemFairArgs {
     /// Fewer messages (no per-run lines).
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// Flags of `uring-bench zipf-policies`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ZipfPoliciesArgs {
+    /// Blocks drawn from: the dataset's size (4 KiB blocks). The default is
+    /// `mem-fair`'s dataset (4 × its 512 MiB budget).
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    pub dataset_size: u64,
+
+    /// The cache's capacity (4 KiB blocks). The default is `mem-fair`'s
+    /// `BlockCache` (its budget minus its allowance).
+    #[arg(long, default_value = "448MiB", value_parser = parse_size)]
+    pub cache_size: u64,
+
+    /// Zipf exponent.
+    #[arg(long, default_value_t = 0.99, value_parser = parse_theta)]
+    pub theta: f64,
+
+    /// Draws counted, after the warm-up.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub reads: usize,
+
+    /// Draws before the counted ones (they fill the cache).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub warmup: usize,
+
+    /// Seed of the draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// Flags of the hidden `mem-fair-child`.

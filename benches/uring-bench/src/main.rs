@@ -6,11 +6,12 @@
 //! Linux using Rust" and with this crate's scan; `uring-bench write` the
 //! write path (random O_DIRECT writes, WAL group commit); `uring-bench
 //! sched` cold point lookups under a full-speed scan, with the crate's
-//! priority classes and without. See docs/BENCHMARKS.md.
+//! priority classes and without; `uring-bench zipf-policies` simulates
+//! eviction policies on `mem-fair`'s Zipf draws. See docs/BENCHMARKS.md.
 //!
 //! This file only hands the command line to its mode: `random_reads` (the
 //! default), `cpu_per_read`, `lines`, `open_loop`, `write_bench`,
-//! `mem_fair` and `sched`. They share the kinds of `kinds`, the flags of
+//! `mem_fair`, `sched` and `zipf_policies`. They share the kinds of `kinds`, the flags of
 //! `cli`, the dataset, the engines and the reports; `machine` describes
 //! the machine a run is measured on.
 
@@ -39,6 +40,7 @@ mod two_threads;
 mod verify;
 mod wake;
 mod write_bench;
+mod zipf_policies;
 
 use clap::Parser;
 use cli::{Args, Mode};
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Some(Mode::Write(a)) => write_bench::run(a),
         Some(Mode::MemFair(a)) => mem_fair::run(a),
         Some(Mode::MemFairChild(a)) => mem_fair::child(a),
+        Some(Mode::ZipfPolicies(a)) => zipf_policies::run(a),
         Some(Mode::Sched(a)) => sched::run(a),
         Some(Mode::SlowFile(a)) => slow_file::run(a),
         #[cfg(feature = "parquet")]

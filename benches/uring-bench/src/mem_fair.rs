@@ -934,10 +934,29 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         wake.summary(),
         touch.summary()
     );
+    // The zipf workload reads every file (`Spec::set_files`).
+    let zipf_blocks = u64::from(ds.files) * ds.blocks_per_file();
+    let ideal = |bytes: u64| zipf_top_mass(zipf_blocks, a.theta, bytes / BLOCK as u64);
+    let zipf_ideal = a
+        .workloads
+        .contains(&MemWorkload::Zipf)
+        .then(|| (ideal(cache_bytes), ideal(a.budget)));
     for &w in &a.workloads {
         let _ = write!(md, "\n#### {}\n\n{}", w.name(), table(&runs, w));
         if w == MemWorkload::Fill {
             let _ = write!(md, "\n{}", fill_table(&runs));
+        }
+        if let (MemWorkload::Zipf, Some((cache, budget))) = (w, zipf_ideal) {
+            let _ = writeln!(
+                md,
+                "\nideal hit ratio (a cache that always holds the most likely blocks: with \
+                 independent Zipf draws no policy that does not know the next reads does better): {:.1} % in the BlockCache's \
+                 {} MiB, {:.1} % in the whole {} MiB budget",
+                cache * 100.0,
+                cache_bytes >> 20,
+                budget * 100.0,
+                a.budget >> 20
+            );
         }
     }
     md +=
@@ -954,6 +973,10 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         "first_touch": touch,
         "loadavg_end": loadavg(),
         "regime": regime,
+        "zipf_ideal_hit_ratio": zipf_ideal.map(|(cache, budget)| serde_json::json!({
+            "cache": cache,
+            "budget": budget,
+        })),
         "runs": runs,
         "fill": runs.iter().filter(|r| r.workload == MemWorkload::Fill)
             .map(|r| (r.engine, fill_summary(&r.result, r.engine == "uring-raw"))).collect::<Vec<_>>(),
@@ -972,9 +995,43 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
     Ok(all_ok)
 }
 
+/// The probability that a Zipf draw (exponent `theta`, ranks `1..=n`, as
+/// `rand_distr::Zipf`) falls on one of the `k` most likely ranks: the hit
+/// ratio of a cache of `k` blocks that always holds them. Under
+/// independent draws that is the best any demand-paging policy can do.
+fn zipf_top_mass(n: u64, theta: f64, k: u64) -> f64 {
+    let k = k.min(n);
+    let (mut top, mut all) = (0.0, 0.0);
+    for r in 1..=n {
+        let p = (r as f64).powf(-theta);
+        all += p;
+        if r == k {
+            top = all;
+        }
+    }
+    if all > 0.0 {
+        top / all
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zipf_top_mass_is_the_share_of_the_most_likely_ranks() {
+        assert!((zipf_top_mass(1000, 0.0, 250) - 0.25).abs() < 1e-12);
+        assert!((zipf_top_mass(1000, 0.99, 1000) - 1.0).abs() < 1e-12);
+        assert!((zipf_top_mass(1000, 0.99, 5000) - 1.0).abs() < 1e-12);
+        assert_eq!(zipf_top_mass(1000, 0.99, 0), 0.0);
+        // ranks 1 and 2 of 3 with theta 1: (1 + 1/2) / (1 + 1/2 + 1/3)
+        assert!((zipf_top_mass(3, 1.0, 2) - 1.5 / (11.0 / 6.0)).abs() < 1e-12);
+        // the workload of BENCHMARKS: 2 GiB of 4 KiB blocks, theta 0.99, 448 MiB
+        let h = zipf_top_mass(524_288, 0.99, 114_688);
+        assert!((h - 0.8826).abs() < 1e-3, "{h}");
+    }
 
     #[test]
     fn samples_are_trimmed_to_the_window() {
