@@ -52,11 +52,6 @@ const PINS: u64 = (1 << GEN_SHIFT) - 1;
 /// The tag of a frame that holds no block.
 pub(super) const NO_FILE: u64 = u64::MAX;
 
-/// Most hits a frame's counter holds: a frame in the main queue goes round
-/// that many more times without a hit before it is evicted (2 bits, as in
-/// S3-FIFO).
-const MAX_FREQ: u8 = 3;
-
 /// Bytes of a frame a hit prefetches with its header: the first few lines.
 /// The hardware's stream prefetcher follows the reader through the rest;
 /// asking for more keeps the pin waiting behind them.
@@ -173,8 +168,7 @@ pub(super) struct Frame {
     block: AtomicU64,
     /// Valid bytes (a short block at the end of a file holds fewer).
     len: AtomicU32,
-    /// Hits since the evictor last looked, up to [`MAX_FREQ`] (the
-    /// policy's frequency counter).
+    /// Set by hits, cleared by the evictor (the policy's frequency bit).
     freq: AtomicU8,
 }
 
@@ -246,30 +240,18 @@ impl Frame {
         )
     }
 
-    /// Counts a hit, up to [`MAX_FREQ`] (a hot frame's line is not dirtied
-    /// once it is there). Two hits at once may count as one: the counter is
-    /// a hint for the evictor.
+    /// Marks it accessed (only if not already: a hit does not dirty the
+    /// line for nothing).
     #[inline]
     fn touch(&self) {
-        let f = self.freq.load(Ordering::Relaxed);
-        if f < MAX_FREQ {
-            self.freq.store(f + 1, Ordering::Relaxed);
+        if self.freq.load(Ordering::Relaxed) == 0 {
+            self.freq.store(1, Ordering::Relaxed);
         }
     }
 
-    /// Clears the counter: whether it counted any hit.
+    /// Clears the access bit: whether it was set.
     pub(super) fn take_freq(&self) -> bool {
         self.freq.swap(0, Ordering::Relaxed) != 0
-    }
-
-    /// Takes one hit off the counter: whether it had one.
-    pub(super) fn spend_freq(&self) -> bool {
-        let f = self.freq.load(Ordering::Relaxed);
-        if f == 0 {
-            return false;
-        }
-        self.freq.store(f - 1, Ordering::Relaxed);
-        true
     }
 
     /// The evictor's claim on a resident, unpinned frame.
@@ -595,7 +577,7 @@ impl Core {
     }
 
     /// A pin on block `(file, block)` in frame `f` if the frame holds it
-    /// now (a hit), its hit counted for the evictor.
+    /// now (a hit), its access bit set.
     #[inline]
     pub(super) fn pin_if_holds(&self, f: u32, file: u64, block: u64) -> Option<BlockRef> {
         // SAFETY: f came from a table entry: a carved frame.

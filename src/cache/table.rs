@@ -158,9 +158,9 @@ struct Meta {
 /// S3-FIFO over resident frames: new blocks enter a small FIFO (a tenth of
 /// the capacity); one accessed while there moves to the main FIFO when it
 /// reaches the head, one not accessed is evicted and its key kept in a
-/// ghost FIFO; a block missed while a ghost enters main directly. In main
-/// a frame counts its hits up to 3: a head with hits left goes round again
-/// with one fewer. Pinned frames are skipped (sent round again).
+/// ghost FIFO; a block missed while a ghost enters main directly. Main is a
+/// CLOCK: a head accessed since it was last seen goes round again. Pinned
+/// frames are skipped (sent round again).
 pub(super) struct Policy {
     capacity: usize,
     small: VecDeque<(u32, u32)>,
@@ -411,14 +411,8 @@ impl Policy {
                 continue; // stale
             }
             let header = core.header(f);
-            // Hit since it entered small: into main, its count cleared.
-            // Hit in main: round again, one hit spent.
-            let again = if from_small {
-                header.take_freq()
-            } else {
-                header.spend_freq()
-            };
-            if again {
+            if header.take_freq() {
+                // Accessed: round again, in main.
                 self.meta[f as usize].queue = Queue::Main;
                 self.main.push_back((f, stamp));
                 continue;
@@ -530,99 +524,4 @@ fn unmap_entry(tables: &Tables, key: Key, f: u32) {
     // the cache goes, not while anyone can read the tables.
     let e = &unsafe { &*chunk }[slot(key.block)];
     let _ = e.compare_exchange(f + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const FILE: u64 = 1;
-
-    /// A cache's tables and policy over frames of `core`, driven by reads
-    /// one after another, as `BlockCache` drives them.
-    struct Fixture {
-        core: Arc<Core>,
-        tables: Tables,
-        policy: Policy,
-        resident: AtomicUsize,
-    }
-
-    impl Fixture {
-        fn new(capacity: usize) -> Fixture {
-            Fixture {
-                core: Arc::new(Core::new(4096, capacity, 2 * capacity + 8)),
-                tables: Tables::new(),
-                policy: Policy::new(capacity),
-                resident: AtomicUsize::new(0),
-            }
-        }
-
-        /// Reads `block`: a hit (counted on its frame), or a miss whose
-        /// frame lands and is admitted. Whether it was a hit.
-        fn read(&mut self, block: u64) -> bool {
-            if let Some(f) = self.tables.lookup(FILE, block) {
-                if self.core.pin_if_holds(f, FILE, block).is_some() {
-                    return true;
-                }
-            }
-            let b = self.core.take().unwrap().into_block();
-            let key = Key { file: FILE, block };
-            let (admitted, _) =
-                self.policy
-                    .admit(&self.tables, &self.core, &self.resident, key, b.frame());
-            assert!(admitted);
-            false
-        }
-
-        /// Whether `block` is cached (looked up without counting a hit).
-        fn cached(&self, block: u64) -> bool {
-            self.tables.lookup(FILE, block).is_some()
-        }
-    }
-
-    /// In main, a block hit three times outlives one hit once: the
-    /// evictor spends one hit each time it passes a block, and takes the
-    /// block once it has none left.
-    #[test]
-    fn main_keeps_a_block_by_its_hit_count() {
-        let mut fx = Fixture::new(10);
-        // Ten blocks in small, each hit once.
-        for b in 0..10 {
-            assert!(!fx.read(b));
-        }
-        for b in 0..10 {
-            assert!(fx.read(b));
-        }
-        // A miss moves them to main (their counts cleared) until small
-        // is down to its tenth, then evicts main's head (block 0).
-        assert!(!fx.read(100));
-        assert!(!fx.cached(0));
-        let (often, once) = (1, 2);
-        for _ in 0..3 {
-            assert!(fx.read(often));
-        }
-        assert!(fx.read(once));
-        // Blocks read twice in a row enter main, each pushing out its
-        // head, so the evictor goes round main again and again.
-        let mut steps = 0;
-        while fx.cached(once) {
-            steps += 1;
-            assert!(steps < 100, "the block hit once was never evicted");
-            let b = 200 + steps;
-            assert!(!fx.read(b));
-            assert!(fx.read(b));
-        }
-        assert!(
-            fx.cached(often),
-            "the block hit three times went with the one hit once"
-        );
-        // It goes too once its hits are spent.
-        while fx.cached(often) {
-            steps += 1;
-            assert!(steps < 200, "the block hit three times was never evicted");
-            let b = 200 + steps;
-            assert!(!fx.read(b));
-            assert!(fx.read(b));
-        }
-    }
 }
