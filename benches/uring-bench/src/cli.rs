@@ -324,10 +324,10 @@ pub enum Mode {
     MemFairChild(MemFairChildArgs),
 
     /// Eviction policies on the draws of `mem-fair`'s zipf workload,
-    /// simulated (no I/O): LRU, S3-FIFO with an access bit, S3-FIFO with
-    /// 2-bit counters (as `BlockCache` runs it), W-TinyLFU with exact
-    /// counts, and the ideal (a cache that always holds the most likely
-    /// blocks). Hit ratios over the same draws, after a warm-up.
+    /// simulated (no I/O): LRU, S3-FIFO with an access bit (as
+    /// `BlockCache` runs it), S3-FIFO with 2-bit counters, W-TinyLFU with
+    /// exact counts, and the ideal (a cache that always holds the most
+    /// likely blocks). Hit ratios over the same draws, after a warm-up.
     ZipfPolicies(ZipfPoliciesArgs),
 
     /// Lookups under a scan: cold random 4 KiB point lookups on one file,
