@@ -11,9 +11,9 @@
 //!
 //! This file only hands the command line to its mode: `random_reads` (the
 //! default), `cpu_per_read`, `lines`, `open_loop`, `write_bench`,
-//! `mem_fair`, `sched` and `zipf_policies`. They share the kinds of `kinds`, the flags of
-//! `cli`, the dataset, the engines and the reports; `machine` describes
-//! the machine a run is measured on.
+//! `mem_fair`, `sched` and `zipf_policies`. They share the kinds of
+//! `kinds`, the flags of `cli`, the dataset, the engines and the reports;
+//! `machine` describes the machine a run is measured on.
 
 mod buf;
 mod cgroup;

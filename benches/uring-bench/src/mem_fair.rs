@@ -949,9 +949,10 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         if let (MemWorkload::Zipf, Some((cache, budget))) = (w, zipf_ideal) {
             let _ = writeln!(
                 md,
-                "\nideal hit ratio (a cache that always holds the most likely blocks: with \
-                 independent Zipf draws no policy that does not know the next reads does better): {:.1} % in the BlockCache's \
-                 {} MiB, {:.1} % in the whole {} MiB budget",
+                "\nideal hit ratio (a cache that always holds the most likely blocks: \
+                 with independent Zipf draws no policy that does not know the next \
+                 reads does better): {:.1} % in the BlockCache's {} MiB, {:.1} % in \
+                 the whole {} MiB budget",
                 cache * 100.0,
                 cache_bytes >> 20,
                 budget * 100.0,
