@@ -24,7 +24,9 @@ use std::fmt;
 use std::io;
 use std::ops::Deref;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex};
 
 use crate::buf::{AlignedBuf, IoBufMut};
@@ -297,6 +299,8 @@ pub(super) struct Core {
     taken: AtomicUsize,
     /// Frames pinned and in no table.
     retired: AtomicUsize,
+    /// Set by [`close`](Core::close): the cache is gone.
+    closed: AtomicBool,
 }
 
 /// A region: `1 << region_shift` frames, their bytes in one
@@ -367,6 +371,7 @@ impl Core {
             carved: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
             retired: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -526,24 +531,28 @@ impl Core {
 
     /// Frame `f`, retired and pinned (a flight's block), now mapped in a
     /// table (its tag set first): resident.
-    pub(super) fn mapped(&self, f: u32) {
+    pub(super) fn mapped(self: &Arc<Core>, f: u32) {
         let h = self.header(f);
         let prev = h.state.fetch_and(!RETIRED, Ordering::AcqRel);
         debug_assert!(
             prev & RETIRED != 0 && prev & PINS > 0,
             "a retired, pinned frame"
         );
+        debug_assert!(
+            Arc::strong_count(self) >= 2,
+            "the caller's count and the frame's"
+        );
         self.retired.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: the RETIRED bit held one strong count of this core (taken
         // in `FrameBuf::into_block` or `unmapped`); the caller holds
-        // another (it reached the core through an `Arc`), so this is not
-        // the last.
-        unsafe { Arc::decrement_strong_count(std::ptr::from_ref(self)) };
+        // another (`self`), so this is not the last.
+        unsafe { Arc::decrement_strong_count(Arc::as_ptr(self)) };
     }
 
     /// The cache is going: every frame still pinned is retired, so that it
     /// keeps the core alive until its last unpin.
     pub(super) fn close(self: &Arc<Core>) {
+        self.closed.store(true, Ordering::Relaxed);
         for f in 0..self.carved() {
             let f = u32::try_from(f).expect("frame indices fit u32");
             let h = self.header(f);
@@ -656,6 +665,27 @@ impl Core {
     /// Frames pinned and in no table.
     pub(super) fn retired(&self) -> usize {
         self.retired.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Core {
+    /// The last strong count is gone: the cache was dropped, and no frame
+    /// is pinned or being filled (each would hold a count). Anything else
+    /// means a count was given back twice and the memory is about to be
+    /// freed under a live reference: abort rather than let it be used.
+    fn drop(&mut self) {
+        let (closed, retired, taken) = (
+            *self.closed.get_mut(),
+            *self.retired.get_mut(),
+            *self.taken.get_mut(),
+        );
+        if !closed || retired != 0 || taken != 0 {
+            eprintln!(
+                "uring-positioned-io: block cache memory freed while in use \
+                 (cache dropped: {closed}, frames pinned: {retired}, filling: {taken}); aborting"
+            );
+            std::process::abort();
+        }
     }
 }
 
@@ -944,5 +974,6 @@ mod tests {
         assert!(h.copy_still(seen), "retired while pinned");
         drop(pin);
         assert!(!h.copy_still(seen), "recycled by its last unpin");
+        core.close();
     }
 }
