@@ -31,9 +31,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Waker;
 
-use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
+use futures::future::{BoxFuture, Shared, WeakShared};
 
 use crate::context::UringContext;
 use crate::error::{self, os_error};
@@ -130,6 +131,46 @@ type FlightFuture = BoxFuture<'static, Arc<[Outcome]>>;
 /// A read of some blocks that every caller missing them waits for.
 type Flight = Shared<FlightFuture>;
 
+/// The waker that wakes every waiter of a flight: the one `Shared` polls
+/// the flight's future with, recorded by `run_flight` at its first poll.
+type WakeAll = Arc<OnceLock<Waker>>;
+
+/// One caller's wait for block `slot` of a flight.
+///
+/// A `Shared` wakes all its waiters when the flight's future may progress,
+/// and relies on them to poll it again. One that is dropped instead (a
+/// caller giving up) may have been the only one to take that wake: another
+/// waiter that polled meanwhile, while the first was polling the future,
+/// went back to sleep. Dropped before the flight ends, a `Waiting`
+/// therefore wakes the others, so that one of them polls the flight.
+struct Waiting {
+    flight: Flight,
+    slot: usize,
+    wake_all: WakeAll,
+    done: bool,
+}
+
+impl Waiting {
+    fn new(flight: Flight, slot: usize, wake_all: WakeAll) -> Waiting {
+        Waiting {
+            flight,
+            slot,
+            wake_all,
+            done: false,
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(w) = self.wake_all.get() {
+                w.wake_by_ref();
+            }
+        }
+    }
+}
+
 /// A failed block read, as every waiter gets it (an `io::Error` cannot be
 /// cloned; each gets a new one with the same kind, errno and words).
 #[derive(Debug)]
@@ -183,6 +224,7 @@ impl FlightError {
 struct Entry {
     id: u64,
     flight: WeakShared<FlightFuture>,
+    wake_all: WakeAll,
     slot: usize,
 }
 
@@ -205,7 +247,7 @@ struct Flights {
 /// A block being looked up: there, or a flight to wait for.
 enum Lookup {
     Hit(BlockRef),
-    Wait(Flight, usize),
+    Wait(Waiting),
 }
 
 /// The file a call works on, as found in the context's table.
@@ -692,8 +734,10 @@ impl BlockCache {
             return Ok(());
         }
         let (_, started) = state.join_or_start(file, &missing, false);
-        if let Some(flight) = started {
-            drop(handle.spawn(flight.map(drop)));
+        if let Some(mut wait) = started {
+            drop(handle.spawn(async move {
+                std::future::poll_fn(|cx| state::poll_flight(&mut wait, cx)).await;
+            }));
         }
         Ok(())
     }
@@ -771,5 +815,79 @@ impl BlockCache {
             in_flight_bytes: bytes(s.core.taken() as u64),
             pool_bytes: bytes(s.core.carved() as u64),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Context, Poll, Wake};
+
+    /// A waker that counts its wakes.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn poll(w: &mut Waiting, count: &Arc<Count>) -> Poll<Arc<[Outcome]>> {
+        let waker = Waker::from(count.clone());
+        state::poll_flight(w, &mut Context::from_waker(&waker))
+    }
+
+    /// Two callers wait for one flight. While A polls the flight's future,
+    /// the read completes (every waiter is woken) and B, woken, polls too:
+    /// it finds the future being polled and waits again, while A's poll
+    /// ends `Pending` (it looked before the read was done). A then gives
+    /// up instead of polling again: B must be woken, or nobody polls the
+    /// flight again.
+    #[test]
+    fn a_waiter_given_up_after_a_wake_passes_it_on() {
+        let wake_all = WakeAll::default();
+        let b_cell: Arc<Mutex<Option<Waiting>>> = Arc::default();
+        let (b_count, a_count) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let mut polls = 0;
+        let (inner_wake_all, inner_b, inner_b_count) =
+            (wake_all.clone(), b_cell.clone(), b_count.clone());
+        let flight: Flight = std::future::poll_fn(move |cx| {
+            inner_wake_all.get_or_init(|| cx.waker().clone());
+            polls += 1;
+            match polls {
+                1 => Poll::Pending,
+                2 => {
+                    // The read completes: the kernel's wake.
+                    cx.waker().wake_by_ref();
+                    // B, woken, polls meanwhile (on another thread).
+                    let mut b = inner_b.lock().unwrap().take().expect("B");
+                    assert!(poll(&mut b, &inner_b_count).is_pending());
+                    *inner_b.lock().unwrap() = Some(b);
+                    Poll::Pending
+                }
+                _ => Poll::Ready(Arc::from(Vec::<Outcome>::new())),
+            }
+        })
+        .boxed()
+        .shared();
+        let mut a = Waiting::new(flight.clone(), 0, wake_all.clone());
+        let mut b = Waiting::new(flight, 0, wake_all);
+        assert!(poll(&mut b, &b_count).is_pending(), "B starts the read");
+        *b_cell.lock().unwrap() = Some(b);
+        assert!(
+            poll(&mut a, &a_count).is_pending(),
+            "A polls as it completes"
+        );
+        let woken = b_count.0.load(Ordering::SeqCst);
+        drop(a);
+        assert!(
+            b_count.0.load(Ordering::SeqCst) > woken,
+            "B woken when A gives up"
+        );
+        let mut b = b_cell.lock().unwrap().take().expect("B");
+        assert!(poll(&mut b, &b_count).is_ready());
     }
 }

@@ -16,7 +16,7 @@ use futures::FutureExt;
 
 use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
-    Outcome, State, MAX_SHORT,
+    Outcome, State, Waiting, WakeAll, MAX_SHORT,
 };
 use crate::buf::IoBufMut;
 use crate::error;
@@ -203,10 +203,9 @@ impl State {
             let waits = lookups.into_iter().map(|l| async move {
                 match l {
                     Lookup::Hit(b) => Ok(b),
-                    Lookup::Wait(mut flight, slot) => {
-                        let outcomes =
-                            std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
-                        outcomes[slot].clone().map_err(|e| e.to_io())
+                    Lookup::Wait(mut wait) => {
+                        let outcomes = std::future::poll_fn(|cx| poll_flight(&mut wait, cx)).await;
+                        outcomes[wait.slot].clone().map_err(|e| e.to_io())
                     }
                 }
             });
@@ -244,9 +243,9 @@ impl State {
         }
         match self.join_or_start(file, &[block], true).0.pop() {
             Some(Lookup::Hit(b)) => Ok(b),
-            Some(Lookup::Wait(mut flight, slot)) => {
-                let outcomes = std::future::poll_fn(|cx| poll_flight(&mut flight, cx)).await;
-                outcomes[slot].clone().map_err(|e| e.to_io())
+            Some(Lookup::Wait(mut wait)) => {
+                let outcomes = std::future::poll_fn(|cx| poll_flight(&mut wait, cx)).await;
+                outcomes[wait.slot].clone().map_err(|e| e.to_io())
             }
             None => unreachable!("one lookup per block"),
         }
@@ -262,7 +261,7 @@ impl State {
         file: FileRef,
         blocks: &[u64],
         count: bool,
-    ) -> (Vec<Lookup>, Option<Flight>) {
+    ) -> (Vec<Lookup>, Option<Waiting>) {
         let mut flights = lock(&self.flights);
         let mut out = Vec::with_capacity(blocks.len());
         let mut new = Vec::new();
@@ -271,14 +270,14 @@ impl State {
                 file: file.key,
                 block,
             };
-            if let Some(flight) = flights.map.get(&key).and_then(|e| {
-                let slot = e.slot;
-                e.flight.upgrade().map(|f| (f, slot))
+            if let Some(wait) = flights.map.get(&key).and_then(|e| {
+                let flight = e.flight.upgrade()?;
+                Some(Waiting::new(flight, e.slot, e.wake_all.clone()))
             }) {
                 if count {
                     self.coalesced.fetch_add(1, Ordering::Relaxed);
                 }
-                out.push(Some(Lookup::Wait(flight.0, flight.1)));
+                out.push(Some(Lookup::Wait(wait)));
                 continue;
             }
             // A flight that ended between the caller's look and this lock
@@ -296,9 +295,16 @@ impl State {
             flights.next_id += 1;
             let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
             self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
-            let flight: Flight = run_flight(self.clone(), (id, epoch), file, new.clone())
-                .boxed()
-                .shared();
+            let wake_all = WakeAll::default();
+            let flight: Flight = run_flight(
+                self.clone(),
+                (id, epoch),
+                file,
+                new.clone(),
+                wake_all.clone(),
+            )
+            .boxed()
+            .shared();
             let weak = flight.downgrade().expect("a flight not yet polled");
             for (slot, &block) in new.iter().enumerate() {
                 flights.map.insert(
@@ -309,6 +315,7 @@ impl State {
                     Entry {
                         id,
                         flight: weak.clone(),
+                        wake_all: wake_all.clone(),
                         slot,
                     },
                 );
@@ -316,10 +323,15 @@ impl State {
             let mut slots = 0..;
             for o in &mut out {
                 if o.is_none() {
-                    *o = Some(Lookup::Wait(flight.clone(), slots.next().unwrap_or(0)));
+                    let slot = slots.next().unwrap_or(0);
+                    *o = Some(Lookup::Wait(Waiting::new(
+                        flight.clone(),
+                        slot,
+                        wake_all.clone(),
+                    )));
                 }
             }
-            started = Some(flight);
+            started = Some(Waiting::new(flight, 0, wake_all));
         }
         (out.into_iter().flatten().collect(), started)
     }
@@ -405,10 +417,12 @@ impl Invalidate for State {
 /// Polls a flight; a task about to wait for one ends its inline stretch
 /// (`inline::end_stretch`), so that its hits after the wait start a new one
 /// instead of yielding first.
-pub(super) fn poll_flight(flight: &mut Flight, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
-    let res = Pin::new(flight).poll(cx);
+pub(super) fn poll_flight(wait: &mut Waiting, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
+    let res = Pin::new(&mut wait.flight).poll(cx);
     if res.is_pending() {
         inline::end_stretch();
+    } else {
+        wait.done = true;
     }
     res
 }
@@ -451,7 +465,15 @@ async fn run_flight(
     id: (u64, u64),
     file: FileRef,
     blocks: Vec<u64>,
+    wake_all: WakeAll,
 ) -> Arc<[Outcome]> {
+    // Polled by the `Shared` with its waker of every waiter, the same at
+    // every poll.
+    std::future::poll_fn(|cx| {
+        wake_all.get_or_init(|| cx.waker().clone());
+        Poll::Ready(())
+    })
+    .await;
     let mut abandon = Abandon {
         state: &state,
         id,
@@ -546,7 +568,7 @@ pub struct GetBlock<'a> {
     pub(super) state: &'a Arc<State>,
     pub(super) fid: FileId,
     pub(super) block: u64,
-    pub(super) wait: Option<(Flight, usize)>,
+    pub(super) wait: Option<Waiting>,
 }
 
 impl fmt::Debug for GetBlock<'_> {
@@ -578,13 +600,13 @@ impl Future for GetBlock<'_> {
             }
             match state.join_or_start(file, &[this.block], true).0.pop() {
                 Some(Lookup::Hit(b)) => return Poll::Ready(Ok(b)),
-                Some(Lookup::Wait(flight, slot)) => this.wait = Some((flight, slot)),
+                Some(Lookup::Wait(wait)) => this.wait = Some(wait),
                 None => unreachable!("one lookup per block"),
             }
         }
-        let (flight, slot) = this.wait.as_mut().expect("waiting for a flight");
-        let outcomes = ready!(poll_flight(flight, cx));
-        let res = outcomes[*slot].clone().map_err(|e| e.to_io());
+        let wait = this.wait.as_mut().expect("waiting for a flight");
+        let outcomes = ready!(poll_flight(wait, cx));
+        let res = outcomes[wait.slot].clone().map_err(|e| e.to_io());
         this.wait = None;
         Poll::Ready(res)
     }
