@@ -821,23 +821,12 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::count_waker;
     use futures::FutureExt;
-    use std::sync::atomic::AtomicUsize;
-    use std::task::{Context, Poll, Wake};
+    use std::task::{Context, Poll};
 
-    /// A waker that counts its wakes.
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn poll(w: &mut Waiting, count: &Arc<Count>) -> Poll<Arc<[Outcome]>> {
-        let waker = Waker::from(count.clone());
-        state::poll_flight(w, &mut Context::from_waker(&waker))
+    fn poll(w: &mut Waiting, waker: &Waker) -> Poll<Arc<[Outcome]>> {
+        state::poll_flight(w, &mut Context::from_waker(waker))
     }
 
     /// Two callers wait for one flight. While A polls the flight's future,
@@ -850,10 +839,10 @@ mod tests {
     fn a_waiter_given_up_after_a_wake_passes_it_on() {
         let wake_all = WakeAll::default();
         let b_cell: Arc<Mutex<Option<Waiting>>> = Arc::default();
-        let (b_count, a_count) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let ((b_count, b_waker), (_, a_waker)) = (count_waker(), count_waker());
         let mut polls = 0;
-        let (inner_wake_all, inner_b, inner_b_count) =
-            (wake_all.clone(), b_cell.clone(), b_count.clone());
+        let (inner_wake_all, inner_b, inner_b_waker) =
+            (wake_all.clone(), b_cell.clone(), b_waker.clone());
         let flight: Flight = std::future::poll_fn(move |cx| {
             inner_wake_all.get_or_init(|| cx.waker().clone());
             polls += 1;
@@ -864,7 +853,7 @@ mod tests {
                     cx.waker().wake_by_ref();
                     // B, woken, polls meanwhile (on another thread).
                     let mut b = inner_b.lock().unwrap().take().expect("B");
-                    assert!(poll(&mut b, &inner_b_count).is_pending());
+                    assert!(poll(&mut b, &inner_b_waker).is_pending());
                     *inner_b.lock().unwrap() = Some(b);
                     Poll::Pending
                 }
@@ -875,10 +864,10 @@ mod tests {
         .shared();
         let mut a = Waiting::new(flight.clone(), 0, wake_all.clone());
         let mut b = Waiting::new(flight, 0, wake_all);
-        assert!(poll(&mut b, &b_count).is_pending(), "B starts the read");
+        assert!(poll(&mut b, &b_waker).is_pending(), "B starts the read");
         *b_cell.lock().unwrap() = Some(b);
         assert!(
-            poll(&mut a, &a_count).is_pending(),
+            poll(&mut a, &a_waker).is_pending(),
             "A polls as it completes"
         );
         let woken = b_count.0.load(Ordering::SeqCst);
@@ -888,6 +877,6 @@ mod tests {
             "B woken when A gives up"
         );
         let mut b = b_cell.lock().unwrap().take().expect("B");
-        assert!(poll(&mut b, &b_count).is_ready());
+        assert!(poll(&mut b, &b_waker).is_ready());
     }
 }

@@ -327,18 +327,8 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::task::Wake;
 
-    struct CountWaker(AtomicUsize);
-    impl Wake for CountWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn waker() -> (Arc<CountWaker>, Waker) {
-        let c = Arc::new(CountWaker(AtomicUsize::new(0)));
-        (c.clone(), Waker::from(c))
-    }
+    use crate::util::count_waker as waker;
 
     /// A resource whose drop is observable: stands for the file entry/permit.
     #[derive(Debug)]
