@@ -203,10 +203,7 @@ impl State {
             let waits = lookups.into_iter().map(|l| async move {
                 match l {
                     Lookup::Hit(b) => Ok(b),
-                    Lookup::Wait(mut wait) => {
-                        let outcomes = std::future::poll_fn(|cx| poll_flight(&mut wait, cx)).await;
-                        outcomes[wait.slot].clone().map_err(|e| e.to_io())
-                    }
+                    Lookup::Wait(mut wait) => std::future::poll_fn(|cx| wait.poll_block(cx)).await,
                 }
             });
             let mut results = futures::future::join_all(waits).await.into_iter();
@@ -243,10 +240,7 @@ impl State {
         }
         match self.join_or_start(file, &[block], true).0.pop() {
             Some(Lookup::Hit(b)) => Ok(b),
-            Some(Lookup::Wait(mut wait)) => {
-                let outcomes = std::future::poll_fn(|cx| poll_flight(&mut wait, cx)).await;
-                outcomes[wait.slot].clone().map_err(|e| e.to_io())
-            }
+            Some(Lookup::Wait(mut wait)) => std::future::poll_fn(|cx| wait.poll_block(cx)).await,
             None => unreachable!("one lookup per block"),
         }
     }
@@ -427,6 +421,14 @@ pub(super) fn poll_flight(wait: &mut Waiting, cx: &mut Context<'_>) -> Poll<Arc<
     res
 }
 
+impl Waiting {
+    /// The waited-for block, or its error, once the flight has landed.
+    pub(super) fn poll_block(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<BlockRef>> {
+        let outcomes = ready!(poll_flight(self, cx));
+        Poll::Ready(outcomes[self.slot].clone().map_err(|e| e.to_io()))
+    }
+}
+
 pub(super) fn beyond_max(fid: FileId, block: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
@@ -605,8 +607,7 @@ impl Future for GetBlock<'_> {
             }
         }
         let wait = this.wait.as_mut().expect("waiting for a flight");
-        let outcomes = ready!(poll_flight(wait, cx));
-        let res = outcomes[wait.slot].clone().map_err(|e| e.to_io());
+        let res = ready!(wait.poll_block(cx));
         this.wait = None;
         Poll::Ready(res)
     }
