@@ -471,9 +471,26 @@ impl Shared {
 }
 
 /// The in-flight slots of one ring or of the blocking pool.
-#[derive(Debug)]
 pub(crate) struct Slots {
     shared: Arc<Shared>,
+}
+
+/// What the slots are doing now (free, held and waited for per class);
+/// `<busy>` when another thread holds their lock.
+impl fmt::Debug for Slots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Slots");
+        match self.shared.state.try_lock() {
+            Ok(st) => d
+                .field("limit", &st.cfg.limit)
+                .field("free", &st.free)
+                .field("held", &st.in_flight)
+                .field("waiting", &[st.queues[0].len(), st.queues[1].len()])
+                .field("closed", &st.closed),
+            Err(_) => d.field("state", &format_args!("<busy>")),
+        };
+        d.finish_non_exhaustive()
+    }
 }
 
 /// A slot; released when dropped (when the op it belongs to is over).

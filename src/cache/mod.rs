@@ -394,13 +394,19 @@ pub struct BlockCache {
     state: Arc<State>,
 }
 
+/// The settings, the counters, and the blocks being read now (`<busy>`
+/// when another thread holds the flights' lock).
 impl fmt::Debug for BlockCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockCache")
-            .field("block_size", &self.state.block)
+        let mut d = f.debug_struct("BlockCache");
+        d.field("block_size", &self.state.block)
             .field("capacity_bytes", &self.capacity_bytes())
-            .field("stats", &self.stats())
-            .finish()
+            .field("stats", &self.stats());
+        match self.state.flights.try_lock() {
+            Ok(fl) => d.field("blocks_in_flight", &fl.map.len()),
+            Err(_) => d.field("blocks_in_flight", &format_args!("<busy>")),
+        };
+        d.finish()
     }
 }
 

@@ -152,13 +152,22 @@ pub struct UringContext {
     pub(crate) priority: Priority,
 }
 
+/// The backend, the counters, and with `{:#?}` what every ring is doing
+/// now (ops queued and in the kernel, the driver's flags, the in-flight
+/// slots): the dump to take when reads seem stuck.
 impl fmt::Debug for UringContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UringContext")
-            .field("backend", &self.inner.info)
+        let alternate = f.alternate();
+        let mut d = f.debug_struct("UringContext");
+        d.field("backend", &self.inner.info)
             .field("priority", &self.priority)
-            .field("stats", &self.stats())
-            .finish()
+            .field("stats", &self.stats());
+        if alternate {
+            if let Backend::Uring(rings) = &self.inner.backend {
+                d.field("rings", rings);
+            }
+        }
+        d.finish()
     }
 }
 

@@ -202,10 +202,41 @@ pub(crate) struct Ring {
     pub(super) relay: Mutex<VecDeque<Waker>>,
 }
 
+/// The ring and what it is doing now: ops queued and in the kernel, the
+/// driver's flags, the slots. Fields behind a lock another thread holds
+/// print as `<busy>` (a dump taken while the process seems stuck must not
+/// wait on it).
 impl fmt::Debug for Ring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ring")
-            .field("fd", &self.uring.as_raw_fd())
+        let mut d = f.debug_struct("Ring");
+        d.field("fd", &self.uring.as_raw_fd());
+        match self.state.try_lock() {
+            Ok(st) => d
+                .field("live", &st.live)
+                .field("backlog", &st.backlog.len())
+                .field("in_sq", &st.in_sq.len())
+                .field("submitted", &st.submitted)
+                .field("completed", &st.completed)
+                .field("cancels", &st.cancels)
+                .field("closed", &st.closed.is_some())
+                .field("driver_gone", &st.driver_gone)
+                .field("gave_up", &st.gave_up)
+                .field("orphaned", &st.orphaned),
+            Err(_) => d.field("state", &format_args!("<busy>")),
+        };
+        match self.relay.try_lock() {
+            Ok(r) => d.field("relay", &r.len()),
+            Err(_) => d.field("relay", &format_args!("<busy>")),
+        };
+        d.field("idle", &self.idle.load(Ordering::Relaxed))
+            .field("polling", &self.polling.load(Ordering::Relaxed))
+            .field(
+                "submit_pending",
+                &self.submit_pending.load(Ordering::Relaxed),
+            )
+            .field("enters", &self.enters.load(Ordering::Relaxed))
+            .field("driver_polls", &self.driver_polls.load(Ordering::Relaxed))
+            .field("permits", &self.permits)
             .field("pool", &*self.pool)
             .field("pool_registered", &self.pool_registered)
             .finish_non_exhaustive()
