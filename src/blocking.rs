@@ -10,6 +10,7 @@
 //! free, or, for a latency read, queued with the slots and started by the
 //! thread whose release grants it one ([`hand_off`]).
 
+use std::fmt;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -31,7 +32,6 @@ use crate::files::FileEntry;
 use crate::permit::{Job, Permit, Slots, SlotsConfig};
 use crate::thread::Handoffs;
 
-#[derive(Debug)]
 pub(crate) struct BlockingPool {
     /// Ops on the blocking pool at once (`Builder::max_in_flight`).
     pub(crate) permits: Slots,
@@ -46,6 +46,19 @@ pub(crate) struct BlockingPool {
     gave_up: AtomicBool,
     /// Notified (to every waiter) when `gave_up` is set.
     gave_up_notify: Arc<Notify>,
+}
+
+/// What the pool is doing now: jobs started and ended, and its slots.
+impl fmt::Debug for BlockingPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockingPool")
+            .field("started", &self.counts.submitted.load(Ordering::Relaxed))
+            .field("ended", &self.counts.completed.load(Ordering::Relaxed))
+            .field("closed", &self.counts.closed.load(Ordering::Relaxed))
+            .field("gave_up", &self.gave_up.load(Ordering::Relaxed))
+            .field("permits", &self.permits)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The largest bounce buffer a thread keeps for its next blocking read

@@ -154,7 +154,8 @@ pub struct UringContext {
 
 /// The backend, the counters, and with `{:#?}` what every ring is doing
 /// now (ops queued and in the kernel, the driver's flags, the in-flight
-/// slots): the dump to take when reads seem stuck.
+/// slots) and the blocking pool (jobs started and ended, its slots): the
+/// dump to take when reads seem stuck.
 impl fmt::Debug for UringContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let alternate = f.alternate();
@@ -166,6 +167,7 @@ impl fmt::Debug for UringContext {
             if let Backend::Uring(rings) = &self.inner.backend {
                 d.field("rings", rings);
             }
+            d.field("blocking_pool", &self.inner.blocking);
         }
         d.finish()
     }

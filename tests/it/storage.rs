@@ -245,6 +245,24 @@ fn hung_storage_does_not_freeze_the_runtime() {
                 for h in &hung {
                     assert!(!h.is_finished(), "a read of hung storage finished");
                 }
+                // The context's dump shows where the reads are: on the
+                // rings route in the kernel (`live`), on the others started
+                // on the blocking pool and not ended; their slots held.
+                let dump = format!("{ctx:#?}");
+                let field = |name: &str| -> usize {
+                    dump.lines()
+                        .filter_map(|l| l.trim().strip_prefix(name))
+                        .filter_map(|v| v.trim_end_matches(',').parse::<usize>().ok())
+                        .sum()
+                };
+                if matches!(route, Route::Ring) {
+                    assert!(field("live: ") >= 1, "no live op in the dump:\n{dump}");
+                    assert!(field("free: ") < field("limit: "), "no slot held:\n{dump}");
+                } else {
+                    assert_eq!(field("live: "), 0, "{dump}");
+                    assert!(field("started: ") > field("ended: "), "{dump}");
+                    assert!(field("free: ") < field("limit: "), "no slot held:\n{dump}");
+                }
                 // shutdown() returns within its timeout even so.
                 let t = Instant::now();
                 tokio::time::timeout(Duration::from_secs(10), ctx.shutdown())
