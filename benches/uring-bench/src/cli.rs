@@ -347,6 +347,16 @@ pub enum Mode {
     /// cache, every block verified, ratios per round. Needs root and
     /// `/dev/fuse`; otherwise it says why and exits with success.
     SlowFile(SlowFileArgs),
+    /// The block cache and the context under hostile use, for `--secs`:
+    /// rounds of random settings (backend, workers, rings, slots, block
+    /// size, a cache of a few blocks, `O_DIRECT` or not), tasks that read,
+    /// get, multi-get, prefetch, invalidate, write, punch holes,
+    /// register and unregister files, give up reads mid-flight and hold
+    /// blocks on another thread; every byte checked (no stale byte after a
+    /// completed write), nothing pinned or in flight after a round, and a
+    /// watchdog that prints every ring's state if a task hangs. Fails
+    /// (exit status 1) on the first wrong byte, error, leak or hang.
+    Soak(SoakArgs),
     /// Parquet through the crate's `ParquetFileReader` against
     /// `tokio::fs::File` and a `spawn_blocking` reader (what
     /// `object_store`'s local file system does): random row lookups with
@@ -722,6 +732,41 @@ pub struct ZipfPoliciesArgs {
     /// Seed of the draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+/// Flags of `uring-bench soak`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SoakArgs {
+    /// Seconds of rounds.
+    #[arg(long, default_value_t = 60.0)]
+    pub secs: f64,
+
+    /// Seed of the rounds' settings (default: from the clock; printed).
+    #[arg(long, value_parser = parse_seed)]
+    pub seed: Option<u64>,
+
+    /// Run every round with this round's settings (as printed by a
+    /// failure), to reproduce it.
+    #[arg(long, value_parser = parse_seed)]
+    pub round_seed: Option<u64>,
+
+    /// A task that finishes no operation for this long is a hang.
+    #[arg(long, default_value_t = 10.0)]
+    pub stall_secs: f64,
+
+    /// Where the soak's files go (a directory it makes and removes).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    pub dir: PathBuf,
+}
+
+/// A seed, decimal or `0x` hex.
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    }
+    .map_err(|e| format!("invalid seed {s:?}: {e}"))
 }
 
 /// Flags of the hidden `mem-fair-child`.

@@ -35,6 +35,7 @@ mod random_reads;
 mod report;
 mod sched;
 mod slow_file;
+mod soak;
 mod stop;
 mod two_threads;
 mod verify;
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
         Some(Mode::ZipfPolicies(a)) => zipf_policies::run(a),
         Some(Mode::Sched(a)) => sched::run(a),
         Some(Mode::SlowFile(a)) => slow_file::run(a),
+        Some(Mode::Soak(a)) => soak::run(a),
         #[cfg(feature = "parquet")]
         Some(Mode::Parquet(a)) => parquet_bench::run(a),
         #[cfg(not(feature = "parquet"))]

@@ -1,0 +1,1196 @@
+//! `uring-bench soak`: the block cache and the context under hostile use,
+//! in rounds of random settings, every byte checked, with a watchdog.
+//!
+//! Each round builds a context and a `BlockCache` with settings drawn from
+//! the round's seed (backend, runtime workers, rings, ring size, in-flight
+//! slots, the inline path, block size, a cache of 1 to 7 blocks or of 64,
+//! read-only files `O_DIRECT` or buffered) and runs 2 to 6 tasks for a few
+//! milliseconds. Each task loops on random operations:
+//! - `get`, `read`, `get_many` and `prefetch` of fixed read-only files
+//!   (sizes not a multiple of the block, one empty) and of files the first
+//!   task registers and unregisters meanwhile; every byte is checked
+//!   against the file's pattern. A stale id's error (`InvalidInput`, or
+//!   `EBADF` for a read that had not reached the kernel) is accepted only
+//!   from the files being unregistered;
+//! - `invalidate` of random ranges;
+//! - writes and hole punches through the context in the task's own range
+//!   of a writable file, and reads of that range through the cache, which
+//!   must return what the last completed write or punch left (no stale
+//!   byte); other tasks read any range of that file meanwhile, unchecked,
+//!   to race their misses with the writes;
+//! - a quarter of the reads given up after 0 to 200 µs (their futures
+//!   dropped mid-flight, some after their first poll);
+//! - blocks handed to a holder thread that keeps them for a while, checks
+//!   them again and drops them there, outliving the round's cache, context
+//!   and runtime.
+//!
+//! A round ends by stopping its tasks, or (one in eight) by dropping the
+//! runtime under them; then the cache and the context are dropped in a
+//! random order. After a round that ended normally, once the holder has let
+//! go of its blocks, the cache must pin nothing, and its in-flight bytes and
+//! the context's ops in flight must reach zero within seconds.
+//!
+//! A task that completes no operation for `--stall-secs` is a hang: the
+//! soak prints the round's settings, each task's current operation, the
+//! cache's counters and the context's `{:#?}` (every ring's queues, driver
+//! flags and in-flight slots) and fails. A thread stuck outside the runtime
+//! (a deadlock, a drop that never returns) is caught by a second watchdog,
+//! a plain thread, which prints what it can and exits with status 3.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use uring_positioned_io::{
+    BackendChoice, BlockCache, BlockRef, CacheOptions, FallocateMode, FileId, UringContext,
+};
+
+use crate::cli::SoakArgs;
+
+/// The fixed read-only files: (salt, size). Sizes that are not a multiple
+/// of any block size, one empty file, one of exactly 4 blocks of 4 KiB.
+const FIXED: [(u64, u64); 4] = [(1, 70_001), (2, 16_384), (3, 0), (4, 9_000)];
+/// The files the first task registers and unregisters.
+const CHURN: [(u64, u64); 4] = [(11, 5_000), (12, 40_960), (13, 123_457), (14, 512)];
+/// Bytes of the writable file each task owns (not a multiple of a block,
+/// so a block spans two tasks' ranges).
+const OWN: u64 = 10_000;
+
+/// The byte at `offset` of the file with `salt`: every byte depends on
+/// every bit of its offset, so a block served for another, or another
+/// file's block, shows.
+fn pattern(salt: u64, offset: u64) -> u8 {
+    let x = (offset ^ (salt << 48)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 56) as u8
+}
+
+/// The first byte of `data` (the file's bytes from `offset`) that is not
+/// the pattern's.
+fn check(salt: u64, offset: u64, data: &[u8]) -> Result<(), String> {
+    match (0u64..)
+        .zip(data)
+        .find(|&(i, &b)| b != pattern(salt, offset + i))
+    {
+        None => Ok(()),
+        Some((i, &b)) => Err(format!(
+            "byte at offset {} of the file with salt {salt} is {b:#04x}, not {:#04x} \
+             ({} bytes read from offset {offset})",
+            offset + i,
+            pattern(salt, offset + i),
+            data.len()
+        )),
+    }
+}
+
+/// splitmix64: the soak's own reproducible draws.
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// What `O_DIRECT` reads of the soak's directory accept.
+#[derive(Debug, Clone, Copy)]
+enum Direct {
+    /// Not at all (the file system refuses `O_DIRECT`).
+    No,
+    /// Blocks of this size and up.
+    From(usize),
+}
+
+/// One round's settings, drawn from its seed.
+#[derive(Debug, Clone)]
+struct Settings {
+    seed: u64,
+    /// Runtime workers; 0: a `current_thread` runtime.
+    workers: usize,
+    backend: BackendChoice,
+    rings: usize,
+    ring_entries: u32,
+    max_in_flight: usize,
+    inline_nowait: bool,
+    block: usize,
+    capacity_blocks: u64,
+    direct: bool,
+    tasks: usize,
+    millis: u64,
+    /// The round ends by dropping the runtime under its tasks.
+    drop_runtime: bool,
+    /// The cache is dropped before the context at the end.
+    cache_first: bool,
+}
+
+impl Settings {
+    fn draw(seed: u64, direct: Direct, uring: bool) -> Settings {
+        let mut r = Rng(seed);
+        let block = r.pick(&[512, 4096]);
+        let workers = r.pick(&[0, 1, 2, 2, 3]);
+        let rings = r.pick(&[1, 1, 2]);
+        Settings {
+            seed,
+            workers,
+            backend: if uring && !r.one_in(4) {
+                BackendChoice::IoUring
+            } else {
+                BackendChoice::Fallback
+            },
+            rings,
+            ring_entries: r.pick(&[4, 8, 256]),
+            max_in_flight: r.pick(&[1, 2, 8, 512]).max(rings),
+            inline_nowait: r.one_in(2),
+            block,
+            capacity_blocks: if r.one_in(4) { 64 } else { 1 + r.below(7) },
+            direct: match direct {
+                Direct::From(b) => b <= block && r.one_in(2),
+                Direct::No => false,
+            },
+            tasks: 2 + r.below(5) as usize,
+            millis: 5 + r.below(46),
+            drop_runtime: r.one_in(8),
+            cache_first: r.one_in(2),
+        }
+    }
+}
+
+/// Operations a task draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Get,
+    Read,
+    GetMany,
+    Prefetch,
+    Invalidate,
+    Write,
+    Punch,
+    ReadOwn,
+    ReadOther,
+    Churn,
+}
+
+const OPS: [Op; 10] = [
+    Op::Get,
+    Op::Read,
+    Op::GetMany,
+    Op::Prefetch,
+    Op::Invalidate,
+    Op::Write,
+    Op::Punch,
+    Op::ReadOwn,
+    Op::ReadOther,
+    Op::Churn,
+];
+
+/// A read-only file a round reads: fixed, or registered by the churn.
+#[derive(Debug, Clone, Copy)]
+struct Ro {
+    fid: FileId,
+    salt: u64,
+    size: u64,
+    churned: bool,
+}
+
+/// Counters over the whole soak.
+#[derive(Default)]
+struct Totals {
+    ops: [AtomicU64; OPS.len()],
+    gave_up: AtomicU64,
+    stale: AtomicU64,
+    bytes_checked: AtomicU64,
+    held: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    coalesced: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// A task's progress, for the watchdogs.
+struct TaskState {
+    /// Milliseconds since the soak started when the task last finished an
+    /// operation.
+    last: AtomicU64,
+    active: AtomicBool,
+    op: Mutex<String>,
+}
+
+/// What a round's tasks share.
+struct Round {
+    settings: Settings,
+    stop: AtomicBool,
+    /// The runtime is being dropped under the tasks: the context's
+    /// "shut down" errors are expected from here on.
+    dying: AtomicBool,
+    tasks: Vec<TaskState>,
+    fixed: Vec<Ro>,
+    churn: Mutex<Vec<Ro>>,
+    writable: FileId,
+    /// The churn's files (paths, salts, sizes).
+    churn_files: Vec<(PathBuf, u64, u64)>,
+}
+
+/// The soak's shared state across rounds.
+struct Soak {
+    start: Instant,
+    failure: Mutex<Option<String>>,
+    totals: Totals,
+    /// The watchdog thread's view: what the main thread is doing, until
+    /// when, and the round's tasks.
+    phase: Mutex<(String, Instant, Option<Arc<Round>>)>,
+}
+
+impl Soak {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn fail(&self, why: String) {
+        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some(why);
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn set_phase(&self, what: String, within: Duration, round: Option<Arc<Round>>) {
+        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) =
+            (what, Instant::now() + within, round);
+    }
+}
+
+/// A block the holder thread keeps, and the bytes it must still hold.
+struct Held {
+    block: BlockRef,
+    expect: Vec<u8>,
+    until: Instant,
+}
+
+enum ToHolder {
+    Hold(Held),
+    /// Check and drop every block held, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
+fn holder(rx: &mpsc::Receiver<ToHolder>, soak: &Soak) {
+    let mut held: Vec<Held> = Vec::new();
+    let let_go = |h: Held, soak: &Soak| {
+        if *h.block != h.expect[..] {
+            soak.fail(format!(
+                "a held block changed: {} bytes, {} differ from what it held when read",
+                h.expect.len(),
+                h.block
+                    .iter()
+                    .zip(&h.expect)
+                    .filter(|(a, b)| a != b)
+                    .count()
+                    + h.block.len().abs_diff(h.expect.len())
+            ));
+        }
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(1)) {
+            Ok(ToHolder::Hold(h)) => held.push(h),
+            Ok(ToHolder::Flush(done)) => {
+                held.drain(..).for_each(|h| let_go(h, soak));
+                let _ = done.send(());
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                held.drain(..).for_each(|h| let_go(h, soak));
+                return;
+            }
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < held.len() {
+            if held[i].until <= now {
+                let_go(held.swap_remove(i), soak);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Which `O_DIRECT` reads the directory's file system accepts: a read of
+/// 512 aligned bytes, else of 4096.
+fn probe_direct(path: &Path) -> Direct {
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    else {
+        return Direct::No;
+    };
+    let mut space = vec![0u8; 3 * 4096];
+    let at = space.as_ptr().align_offset(4096);
+    for size in [512, 4096] {
+        if f.read_at(&mut space[at..at + size], 4096).is_ok() {
+            return Direct::From(size);
+        }
+    }
+    Direct::No
+}
+
+fn make_file(dir: &Path, name: &str, salt: u64, size: u64) -> io::Result<PathBuf> {
+    let path = dir.join(name);
+    let bytes: Vec<u8> = (0..size).map(|o| pattern(salt, o)).collect();
+    std::fs::write(&path, bytes)?;
+    Ok(path)
+}
+
+fn open_ro(path: &Path, direct: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+pub fn run(a: &SoakArgs) -> Result<bool, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("uring-bench-soak-")
+        .tempdir_in(&a.dir)
+        .map_err(|e| format!("soak: a directory in {}: {e}", a.dir.display()))?;
+    let mut fixed_paths = Vec::new();
+    for (i, &(salt, size)) in FIXED.iter().enumerate() {
+        fixed_paths.push(
+            make_file(dir.path(), &format!("fixed-{i}"), salt, size)
+                .map_err(|e| format!("soak: writing its files: {e}"))?,
+        );
+    }
+    let mut churn_files = Vec::new();
+    for (i, &(salt, size)) in CHURN.iter().enumerate() {
+        let p = make_file(dir.path(), &format!("churn-{i}"), salt, size)
+            .map_err(|e| format!("soak: writing its files: {e}"))?;
+        churn_files.push((p, salt, size));
+    }
+    let direct = probe_direct(&fixed_paths[0]);
+    let uring = io_uring::IoUring::new(4).is_ok();
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!(
+        "soak: {} s of rounds, seed {seed:#x}{}; files in {}; O_DIRECT: {direct:?}; io_uring: {}",
+        a.secs,
+        a.round_seed
+            .map_or(String::new(), |s| format!(", every round with seed {s:#x}")),
+        dir.path().display(),
+        if uring {
+            "yes"
+        } else {
+            "no (fallback rounds only)"
+        }
+    );
+
+    let soak = Arc::new(Soak {
+        start: Instant::now(),
+        failure: Mutex::new(None),
+        totals: Totals::default(),
+        phase: Mutex::new((
+            "starting".into(),
+            Instant::now() + Duration::from_secs(60),
+            None,
+        )),
+    });
+    let (to_holder, rx) = mpsc::channel::<ToHolder>();
+    let holder_thread = {
+        let soak = soak.clone();
+        std::thread::Builder::new()
+            .name("soak-holder".into())
+            .spawn(move || holder(&rx, &soak))
+            .map_err(|e| format!("soak: holder thread: {e}"))?
+    };
+    let watchdog_done = Arc::new(AtomicBool::new(false));
+    {
+        let soak = soak.clone();
+        let done = watchdog_done.clone();
+        std::thread::Builder::new()
+            .name("soak-watchdog".into())
+            .spawn(move || watchdog(&soak, &done))
+            .map_err(|e| format!("soak: watchdog thread: {e}"))?;
+    }
+
+    let stall = Duration::from_secs_f64(a.stall_secs);
+    let end = Instant::now() + Duration::from_secs_f64(a.secs);
+    let mut seeds = Rng(seed);
+    let mut rounds = 0u64;
+    let mut by_backend = [0u64; 2];
+    let mut last_report = Instant::now();
+    while Instant::now() < end && !soak.failed() {
+        let round_seed = a.round_seed.unwrap_or_else(|| seeds.next());
+        let settings = Settings::draw(round_seed, direct, uring);
+        by_backend[usize::from(settings.backend == BackendChoice::Fallback)] += 1;
+        if let Err(e) = round(
+            &soak,
+            &settings,
+            &fixed_paths,
+            &churn_files,
+            dir.path(),
+            &to_holder,
+            stall,
+        ) {
+            soak.fail(e);
+        }
+        rounds += 1;
+        if let Some(why) = soak
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            println!("soak: FAILED in round {rounds} ({settings:?}):\n{why}");
+            println!(
+                "reproduce with: uring-bench soak --round-seed {:#x} (the same settings each round)",
+                settings.seed
+            );
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            println!(
+                "soak: {:.0} s, {rounds} rounds, {}",
+                soak.start.elapsed().as_secs_f64(),
+                summary(&soak.totals)
+            );
+        }
+    }
+    drop(to_holder);
+    soak.set_phase(
+        "joining the holder thread".into(),
+        Duration::from_secs(30),
+        None,
+    );
+    let _ = holder_thread.join();
+    watchdog_done.store(true, Ordering::Release);
+    let failed = soak.failed();
+    if failed {
+        // Already reported (or found by the holder after the last round).
+        if let Some(why) = soak
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            println!("soak: FAILED: {why}");
+        }
+    }
+    println!(
+        "soak: {} after {:.1} s: {rounds} rounds ({} io_uring, {} fallback), {}",
+        if failed { "FAILED" } else { "passed" },
+        soak.start.elapsed().as_secs_f64(),
+        by_backend[0],
+        by_backend[1],
+        summary(&soak.totals)
+    );
+    Ok(!failed)
+}
+
+fn summary(t: &Totals) -> String {
+    let mut s = String::new();
+    let ops: u64 = t.ops.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    let _ = write!(s, "{ops} ops (");
+    for (i, op) in OPS.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}{op:?} {}",
+            if i == 0 { "" } else { ", " },
+            t.ops[i].load(Ordering::Relaxed)
+        );
+    }
+    let _ = write!(
+        s,
+        "), {} given up mid-flight, {} stale-id errors, {} blocks held across threads, {:.1} MiB checked; cache hits {}, misses {}, coalesced {}, evictions {}",
+        t.gave_up.load(Ordering::Relaxed),
+        t.stale.load(Ordering::Relaxed),
+        t.held.load(Ordering::Relaxed),
+        t.bytes_checked.load(Ordering::Relaxed) as f64 / f64::from(1 << 20),
+        t.hits.load(Ordering::Relaxed),
+        t.misses.load(Ordering::Relaxed),
+        t.coalesced.load(Ordering::Relaxed),
+        t.evictions.load(Ordering::Relaxed),
+    );
+    s
+}
+
+/// The second watchdog: a main thread that does not come back from a step
+/// in time (a deadlock, a drop or a runtime that never returns) cannot dump
+/// the context; this prints what the tasks were doing and exits.
+fn watchdog(soak: &Soak, done: &AtomicBool) {
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(200));
+        let (what, until, round) = soak
+            .phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if Instant::now() > until && !done.load(Ordering::Acquire) {
+            eprintln!("soak: STUCK: the main thread did not finish {what} in time");
+            if let Some(r) = round {
+                eprintln!("round settings: {:?}", r.settings);
+                eprintln!("{}", tasks_report(soak, &r));
+            }
+            std::process::exit(3);
+        }
+    }
+}
+
+fn tasks_report(soak: &Soak, r: &Round) -> String {
+    let now = soak.now_ms();
+    let mut s = String::from("tasks:");
+    for (i, t) in r.tasks.iter().enumerate() {
+        let _ = write!(
+            s,
+            "\n  task {i}: {}, last op finished {} ms ago, now in: {}",
+            if t.active.load(Ordering::Acquire) {
+                "running"
+            } else {
+                "done"
+            },
+            now.saturating_sub(t.last.load(Ordering::Acquire)),
+            t.op.lock().unwrap_or_else(PoisonError::into_inner)
+        );
+    }
+    s
+}
+
+fn dump(soak: &Soak, r: &Round, ctx: &UringContext, cache: &BlockCache) -> String {
+    format!(
+        "round settings: {:?}\n{}\ncache: {cache:?}\ncontext: {ctx:#?}",
+        r.settings,
+        tasks_report(soak, r)
+    )
+}
+
+/// One round: build, run, end, check, drop.
+fn round(
+    soak: &Arc<Soak>,
+    s: &Settings,
+    fixed_paths: &[PathBuf],
+    churn_files: &[(PathBuf, u64, u64)],
+    dir: &Path,
+    to_holder: &mpsc::Sender<ToHolder>,
+    stall: Duration,
+) -> Result<(), String> {
+    let setup = |e: io::Error| format!("round with settings {s:?}: setting up: {e}");
+    let mut files = Vec::new();
+    for p in fixed_paths {
+        files.push(open_ro(p, s.direct).map_err(setup)?);
+    }
+    let writable = tempfile::tempfile_in(dir).map_err(setup)?;
+    writable.set_len(OWN * s.tasks as u64).map_err(setup)?;
+    files.push(writable);
+    let rt = if s.workers == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(s.workers)
+            .enable_all()
+            .build()
+    }
+    .map_err(setup)?;
+    soak.set_phase(
+        format!("round {:#x}: setting up", s.seed),
+        Duration::from_secs(30),
+        None,
+    );
+    let built = rt.block_on(async {
+        let ctx = UringContext::builder()
+            .backend(s.backend)
+            .rings(s.rings)
+            .ring_entries(s.ring_entries)
+            .max_in_flight(s.max_in_flight)
+            .inline_nowait(s.inline_nowait)
+            .build(files)?;
+        let cache = BlockCache::new(
+            &ctx,
+            CacheOptions {
+                capacity_bytes: s.capacity_blocks * s.block as u64,
+                block_size: s.block,
+            },
+        )?;
+        Ok::<_, io::Error>((ctx, Arc::new(cache)))
+    });
+    let (ctx, cache) = built.map_err(setup)?;
+    let ids = ctx.file_ids();
+    let round = Arc::new(Round {
+        settings: s.clone(),
+        stop: AtomicBool::new(false),
+        dying: AtomicBool::new(false),
+        tasks: (0..s.tasks)
+            .map(|_| TaskState {
+                last: AtomicU64::new(soak.now_ms()),
+                active: AtomicBool::new(true),
+                op: Mutex::new("starting".into()),
+            })
+            .collect(),
+        fixed: FIXED
+            .iter()
+            .zip(&ids)
+            .map(|(&(salt, size), &fid)| Ro {
+                fid,
+                salt,
+                size,
+                churned: false,
+            })
+            .collect(),
+        churn: Mutex::new(Vec::new()),
+        writable: ids[FIXED.len()],
+        churn_files: churn_files.to_vec(),
+    });
+    soak.set_phase(
+        format!("round {:#x}: running", s.seed),
+        Duration::from_millis(s.millis) + stall * 2 + Duration::from_secs(10),
+        Some(round.clone()),
+    );
+    let outcome = rt.block_on(async {
+        let handles: Vec<_> = (0..s.tasks)
+            .map(|t| {
+                tokio::spawn(task(
+                    t,
+                    round.clone(),
+                    soak.clone(),
+                    ctx.clone(),
+                    cache.clone(),
+                    to_holder.clone(),
+                ))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_millis(s.millis);
+        loop {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if soak.failed() {
+                round.stop.store(true, Ordering::Release);
+            }
+            if Instant::now() >= deadline {
+                if s.drop_runtime {
+                    round.dying.store(true, Ordering::Release);
+                    return Ok(false);
+                }
+                round.stop.store(true, Ordering::Release);
+            }
+            if round.stop.load(Ordering::Acquire)
+                && handles.iter().all(tokio::task::JoinHandle::is_finished)
+            {
+                for h in handles {
+                    if let Err(e) = h.await {
+                        return Err(format!("a task panicked: {e}"));
+                    }
+                }
+                return Ok(true);
+            }
+            let now = soak.now_ms();
+            if round.tasks.iter().any(|t| {
+                t.active.load(Ordering::Acquire)
+                    && now.saturating_sub(t.last.load(Ordering::Acquire))
+                        > u64::try_from(stall.as_millis()).unwrap_or(u64::MAX)
+            }) {
+                return Err(format!(
+                    "HANG: a task finished no operation for {:.1} s\n{}",
+                    stall.as_secs_f64(),
+                    dump(soak, &round, &ctx, &cache)
+                ));
+            }
+        }
+    })?;
+    let joined = outcome;
+    if joined {
+        // Every block back from the holder: nothing pinned, and every read
+        // (given up or not) leaves the kernel and the cache's buffers.
+        soak.set_phase(
+            format!("round {:#x}: draining", s.seed),
+            Duration::from_secs(30),
+            Some(round.clone()),
+        );
+        let (tx, rx) = mpsc::channel();
+        let _ = to_holder.send(ToHolder::Flush(tx));
+        let _ = rx.recv_timeout(Duration::from_secs(20));
+        let drained = rt.block_on(async {
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (st, cs) = (ctx.stats(), cache.stats());
+                if cs.pinned_bytes == 0 && cs.in_flight_bytes == 0 && st.in_flight == 0 {
+                    return Ok(());
+                }
+                if Instant::now() > until {
+                    return Err(format!(
+                        "after the round (every task done, every block let go), still: \
+                         {} bytes pinned, {} bytes in flight in the cache, {} ops in flight \
+                         in the context, after 10 s\n{}",
+                        cs.pinned_bytes,
+                        cs.in_flight_bytes,
+                        st.in_flight,
+                        dump(soak, &round, &ctx, &cache)
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        drained?;
+    }
+    let cs = cache.stats();
+    if cs.resident_bytes > s.capacity_blocks * s.block as u64 {
+        return Err(format!(
+            "{} bytes resident in a cache of {} blocks of {}",
+            cs.resident_bytes, s.capacity_blocks, s.block
+        ));
+    }
+    let t = &soak.totals;
+    t.hits.fetch_add(cs.hits, Ordering::Relaxed);
+    t.misses.fetch_add(cs.misses, Ordering::Relaxed);
+    t.coalesced.fetch_add(cs.coalesced, Ordering::Relaxed);
+    t.evictions.fetch_add(cs.evictions, Ordering::Relaxed);
+    soak.set_phase(
+        format!(
+            "round {:#x}: dropping the {}",
+            s.seed,
+            if joined {
+                "cache, the context and the runtime"
+            } else {
+                "runtime under its tasks, then the cache and the context"
+            }
+        ),
+        Duration::from_secs(30),
+        Some(round.clone()),
+    );
+    if !joined {
+        drop(rt);
+        drop_pair(s.cache_first, ctx, cache);
+    } else {
+        drop_pair(s.cache_first, ctx, cache);
+        drop(rt);
+    }
+    Ok(())
+}
+
+fn drop_pair(cache_first: bool, ctx: UringContext, cache: Arc<BlockCache>) {
+    if cache_first {
+        drop(cache);
+        drop(ctx);
+    } else {
+        drop(ctx);
+        drop(cache);
+    }
+}
+
+/// Gives the read up after 0 to 200 µs one time in four: `None` then.
+async fn maybe_give_up<F: std::future::Future>(
+    r: &mut Rng,
+    soak: &Soak,
+    f: F,
+) -> Option<F::Output> {
+    if r.one_in(4) {
+        // Polled once and dropped (0), or given up a little later.
+        let after = Duration::from_micros(r.pick(&[0, 0, 1, 5, 20, 50, 100, 200]));
+        match tokio::time::timeout(after, f).await {
+            Ok(v) => Some(v),
+            Err(_) => {
+                soak.totals.gave_up.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    } else {
+        Some(f.await)
+    }
+}
+
+/// A stale id's error, from a file being unregistered: accepted (and
+/// counted) for churned files only.
+fn stale_ok(soak: &Soak, f: &Ro, e: &io::Error) -> Result<(), String> {
+    if f.churned
+        && (e.kind() == io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::EBADF))
+    {
+        soak.totals.stale.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    } else {
+        Err(format!("{e} (kind {:?}) from {f:?}", e.kind()))
+    }
+}
+
+/// The bytes block `b` of `f` holds.
+fn block_len(f: &Ro, b: u64, bs: u64) -> u64 {
+    f.size.saturating_sub(b * bs).min(bs)
+}
+
+#[allow(clippy::too_many_lines, reason = "one match arm per operation")]
+async fn task(
+    t: usize,
+    round: Arc<Round>,
+    soak: Arc<Soak>,
+    ctx: UringContext,
+    cache: Arc<BlockCache>,
+    to_holder: mpsc::Sender<ToHolder>,
+) {
+    let s = &round.settings;
+    let me = &round.tasks[t];
+    let mut r = Rng(s.seed ^ (t as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+    let bs = s.block as u64;
+    let own = t as u64 * OWN;
+    let mut model = vec![0u8; OWN as usize];
+    while !round.stop.load(Ordering::Acquire) {
+        let op = r.pick(&OPS);
+        let res = async {
+            let ro = {
+                let churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
+                if !churn.is_empty() && r.one_in(4) {
+                    churn[r.below(churn.len() as u64) as usize]
+                } else {
+                    round.fixed[r.below(round.fixed.len() as u64) as usize]
+                }
+            };
+            let blocks = ro.size.div_ceil(bs);
+            set_op(me, || format!("{op:?} on {ro:?}"));
+            match op {
+                Op::Get => {
+                    let b = r.below(blocks + 2);
+                    let Some(res) = maybe_give_up(&mut r, &soak, cache.get(ro.fid, b)).await else {
+                        return Ok(());
+                    };
+                    match res {
+                        Ok(block) => {
+                            if block.len() as u64 != block_len(&ro, b, bs) {
+                                return Err(format!(
+                                    "get of block {b} of {ro:?}: {} bytes, not {}",
+                                    block.len(),
+                                    block_len(&ro, b, bs)
+                                ));
+                            }
+                            check(ro.salt, b * bs, &block)?;
+                            soak.totals
+                                .bytes_checked
+                                .fetch_add(block.len() as u64, Ordering::Relaxed);
+                            if r.one_in(6) {
+                                hold(&mut r, &soak, &to_holder, block.clone(), block.to_vec());
+                            }
+                            Ok(())
+                        }
+                        Err(e) => stale_ok(&soak, &ro, &e),
+                    }
+                }
+                Op::Read => {
+                    let off = r.below(ro.size + bs);
+                    let len = r.below(3 * bs + 1) as usize;
+                    let mut buf = vec![0xA5u8; len];
+                    let Some(res) =
+                        maybe_give_up(&mut r, &soak, cache.read(ro.fid, off, &mut buf)).await
+                    else {
+                        return Ok(());
+                    };
+                    match res {
+                        Ok(n) => {
+                            let want = (len as u64).min(ro.size.saturating_sub(off));
+                            if n as u64 != want {
+                                return Err(format!(
+                                    "read of {len} bytes at {off} of {ro:?}: {n}, not {want}"
+                                ));
+                            }
+                            check(ro.salt, off, &buf[..n])?;
+                            soak.totals
+                                .bytes_checked
+                                .fetch_add(n as u64, Ordering::Relaxed);
+                            Ok(())
+                        }
+                        Err(e) => stale_ok(&soak, &ro, &e),
+                    }
+                }
+                Op::GetMany => {
+                    let n = 1 + r.below(8);
+                    let want: Vec<u64> = (0..n).map(|_| r.below(blocks + 1)).collect();
+                    let Some(got) =
+                        maybe_give_up(&mut r, &soak, cache.get_many(ro.fid, want.clone())).await
+                    else {
+                        return Ok(());
+                    };
+                    if got.len() != want.len() {
+                        return Err(format!(
+                            "get_many of {} blocks gave {}",
+                            want.len(),
+                            got.len()
+                        ));
+                    }
+                    for (&b, res) in want.iter().zip(got) {
+                        match res {
+                            Ok(block) => {
+                                if block.len() as u64 != block_len(&ro, b, bs) {
+                                    return Err(format!(
+                                        "get_many: block {b} of {ro:?}: {} bytes, not {}",
+                                        block.len(),
+                                        block_len(&ro, b, bs)
+                                    ));
+                                }
+                                check(ro.salt, b * bs, &block)?;
+                                soak.totals
+                                    .bytes_checked
+                                    .fetch_add(block.len() as u64, Ordering::Relaxed);
+                                if r.one_in(12) {
+                                    let expect = block.to_vec();
+                                    hold(&mut r, &soak, &to_holder, block, expect);
+                                }
+                            }
+                            Err(e) => stale_ok(&soak, &ro, &e)?,
+                        }
+                    }
+                    Ok(())
+                }
+                Op::Prefetch => {
+                    let (fid, size, f) = if r.one_in(3) {
+                        (round.writable, OWN * s.tasks as u64, None)
+                    } else {
+                        (ro.fid, ro.size, Some(ro))
+                    };
+                    let a = r.below(size + 1);
+                    let b = a + r.below(4 * bs);
+                    match (cache.prefetch(fid, a..b), f) {
+                        (Ok(()), _) => Ok(()),
+                        (Err(e), Some(f)) => stale_ok(&soak, &f, &e),
+                        (Err(e), None) => Err(format!("prefetch of the writable file: {e}")),
+                    }
+                }
+                Op::Invalidate => {
+                    let (fid, size) = if r.one_in(2) {
+                        (round.writable, OWN * s.tasks as u64)
+                    } else {
+                        (ro.fid, ro.size)
+                    };
+                    let a = r.below(size + 1);
+                    let b = a + r.below(4 * bs);
+                    match cache.invalidate(fid, a..b) {
+                        Ok(()) => Ok(()),
+                        Err(e) if fid == ro.fid => stale_ok(&soak, &ro, &e),
+                        Err(e) => Err(format!("invalidate of the writable file: {e}")),
+                    }
+                }
+                Op::Write => {
+                    let at = r.below(OWN);
+                    let len = 1 + r.below((OWN - at).min(3 * bs));
+                    let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+                    set_op(me, || format!("Write of {len} bytes at {}", own + at));
+                    ctx.write_all(round.writable, own + at, &data)
+                        .await
+                        .map_err(|e| format!("write of {len} bytes at {}: {e}", own + at))?;
+                    model[at as usize..(at + len) as usize].copy_from_slice(&data);
+                    Ok(())
+                }
+                Op::Punch => {
+                    let at = r.below(OWN);
+                    let len = 1 + r.below((OWN - at).min(3 * bs));
+                    set_op(me, || format!("Punch of {len} bytes at {}", own + at));
+                    ctx.fallocate(
+                        round.writable,
+                        FallocateMode::PUNCH_HOLE | FallocateMode::KEEP_SIZE,
+                        own + at,
+                        len,
+                    )
+                    .await
+                    .map_err(|e| format!("punch of {len} bytes at {}: {e}", own + at))?;
+                    model[at as usize..(at + len) as usize].fill(0);
+                    Ok(())
+                }
+                Op::ReadOwn => {
+                    if r.one_in(2) {
+                        let at = r.below(OWN);
+                        let len = 1 + r.below((OWN - at).min(3 * bs));
+                        let mut buf = vec![0xA5u8; len as usize];
+                        set_op(me, || format!("ReadOwn of {len} bytes at {}", own + at));
+                        let Some(res) = maybe_give_up(
+                            &mut r,
+                            &soak,
+                            cache.read(round.writable, own + at, &mut buf),
+                        )
+                        .await
+                        else {
+                            return Ok(());
+                        };
+                        let n = res.map_err(|e| format!("read of the writable file: {e}"))?;
+                        if n != buf.len() || buf != model[at as usize..(at + len) as usize] {
+                            return Err(format!(
+                                "stale or wrong bytes: read of {len} bytes at {} of the \
+                                 writable file gave {n} bytes, {} differ from what the last \
+                                 completed write or punch left",
+                                own + at,
+                                buf.iter()
+                                    .zip(&model[at as usize..])
+                                    .filter(|(a, b)| a != b)
+                                    .count()
+                            ));
+                        }
+                        soak.totals.bytes_checked.fetch_add(len, Ordering::Relaxed);
+                    } else {
+                        // A block overlapping the task's range: the overlap.
+                        let b = (own + r.below(OWN)) / bs;
+                        set_op(me, || {
+                            format!("ReadOwn: get of block {b} of the writable file")
+                        });
+                        let Some(res) =
+                            maybe_give_up(&mut r, &soak, cache.get(round.writable, b)).await
+                        else {
+                            return Ok(());
+                        };
+                        let block = res.map_err(|e| format!("get of the writable file: {e}"))?;
+                        let (from, to) = ((b * bs).max(own), ((b + 1) * bs).min(own + OWN));
+                        if (block.len() as u64) < to - b * bs {
+                            return Err(format!(
+                                "get of block {b} of the writable file: {} bytes",
+                                block.len()
+                            ));
+                        }
+                        let got = &block[(from - b * bs) as usize..(to - b * bs) as usize];
+                        let want = &model[(from - own) as usize..(to - own) as usize];
+                        if got != want {
+                            return Err(format!(
+                                "stale or wrong bytes: block {b} of the writable file, bytes \
+                                 {from}..{to} (this task's), {} differ from what the last \
+                                 completed write or punch left",
+                                got.iter().zip(want).filter(|(a, b)| a != b).count()
+                            ));
+                        }
+                        soak.totals
+                            .bytes_checked
+                            .fetch_add(to - from, Ordering::Relaxed);
+                        if r.one_in(6) {
+                            let expect = block.to_vec();
+                            hold(&mut r, &soak, &to_holder, block, expect);
+                        }
+                    }
+                    Ok(())
+                }
+                Op::ReadOther => {
+                    let size = OWN * s.tasks as u64;
+                    let at = r.below(size);
+                    let mut buf = vec![0u8; 1 + r.below(2 * bs) as usize];
+                    set_op(me, || format!("ReadOther of {} bytes at {at}", buf.len()));
+                    match maybe_give_up(&mut r, &soak, cache.read(round.writable, at, &mut buf))
+                        .await
+                    {
+                        Some(Err(e)) => Err(format!("read of the writable file: {e}")),
+                        _ => Ok(()),
+                    }
+                }
+                Op::Churn => {
+                    if t != 0 {
+                        return Ok(());
+                    }
+                    let mut churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
+                    if churn.len() < 3 && (churn.is_empty() || r.one_in(2)) {
+                        let i = r.below(round.churn_files.len() as u64) as usize;
+                        let (path, salt, size) = &round.churn_files[i];
+                        let file = open_ro(path, s.direct)
+                            .map_err(|e| format!("opening {}: {e}", path.display()))?;
+                        let fid = ctx
+                            .register_file(file)
+                            .map_err(|e| format!("register_file: {e}"))?;
+                        churn.push(Ro {
+                            fid,
+                            salt: *salt,
+                            size: *size,
+                            churned: true,
+                        });
+                    } else if !churn.is_empty() {
+                        let i = r.below(churn.len() as u64) as usize;
+                        let f = churn.swap_remove(i);
+                        drop(churn);
+                        ctx.unregister_file(f.fid)
+                            .map_err(|e| format!("unregister_file of {f:?}: {e}"))?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        .await;
+        soak.totals.ops[op as usize].fetch_add(1, Ordering::Relaxed);
+        me.last.store(soak.now_ms(), Ordering::Release);
+        if round.dying.load(Ordering::Acquire) {
+            break;
+        }
+        if let Err(why) = res {
+            soak.fail(format!("task {t}, {op:?}: {why}"));
+            break;
+        }
+        if soak.failed() {
+            break;
+        }
+    }
+    set_op(me, || "done".into());
+    me.active.store(false, Ordering::Release);
+}
+
+fn set_op(me: &TaskState, what: impl FnOnce() -> String) {
+    *me.op.lock().unwrap_or_else(PoisonError::into_inner) = what();
+}
+
+/// Hands `block` to the holder thread for 0 to 20 ms.
+fn hold(r: &mut Rng, soak: &Soak, to: &mpsc::Sender<ToHolder>, block: BlockRef, expect: Vec<u8>) {
+    soak.totals.held.fetch_add(1, Ordering::Relaxed);
+    let _ = to.send(ToHolder::Hold(Held {
+        block,
+        expect,
+        until: Instant::now() + Duration::from_micros(r.below(20_000)),
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_tells_another_offset_or_file() {
+        let bytes: Vec<u8> = (0..4096).map(|o| pattern(1, 8192 + o)).collect();
+        assert!(check(1, 8192, &bytes).is_ok());
+        assert!(check(1, 4096, &bytes).is_err(), "another block of the file");
+        assert!(check(2, 8192, &bytes).is_err(), "the block of another file");
+        let mut one_off = bytes.clone();
+        one_off[4000] ^= 1;
+        let e = check(1, 8192, &one_off).unwrap_err();
+        assert!(e.contains("offset 12192"), "{e}");
+    }
+
+    /// A few seconds of the soak: every kind of operation ran, and passed.
+    #[test]
+    fn a_short_soak_passes() {
+        let args = SoakArgs {
+            secs: 3.0,
+            seed: Some(5),
+            round_seed: None,
+            stall_secs: 20.0,
+            dir: std::env::temp_dir(),
+        };
+        assert_eq!(run(&args), Ok(true));
+    }
+}
