@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::submit::{EnterPlan, ENTER_GETEVENTS};
-use super::{transient, AfterUnlock, Ring, RETRY_AFTER};
+use super::{deadline_after, transient, AfterUnlock, Ring, RETRY_AFTER};
 use crate::error::Closed;
 use crate::sys;
 use crate::thread;
@@ -117,6 +117,18 @@ impl Drop for Driver {
         self.ring.polling.store(false, Ordering::SeqCst);
         self.ring.relay_flush();
         self.ring.driver_dropped(self.finished);
+        if !self.finished && lock(&self.ring.state).live > 0 {
+            // Dropped with its runtime while ops are in the kernel. A future
+            // still waiting drives the ring itself, but one dropped (now, or
+            // as the runtime drops the rest of its tasks) leaves its op
+            // parked: nothing else would reap it, and what it keeps may hold
+            // the context (a buffer with a handle in it), keeping the ring
+            // alive for ever. A thread reaps until the kernel is done.
+            let ring = self.ring.clone();
+            let _ = std::thread::Builder::new()
+                .name("uring-reaper".into())
+                .spawn(move || ring.reap_parked());
+        }
     }
 }
 
@@ -306,6 +318,17 @@ impl Ring {
         self.permits.close();
         self.drained.notify_waiters();
         out.run();
+    }
+
+    /// Once the driver is gone with its runtime: reaps until no op is left
+    /// in the kernel, or `shutdown_timeout` has passed (then what parked
+    /// ops keep stays with the ring, as at any teardown that gives up on
+    /// the kernel).
+    fn reap_parked(&self) {
+        let deadline = deadline_after(self.shutdown_timeout);
+        while Instant::now() < deadline && lock(&self.state).live > 0 {
+            self.drive_blocking();
+        }
     }
 
     /// Blocking drive once no driver task exists: submit, wait a little, reap.

@@ -1291,3 +1291,99 @@ fn a_hung_write_on_the_rings_holds_up_no_other_file() {
     );
     fs.release_hangs();
 }
+
+/// An owned buffer holding a handle of the context, counting its drops.
+struct HoldsContext {
+    data: Vec<u8>,
+    _ctx: UringContext,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: the bytes live in `data`'s heap block, which does not move when
+// the struct moves and lives as long as it does; all of them are
+// initialised, so set_init has nothing to record.
+unsafe impl uring_positioned_io::IoBufMut for HoldsContext {
+    fn stable_ptr(&self) -> *const u8 {
+        self.data.as_ptr()
+    }
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.data.as_mut_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.data.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.data.len()
+    }
+    unsafe fn set_init(&mut self, _pos: usize) {}
+}
+
+impl Drop for HoldsContext {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An owned read whose buffer holds a handle of the context, given up
+/// while the kernel has it, then its runtime shut down: once the storage
+/// answers, the op is reaped and the buffer dropped — and with it the
+/// context, its rings and its files. Nothing else would reap it (the
+/// driver went with the runtime), and the buffer's handle would keep the
+/// ring that keeps the buffer alive for ever.
+#[test]
+fn a_buffer_holding_the_context_is_released_after_its_runtime_dies() {
+    let _shared = common::shared();
+    let spec = FileSpec::new("hung", MIB, 0x7011);
+    let Some(fs) = FaultFs::mount_or_skip(&[spec], true) else {
+        return;
+    };
+    let fs = std::sync::Arc::new(fs);
+    fs.set_fault("hung", 0..MIB, Fault::Hang);
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = Route::Ring.ctx(vec![File::open(fs.path("hung")).unwrap()], |b| b);
+        let buf = HoldsContext {
+            data: vec![0u8; 4096],
+            _ctx: ctx.clone(),
+            dropped: dropped.clone(),
+        };
+        let read = tokio::time::timeout(Duration::from_secs(1), ctx.read_owned(0u32, 0, buf)).await;
+        assert!(read.is_err(), "a read of hung storage finished");
+    });
+    assert_eq!(
+        fs.wait_hung(1, Duration::from_secs(5)),
+        1,
+        "no read hung in the server"
+    );
+    // The runtime's shutdown drops the driver, then waits for its worker
+    // threads, whose exit waits in the kernel for the io-wq request they
+    // submitted: the storage answers (EIO) from another thread meanwhile.
+    let answer = {
+        let (fs, dropped) = (fs.clone(), dropped.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let early = dropped.load(std::sync::atomic::Ordering::SeqCst);
+            fs.release_hangs();
+            early
+        })
+    };
+    drop(rt);
+    assert!(
+        !answer.join().unwrap(),
+        "the buffer was dropped while the kernel had it"
+    );
+    let t = Instant::now();
+    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the buffer (and the context it holds) never released after the storage answered"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
