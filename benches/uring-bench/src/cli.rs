@@ -351,8 +351,10 @@ pub enum Mode {
     /// rounds of random settings (backend, workers, rings, slots, block
     /// size, a cache of a few blocks, `O_DIRECT` or not), tasks that read,
     /// get, multi-get, prefetch, invalidate, write, punch holes,
-    /// register and unregister files, give up reads mid-flight and hold
-    /// blocks on another thread; every byte checked (no stale byte after a
+    /// register and unregister files, read through the context (borrowed,
+    /// owned and batched, into buffers whose Drop calls back in), give up
+    /// reads mid-flight and hold blocks on another thread; every byte
+    /// checked (no stale byte after a
     /// completed write), nothing pinned or in flight after a round, and a
     /// watchdog that prints every ring's state if a task hangs. Fails
     /// (exit status 1) on the first wrong byte, error, leak or hang.
@@ -757,6 +759,11 @@ pub struct SoakArgs {
     /// Where the soak's files go (a directory it makes and removes).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: PathBuf,
+
+    /// Without the flaky FUSE file (otherwise mounted when the process
+    /// may: root and `/dev/fuse`).
+    #[arg(long)]
+    pub no_fuse: bool,
 }
 
 /// A seed, decimal or `0x` hex.

@@ -23,6 +23,7 @@ mod cpu_per_read;
 mod dataset;
 mod engines;
 mod first_touch;
+mod flaky_fs;
 mod kinds;
 mod lines;
 mod machine;

@@ -7,17 +7,26 @@
 //! read-only files `O_DIRECT` or buffered) and runs 2 to 6 tasks for a few
 //! milliseconds. Each task loops on random operations:
 //! - `get`, `read`, `get_many` and `prefetch` of fixed read-only files
-//!   (sizes not a multiple of the block, one empty) and of files the first
-//!   task registers and unregisters meanwhile; every byte is checked
-//!   against the file's pattern. A stale id's error (`InvalidInput`, or
-//!   `EBADF` for a read that had not reached the kernel) is accepted only
-//!   from the files being unregistered;
+//!   (sizes not a multiple of the block, one empty), of files the first
+//!   task registers and unregisters meanwhile, and of a file on a FUSE
+//!   file system the soak mounts when it may (`flaky_fs`: a read touching
+//!   a flaky sector fails with `EIO` one time in two); every byte is
+//!   checked against the file's pattern. A stale id's error
+//!   (`InvalidInput`, or `EBADF` for a read that had not reached the
+//!   kernel) is accepted only from the files being unregistered, an `EIO`
+//!   only where the read touched a flaky sector;
 //! - `invalidate` of random ranges;
 //! - writes and hole punches through the context in the task's own range
 //!   of a writable file, and reads of that range through the cache, which
 //!   must return what the last completed write or punch left (no stale
 //!   byte); other tasks read any range of that file meanwhile, unchecked,
 //!   to race their misses with the writes;
+//! - reads of the same files through the context itself: borrowed,
+//!   owned (`read_owned`, `read_owned_static`) and batched (`read_batch`),
+//!   into buffers whose `Drop` calls back into the crate (the context's
+//!   stats and `{:#?}`, an invalidation of the cache), wherever they are
+//!   dropped: by the task, or by a ring's driver or a pool thread after
+//!   their future was given up, perhaps holding the last context handle;
 //! - a quarter of the reads given up after 0 to 200 µs (their futures
 //!   dropped mid-flight, some after their first poll);
 //! - blocks handed to a holder thread that keeps them for a while, checks
@@ -28,7 +37,8 @@
 //! runtime under them; then the cache and the context are dropped in a
 //! random order. After a round that ended normally, once the holder has let
 //! go of its blocks, the cache must pin nothing, and its in-flight bytes and
-//! the context's ops in flight must reach zero within seconds.
+//! the context's ops in flight must reach zero within seconds; after the
+//! last round, no file of the soak may be open in the process.
 //!
 //! A task that completes no operation for `--stall-secs` is a hang: the
 //! soak prints the round's settings, each task's current operation, the
@@ -40,6 +50,7 @@
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,16 +58,26 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use uring_positioned_io::{
-    BackendChoice, BlockCache, BlockRef, CacheOptions, FallocateMode, FileId, UringContext,
+    os_error, AlignedBuf, BackendChoice, BlockCache, BlockRef, CacheOptions, FallocateMode, FileId,
+    IoBufMut, UringContext,
 };
 
 use crate::cli::SoakArgs;
+use crate::flaky_fs;
 
 /// The fixed read-only files: (salt, size). Sizes that are not a multiple
 /// of any block size, one empty file, one of exactly 4 blocks of 4 KiB.
 const FIXED: [(u64, u64); 4] = [(1, 70_001), (2, 16_384), (3, 0), (4, 9_000)];
 /// The files the first task registers and unregisters.
 const CHURN: [(u64, u64); 4] = [(11, 5_000), (12, 40_960), (13, 123_457), (14, 512)];
+/// The flaky FUSE file (`flaky_fs`): its salt and size.
+const FLAKY_SALT: u64 = 21;
+const FLAKY_SIZE: u64 = 100_003;
+
+fn flaky_content(offset: u64) -> u8 {
+    pattern(FLAKY_SALT, offset)
+}
+
 /// Bytes of the writable file each task owns (not a multiple of a block,
 /// so a block spans two tasks' ranges).
 const OWN: u64 = 10_000;
@@ -194,9 +215,12 @@ enum Op {
     ReadOwn,
     ReadOther,
     Churn,
+    CtxRead,
+    ReadOwned,
+    ReadBatch,
 }
 
-const OPS: [Op; 10] = [
+const OPS: [Op; 13] = [
     Op::Get,
     Op::Read,
     Op::GetMany,
@@ -207,6 +231,9 @@ const OPS: [Op; 10] = [
     Op::ReadOwn,
     Op::ReadOther,
     Op::Churn,
+    Op::CtxRead,
+    Op::ReadOwned,
+    Op::ReadBatch,
 ];
 
 /// A read-only file a round reads: fixed, or registered by the churn.
@@ -216,6 +243,8 @@ struct Ro {
     salt: u64,
     size: u64,
     churned: bool,
+    /// The flaky FUSE file (`flaky_fs`).
+    flaky: bool,
 }
 
 /// Counters over the whole soak.
@@ -224,6 +253,7 @@ struct Totals {
     ops: [AtomicU64; OPS.len()],
     gave_up: AtomicU64,
     stale: AtomicU64,
+    eio: AtomicU64,
     bytes_checked: AtomicU64,
     held: AtomicU64,
     hits: AtomicU64,
@@ -254,6 +284,12 @@ struct Round {
     writable: FileId,
     /// The churn's files (paths, salts, sizes).
     churn_files: Vec<(PathBuf, u64, u64)>,
+}
+
+impl Round {
+    fn writable_size(&self) -> u64 {
+        OWN * self.settings.tasks as u64
+    }
 }
 
 /// The soak's shared state across rounds.
@@ -400,6 +436,17 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
         churn_files.push((p, salt, size));
     }
     let direct = probe_direct(&fixed_paths[0]);
+    let mounted = if a.no_fuse {
+        None
+    } else {
+        match flaky_fs::Mounted::mount(FLAKY_SIZE, flaky_content) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                println!("soak: no flaky FUSE file: {e}");
+                None
+            }
+        }
+    };
     let uring = io_uring::IoUring::new(4).is_ok();
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -407,7 +454,8 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     println!(
-        "soak: {} s of rounds, seed {seed:#x}{}; files in {}; O_DIRECT: {direct:?}; io_uring: {}",
+        "soak: {} s of rounds, seed {seed:#x}{}; files in {}; O_DIRECT: {direct:?}; io_uring: {}; \
+         flaky FUSE file: {}",
         a.secs,
         a.round_seed
             .map_or(String::new(), |s| format!(", every round with seed {s:#x}")),
@@ -416,7 +464,10 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
             "yes"
         } else {
             "no (fallback rounds only)"
-        }
+        },
+        mounted
+            .as_ref()
+            .map_or("no".into(), |m| m.path.display().to_string())
     );
 
     let soak = Arc::new(Soak {
@@ -460,9 +511,12 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
         if let Err(e) = round(
             &soak,
             &settings,
-            &fixed_paths,
-            &churn_files,
-            dir.path(),
+            &Files {
+                dir: dir.path(),
+                fixed: &fixed_paths,
+                churn: &churn_files,
+                flaky: mounted.as_ref().map(|m| m.path.as_path()),
+            },
             &to_holder,
             stall,
         ) {
@@ -498,6 +552,24 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
     );
     let _ = holder_thread.join();
     watchdog_done.store(true, Ordering::Release);
+    // Every round's context, cache and runtime are gone: so are their
+    // files (a context closes each once no op needs it), within the
+    // seconds it takes to reap the reads given up when a runtime died.
+    let mut roots = vec![dir.path().to_path_buf()];
+    roots.extend(mounted.as_ref().map(|m| m.path.clone()));
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut open = open_files_under(&roots);
+    while !open.is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        open = open_files_under(&roots);
+    }
+    if !open.is_empty() {
+        soak.fail(format!(
+            "10 s after the last round, {} of the soak's files still open in this process: {}",
+            open.len(),
+            open.join(", ")
+        ));
+    }
     let failed = soak.failed();
     if failed {
         // Already reported (or found by the holder after the last round).
@@ -521,6 +593,17 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
     Ok(!failed)
 }
 
+/// The files under `roots` this process has open (from `/proc/self/fd`).
+fn open_files_under(roots: &[PathBuf]) -> Vec<String> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| roots.iter().any(|r| target.starts_with(r)))
+        .map(|target| target.display().to_string())
+        .collect()
+}
+
 fn summary(t: &Totals) -> String {
     let mut s = String::new();
     let ops: u64 = t.ops.iter().map(|c| c.load(Ordering::Relaxed)).sum();
@@ -535,9 +618,10 @@ fn summary(t: &Totals) -> String {
     }
     let _ = write!(
         s,
-        "), {} given up mid-flight, {} stale-id errors, {} blocks held across threads, {:.1} MiB checked; cache hits {}, misses {}, coalesced {}, evictions {}",
+        "), {} given up mid-flight, {} stale-id errors, {} EIO from the flaky file, {} blocks held across threads, {:.1} MiB checked; cache hits {}, misses {}, coalesced {}, evictions {}",
         t.gave_up.load(Ordering::Relaxed),
         t.stale.load(Ordering::Relaxed),
+        t.eio.load(Ordering::Relaxed),
         t.held.load(Ordering::Relaxed),
         t.bytes_checked.load(Ordering::Relaxed) as f64 / f64::from(1 << 20),
         t.hits.load(Ordering::Relaxed),
@@ -597,24 +681,35 @@ fn dump(soak: &Soak, r: &Round, ctx: &UringContext, cache: &BlockCache) -> Strin
     )
 }
 
+/// The soak's files, which every round opens anew.
+struct Files<'a> {
+    dir: &'a Path,
+    fixed: &'a [PathBuf],
+    /// Path, salt, size.
+    churn: &'a [(PathBuf, u64, u64)],
+    flaky: Option<&'a Path>,
+}
+
 /// One round: build, run, end, check, drop.
 fn round(
     soak: &Arc<Soak>,
     s: &Settings,
-    fixed_paths: &[PathBuf],
-    churn_files: &[(PathBuf, u64, u64)],
-    dir: &Path,
+    paths: &Files<'_>,
     to_holder: &mpsc::Sender<ToHolder>,
     stall: Duration,
 ) -> Result<(), String> {
     let setup = |e: io::Error| format!("round with settings {s:?}: setting up: {e}");
+    let flaky = paths.flaky;
     let mut files = Vec::new();
-    for p in fixed_paths {
+    for p in paths.fixed {
         files.push(open_ro(p, s.direct).map_err(setup)?);
     }
-    let writable = tempfile::tempfile_in(dir).map_err(setup)?;
+    let writable = tempfile::tempfile_in(paths.dir).map_err(setup)?;
     writable.set_len(OWN * s.tasks as u64).map_err(setup)?;
     files.push(writable);
+    if let Some(path) = flaky {
+        files.push(File::open(path).map_err(setup)?);
+    }
     let rt = if s.workers == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -669,28 +764,44 @@ fn round(
                 salt,
                 size,
                 churned: false,
+                flaky: false,
             })
+            .chain(flaky.map(|_| Ro {
+                fid: ids[FIXED.len() + 1],
+                salt: FLAKY_SALT,
+                size: FLAKY_SIZE,
+                churned: false,
+                flaky: true,
+            }))
             .collect(),
         churn: Mutex::new(Vec::new()),
         writable: ids[FIXED.len()],
-        churn_files: churn_files.to_vec(),
+        churn_files: paths.churn.to_vec(),
     });
     soak.set_phase(
         format!("round {:#x}: running", s.seed),
         Duration::from_millis(s.millis) + stall * 2 + Duration::from_secs(10),
         Some(round.clone()),
     );
-    let outcome = rt.block_on(async {
+    // Whether the tasks were joined (else the runtime is dropped under them).
+    let joined = rt.block_on(async {
         let handles: Vec<_> = (0..s.tasks)
             .map(|t| {
-                tokio::spawn(task(
-                    t,
-                    round.clone(),
-                    soak.clone(),
-                    ctx.clone(),
-                    cache.clone(),
-                    to_holder.clone(),
-                ))
+                tokio::spawn(
+                    Worker {
+                        t,
+                        round: round.clone(),
+                        soak: soak.clone(),
+                        ctx: ctx.clone(),
+                        cache: cache.clone(),
+                        to_holder: to_holder.clone(),
+                        r: Rng(s.seed ^ (t as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F)),
+                        bs: s.block as u64,
+                        own: t as u64 * OWN,
+                        model: vec![0u8; OWN as usize],
+                    }
+                    .run(),
+                )
             })
             .collect();
         let deadline = Instant::now() + Duration::from_millis(s.millis);
@@ -730,7 +841,6 @@ fn round(
             }
         }
     })?;
-    let joined = outcome;
     if joined {
         // Every block back from the holder: nothing pinned, and every read
         // (given up or not) leaves the kernel and the cache's buffers.
@@ -831,16 +941,26 @@ async fn maybe_give_up<F: std::future::Future>(
     }
 }
 
-/// A stale id's error, from a file being unregistered: accepted (and
-/// counted) for churned files only.
-fn stale_ok(soak: &Soak, f: &Ro, e: &io::Error) -> Result<(), String> {
-    if f.churned
-        && (e.kind() == io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::EBADF))
-    {
+/// Whether `e`, from an operation whose reads of `f` covered `range`, is
+/// one the file may give (counted): a stale id's error from a file being
+/// unregistered (`InvalidInput`, or `EBADF` for a read that had not
+/// reached the kernel), or `EIO` from the flaky file where the range
+/// touches a flaky sector.
+fn expected_err(soak: &Soak, f: &Ro, range: Range<u64>, e: &io::Error) -> Result<(), String> {
+    if f.churned && (e.kind() == io::ErrorKind::InvalidInput || os_error(e) == Some(libc::EBADF)) {
         soak.totals.stale.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    } else if f.flaky
+        && os_error(e) == Some(libc::EIO)
+        && flaky_fs::touches_flaky(range.start, range.end.min(f.size))
+    {
+        soak.totals.eio.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     } else {
-        Err(format!("{e} (kind {:?}) from {f:?}", e.kind()))
+        Err(format!(
+            "{e} (kind {:?}) from {f:?}, bytes {range:?}",
+            e.kind()
+        ))
     }
 }
 
@@ -849,320 +969,556 @@ fn block_len(f: &Ro, b: u64, bs: u64) -> u64 {
     f.size.saturating_sub(b * bs).min(bs)
 }
 
-#[allow(clippy::too_many_lines, reason = "one match arm per operation")]
-async fn task(
+/// A buffer for owned reads whose `Drop` calls back into the crate: the
+/// context's stats and its `{:#?}` dump, and an invalidation of the cache.
+/// Dropped by the task, or by a ring's driver or a blocking-pool thread
+/// when the read's future was dropped first (it may then hold the last
+/// handle of the context). Page-aligned, for `O_DIRECT` files.
+struct CallbackBuf {
+    buf: AlignedBuf,
+    back: Option<(UringContext, Arc<BlockCache>, FileId)>,
+}
+
+// SAFETY: every method is the inner `AlignedBuf`'s, whose implementation
+// upholds the trait's contract; the wrapper adds only a `Drop`.
+unsafe impl IoBufMut for CallbackBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.buf.stable_ptr()
+    }
+
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.buf.stable_mut_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.buf.bytes_init()
+    }
+
+    fn bytes_total(&self) -> usize {
+        self.buf.bytes_total()
+    }
+
+    unsafe fn set_init(&mut self, pos: usize) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.buf.set_init(pos) };
+    }
+}
+
+impl Drop for CallbackBuf {
+    fn drop(&mut self) {
+        if let Some((ctx, cache, fid)) = self.back.take() {
+            let _ = ctx.stats();
+            let dump = format!("{ctx:#?}");
+            assert!(dump.contains("stats"), "{dump}");
+            let _ = cache.invalidate(fid, 0..4096);
+            let _ = cache.stats();
+        }
+    }
+}
+
+/// One task of a round: its draws, its range of the writable file and
+/// what that range holds.
+struct Worker {
     t: usize,
     round: Arc<Round>,
     soak: Arc<Soak>,
     ctx: UringContext,
     cache: Arc<BlockCache>,
     to_holder: mpsc::Sender<ToHolder>,
-) {
-    let s = &round.settings;
-    let me = &round.tasks[t];
-    let mut r = Rng(s.seed ^ (t as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-    let bs = s.block as u64;
-    let own = t as u64 * OWN;
-    let mut model = vec![0u8; OWN as usize];
-    while !round.stop.load(Ordering::Acquire) {
-        let op = r.pick(&OPS);
-        let res = async {
-            let ro = {
-                let churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
-                if !churn.is_empty() && r.one_in(4) {
-                    churn[r.below(churn.len() as u64) as usize]
-                } else {
-                    round.fixed[r.below(round.fixed.len() as u64) as usize]
-                }
-            };
-            let blocks = ro.size.div_ceil(bs);
-            set_op(me, || format!("{op:?} on {ro:?}"));
-            match op {
-                Op::Get => {
-                    let b = r.below(blocks + 2);
-                    let Some(res) = maybe_give_up(&mut r, &soak, cache.get(ro.fid, b)).await else {
-                        return Ok(());
-                    };
-                    match res {
-                        Ok(block) => {
-                            if block.len() as u64 != block_len(&ro, b, bs) {
-                                return Err(format!(
-                                    "get of block {b} of {ro:?}: {} bytes, not {}",
-                                    block.len(),
-                                    block_len(&ro, b, bs)
-                                ));
-                            }
-                            check(ro.salt, b * bs, &block)?;
-                            soak.totals
-                                .bytes_checked
-                                .fetch_add(block.len() as u64, Ordering::Relaxed);
-                            if r.one_in(6) {
-                                hold(&mut r, &soak, &to_holder, block.clone(), block.to_vec());
-                            }
-                            Ok(())
-                        }
-                        Err(e) => stale_ok(&soak, &ro, &e),
-                    }
-                }
-                Op::Read => {
-                    let off = r.below(ro.size + bs);
-                    let len = r.below(3 * bs + 1) as usize;
-                    let mut buf = vec![0xA5u8; len];
-                    let Some(res) =
-                        maybe_give_up(&mut r, &soak, cache.read(ro.fid, off, &mut buf)).await
-                    else {
-                        return Ok(());
-                    };
-                    match res {
-                        Ok(n) => {
-                            let want = (len as u64).min(ro.size.saturating_sub(off));
-                            if n as u64 != want {
-                                return Err(format!(
-                                    "read of {len} bytes at {off} of {ro:?}: {n}, not {want}"
-                                ));
-                            }
-                            check(ro.salt, off, &buf[..n])?;
-                            soak.totals
-                                .bytes_checked
-                                .fetch_add(n as u64, Ordering::Relaxed);
-                            Ok(())
-                        }
-                        Err(e) => stale_ok(&soak, &ro, &e),
-                    }
-                }
-                Op::GetMany => {
-                    let n = 1 + r.below(8);
-                    let want: Vec<u64> = (0..n).map(|_| r.below(blocks + 1)).collect();
-                    let Some(got) =
-                        maybe_give_up(&mut r, &soak, cache.get_many(ro.fid, want.clone())).await
-                    else {
-                        return Ok(());
-                    };
-                    if got.len() != want.len() {
-                        return Err(format!(
-                            "get_many of {} blocks gave {}",
-                            want.len(),
-                            got.len()
-                        ));
-                    }
-                    for (&b, res) in want.iter().zip(got) {
-                        match res {
-                            Ok(block) => {
-                                if block.len() as u64 != block_len(&ro, b, bs) {
-                                    return Err(format!(
-                                        "get_many: block {b} of {ro:?}: {} bytes, not {}",
-                                        block.len(),
-                                        block_len(&ro, b, bs)
-                                    ));
-                                }
-                                check(ro.salt, b * bs, &block)?;
-                                soak.totals
-                                    .bytes_checked
-                                    .fetch_add(block.len() as u64, Ordering::Relaxed);
-                                if r.one_in(12) {
-                                    let expect = block.to_vec();
-                                    hold(&mut r, &soak, &to_holder, block, expect);
-                                }
-                            }
-                            Err(e) => stale_ok(&soak, &ro, &e)?,
-                        }
-                    }
-                    Ok(())
-                }
-                Op::Prefetch => {
-                    let (fid, size, f) = if r.one_in(3) {
-                        (round.writable, OWN * s.tasks as u64, None)
-                    } else {
-                        (ro.fid, ro.size, Some(ro))
-                    };
-                    let a = r.below(size + 1);
-                    let b = a + r.below(4 * bs);
-                    match (cache.prefetch(fid, a..b), f) {
-                        (Ok(()), _) => Ok(()),
-                        (Err(e), Some(f)) => stale_ok(&soak, &f, &e),
-                        (Err(e), None) => Err(format!("prefetch of the writable file: {e}")),
-                    }
-                }
-                Op::Invalidate => {
-                    let (fid, size) = if r.one_in(2) {
-                        (round.writable, OWN * s.tasks as u64)
-                    } else {
-                        (ro.fid, ro.size)
-                    };
-                    let a = r.below(size + 1);
-                    let b = a + r.below(4 * bs);
-                    match cache.invalidate(fid, a..b) {
-                        Ok(()) => Ok(()),
-                        Err(e) if fid == ro.fid => stale_ok(&soak, &ro, &e),
-                        Err(e) => Err(format!("invalidate of the writable file: {e}")),
-                    }
-                }
-                Op::Write => {
-                    let at = r.below(OWN);
-                    let len = 1 + r.below((OWN - at).min(3 * bs));
-                    let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
-                    set_op(me, || format!("Write of {len} bytes at {}", own + at));
-                    ctx.write_all(round.writable, own + at, &data)
-                        .await
-                        .map_err(|e| format!("write of {len} bytes at {}: {e}", own + at))?;
-                    model[at as usize..(at + len) as usize].copy_from_slice(&data);
-                    Ok(())
-                }
-                Op::Punch => {
-                    let at = r.below(OWN);
-                    let len = 1 + r.below((OWN - at).min(3 * bs));
-                    set_op(me, || format!("Punch of {len} bytes at {}", own + at));
-                    ctx.fallocate(
-                        round.writable,
-                        FallocateMode::PUNCH_HOLE | FallocateMode::KEEP_SIZE,
-                        own + at,
-                        len,
-                    )
-                    .await
-                    .map_err(|e| format!("punch of {len} bytes at {}: {e}", own + at))?;
-                    model[at as usize..(at + len) as usize].fill(0);
-                    Ok(())
-                }
-                Op::ReadOwn => {
-                    if r.one_in(2) {
-                        let at = r.below(OWN);
-                        let len = 1 + r.below((OWN - at).min(3 * bs));
-                        let mut buf = vec![0xA5u8; len as usize];
-                        set_op(me, || format!("ReadOwn of {len} bytes at {}", own + at));
-                        let Some(res) = maybe_give_up(
-                            &mut r,
-                            &soak,
-                            cache.read(round.writable, own + at, &mut buf),
-                        )
-                        .await
-                        else {
-                            return Ok(());
-                        };
-                        let n = res.map_err(|e| format!("read of the writable file: {e}"))?;
-                        if n != buf.len() || buf != model[at as usize..(at + len) as usize] {
-                            return Err(format!(
-                                "stale or wrong bytes: read of {len} bytes at {} of the \
-                                 writable file gave {n} bytes, {} differ from what the last \
-                                 completed write or punch left",
-                                own + at,
-                                buf.iter()
-                                    .zip(&model[at as usize..])
-                                    .filter(|(a, b)| a != b)
-                                    .count()
-                            ));
-                        }
-                        soak.totals.bytes_checked.fetch_add(len, Ordering::Relaxed);
-                    } else {
-                        // A block overlapping the task's range: the overlap.
-                        let b = (own + r.below(OWN)) / bs;
-                        set_op(me, || {
-                            format!("ReadOwn: get of block {b} of the writable file")
-                        });
-                        let Some(res) =
-                            maybe_give_up(&mut r, &soak, cache.get(round.writable, b)).await
-                        else {
-                            return Ok(());
-                        };
-                        let block = res.map_err(|e| format!("get of the writable file: {e}"))?;
-                        let (from, to) = ((b * bs).max(own), ((b + 1) * bs).min(own + OWN));
-                        if (block.len() as u64) < to - b * bs {
-                            return Err(format!(
-                                "get of block {b} of the writable file: {} bytes",
-                                block.len()
-                            ));
-                        }
-                        let got = &block[(from - b * bs) as usize..(to - b * bs) as usize];
-                        let want = &model[(from - own) as usize..(to - own) as usize];
-                        if got != want {
-                            return Err(format!(
-                                "stale or wrong bytes: block {b} of the writable file, bytes \
-                                 {from}..{to} (this task's), {} differ from what the last \
-                                 completed write or punch left",
-                                got.iter().zip(want).filter(|(a, b)| a != b).count()
-                            ));
-                        }
-                        soak.totals
-                            .bytes_checked
-                            .fetch_add(to - from, Ordering::Relaxed);
-                        if r.one_in(6) {
-                            let expect = block.to_vec();
-                            hold(&mut r, &soak, &to_holder, block, expect);
-                        }
-                    }
-                    Ok(())
-                }
-                Op::ReadOther => {
-                    let size = OWN * s.tasks as u64;
-                    let at = r.below(size);
-                    let mut buf = vec![0u8; 1 + r.below(2 * bs) as usize];
-                    set_op(me, || format!("ReadOther of {} bytes at {at}", buf.len()));
-                    match maybe_give_up(&mut r, &soak, cache.read(round.writable, at, &mut buf))
-                        .await
-                    {
-                        Some(Err(e)) => Err(format!("read of the writable file: {e}")),
-                        _ => Ok(()),
-                    }
-                }
-                Op::Churn => {
-                    if t != 0 {
-                        return Ok(());
-                    }
-                    let mut churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
-                    if churn.len() < 3 && (churn.is_empty() || r.one_in(2)) {
-                        let i = r.below(round.churn_files.len() as u64) as usize;
-                        let (path, salt, size) = &round.churn_files[i];
-                        let file = open_ro(path, s.direct)
-                            .map_err(|e| format!("opening {}: {e}", path.display()))?;
-                        let fid = ctx
-                            .register_file(file)
-                            .map_err(|e| format!("register_file: {e}"))?;
-                        churn.push(Ro {
-                            fid,
-                            salt: *salt,
-                            size: *size,
-                            churned: true,
-                        });
-                    } else if !churn.is_empty() {
-                        let i = r.below(churn.len() as u64) as usize;
-                        let f = churn.swap_remove(i);
-                        drop(churn);
-                        ctx.unregister_file(f.fid)
-                            .map_err(|e| format!("unregister_file of {f:?}: {e}"))?;
-                    }
-                    Ok(())
-                }
-            }
-        }
-        .await;
-        soak.totals.ops[op as usize].fetch_add(1, Ordering::Relaxed);
-        me.last.store(soak.now_ms(), Ordering::Release);
-        if round.dying.load(Ordering::Acquire) {
-            break;
-        }
-        if let Err(why) = res {
-            soak.fail(format!("task {t}, {op:?}: {why}"));
-            break;
-        }
-        if soak.failed() {
-            break;
+    r: Rng,
+    bs: u64,
+    /// Where the task's range of the writable file starts.
+    own: u64,
+    /// What the last completed write or punch left in that range.
+    model: Vec<u8>,
+}
+
+type Outcome = Result<(), String>;
+
+impl Worker {
+    fn me(&self) -> &TaskState {
+        &self.round.tasks[self.t]
+    }
+
+    fn set_op(&self, what: impl FnOnce() -> String) {
+        *self.me().op.lock().unwrap_or_else(PoisonError::into_inner) = what();
+    }
+
+    fn checked(&self, bytes: u64) {
+        self.soak
+            .totals
+            .bytes_checked
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A read-only file: a churned one (one time in four, if any), else a
+    /// fixed one.
+    fn pick_ro(&mut self) -> Ro {
+        let churn = self
+            .round
+            .churn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !churn.is_empty() && self.r.one_in(4) {
+            churn[self.r.below(churn.len() as u64) as usize]
+        } else {
+            self.round.fixed[self.r.below(self.round.fixed.len() as u64) as usize]
         }
     }
-    set_op(me, || "done".into());
-    me.active.store(false, Ordering::Release);
-}
 
-fn set_op(me: &TaskState, what: impl FnOnce() -> String) {
-    *me.op.lock().unwrap_or_else(PoisonError::into_inner) = what();
-}
+    /// Hands `block` to the holder thread for 0 to 20 ms.
+    fn hold(&mut self, block: BlockRef) {
+        self.soak.totals.held.fetch_add(1, Ordering::Relaxed);
+        let expect = block.to_vec();
+        let _ = self.to_holder.send(ToHolder::Hold(Held {
+            block,
+            expect,
+            until: Instant::now() + Duration::from_micros(self.r.below(20_000)),
+        }));
+    }
 
-/// Hands `block` to the holder thread for 0 to 20 ms.
-fn hold(r: &mut Rng, soak: &Soak, to: &mpsc::Sender<ToHolder>, block: BlockRef, expect: Vec<u8>) {
-    soak.totals.held.fetch_add(1, Ordering::Relaxed);
-    let _ = to.send(ToHolder::Hold(Held {
-        block,
-        expect,
-        until: Instant::now() + Duration::from_micros(r.below(20_000)),
-    }));
+    /// A block of `ro` checked: its length and every byte.
+    fn check_block(&self, what: &str, ro: &Ro, b: u64, block: &BlockRef) -> Outcome {
+        let want = block_len(ro, b, self.bs);
+        if block.len() as u64 != want {
+            return Err(format!(
+                "{what}: block {b} of {ro:?}: {} bytes, not {want}",
+                block.len()
+            ));
+        }
+        check(ro.salt, b * self.bs, block)?;
+        self.checked(want);
+        Ok(())
+    }
+
+    /// A positioned read of `ro` checked: `exact` if only the end of the
+    /// file may make it short (the cache's reads), else any prefix.
+    fn check_read(
+        &self,
+        what: &str,
+        ro: &Ro,
+        off: u64,
+        buf: &[u8],
+        n: usize,
+        exact: bool,
+    ) -> Outcome {
+        let want = (buf.len() as u64).min(ro.size.saturating_sub(off));
+        if n as u64 > want || (exact && n as u64 != want) || (n == 0 && want > 0) {
+            return Err(format!(
+                "{what} of {} bytes at {off} of {ro:?}: {n} bytes, not {}{want}",
+                buf.len(),
+                if exact { "" } else { "1 to " }
+            ));
+        }
+        check(ro.salt, off, &buf[..n])?;
+        self.checked(n as u64);
+        Ok(())
+    }
+
+    async fn run(mut self) {
+        while !self.round.stop.load(Ordering::Acquire) {
+            let op = self.r.pick(&OPS);
+            let res = self.step(op).await;
+            self.soak.totals.ops[op as usize].fetch_add(1, Ordering::Relaxed);
+            self.me().last.store(self.soak.now_ms(), Ordering::Release);
+            if self.round.dying.load(Ordering::Acquire) {
+                break;
+            }
+            if let Err(why) = res {
+                self.soak.fail(format!("task {}, {op:?}: {why}", self.t));
+                break;
+            }
+            if self.soak.failed() {
+                break;
+            }
+        }
+        self.set_op(|| "done".into());
+        self.me().active.store(false, Ordering::Release);
+    }
+
+    async fn step(&mut self, op: Op) -> Outcome {
+        match op {
+            Op::Get => self.get().await,
+            Op::Read => self.read().await,
+            Op::GetMany => self.get_many().await,
+            Op::Prefetch => self.range_op(false, 3),
+            Op::Invalidate => self.range_op(true, 2),
+            Op::Write => self.write().await,
+            Op::Punch => self.punch().await,
+            Op::ReadOwn => self.read_own().await,
+            Op::ReadOther => self.read_other().await,
+            Op::Churn => self.churn(),
+            Op::CtxRead => self.ctx_read().await,
+            Op::ReadOwned => self.read_owned().await,
+            Op::ReadBatch => self.read_batch().await,
+        }
+    }
+
+    async fn get(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let b = self.r.below(ro.size.div_ceil(self.bs) + 2);
+        self.set_op(|| format!("get of block {b} of {ro:?}"));
+        let cache = self.cache.clone();
+        let Some(res) = maybe_give_up(&mut self.r, &self.soak, cache.get(ro.fid, b)).await else {
+            return Ok(());
+        };
+        match res {
+            Ok(block) => {
+                self.check_block("get", &ro, b, &block)?;
+                if self.r.one_in(6) {
+                    self.hold(block.clone());
+                }
+                Ok(())
+            }
+            Err(e) => expected_err(&self.soak, &ro, self.blocks(b, b), &e),
+        }
+    }
+
+    /// The bytes of blocks `first..=last`: what the cache reads for them.
+    fn blocks(&self, first: u64, last: u64) -> Range<u64> {
+        first * self.bs..(last + 1) * self.bs
+    }
+
+    async fn read(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let off = self.r.below(ro.size + self.bs);
+        let len = self.r.below(3 * self.bs + 1) as usize;
+        self.set_op(|| format!("read of {len} bytes at {off} of {ro:?}"));
+        let mut buf = vec![0xA5u8; len];
+        let cache = self.cache.clone();
+        let read = cache.read(ro.fid, off, &mut buf);
+        let Some(res) = maybe_give_up(&mut self.r, &self.soak, read).await else {
+            return Ok(());
+        };
+        match res {
+            Ok(n) => self.check_read("read", &ro, off, &buf, n, true),
+            Err(e) => {
+                let last = (off + len.max(1) as u64 - 1) / self.bs;
+                expected_err(&self.soak, &ro, self.blocks(off / self.bs, last), &e)
+            }
+        }
+    }
+
+    async fn get_many(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let blocks = ro.size.div_ceil(self.bs);
+        let want: Vec<u64> = (0..1 + self.r.below(8))
+            .map(|_| self.r.below(blocks + 1))
+            .collect();
+        self.set_op(|| format!("get_many of blocks {want:?} of {ro:?}"));
+        let cache = self.cache.clone();
+        let many = cache.get_many(ro.fid, want.clone());
+        let Some(got) = maybe_give_up(&mut self.r, &self.soak, many).await else {
+            return Ok(());
+        };
+        if got.len() != want.len() {
+            return Err(format!(
+                "get_many of {} blocks gave {}",
+                want.len(),
+                got.len()
+            ));
+        }
+        for (&b, res) in want.iter().zip(got) {
+            match res {
+                Ok(block) => {
+                    self.check_block("get_many", &ro, b, &block)?;
+                    if self.r.one_in(12) {
+                        self.hold(block);
+                    }
+                }
+                Err(e) => expected_err(&self.soak, &ro, self.blocks(b, b), &e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// `prefetch` (`invalidate` if `drop`) of a random range of the
+    /// writable file (one time in `writable_one_in`) or of a read-only one.
+    fn range_op(&mut self, drop: bool, writable_one_in: u64) -> Outcome {
+        let writable = self.r.one_in(writable_one_in);
+        let ro = self.pick_ro();
+        let (fid, size) = if writable {
+            (self.round.writable, self.round.writable_size())
+        } else {
+            (ro.fid, ro.size)
+        };
+        let a = self.r.below(size + 1);
+        let b = a + self.r.below(4 * self.bs);
+        let what = if drop { "invalidate" } else { "prefetch" };
+        self.set_op(|| format!("{what} of {a}..{b} of {fid:?}"));
+        let res = if drop {
+            self.cache.invalidate(fid, a..b)
+        } else {
+            self.cache.prefetch(fid, a..b)
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(e) if !writable => expected_err(&self.soak, &ro, 0..0, &e),
+            Err(e) => Err(format!("{what} of the writable file: {e}")),
+        }
+    }
+
+    /// A random range of the task's own part of the writable file: its
+    /// offset in that part and its length (1 to 3 blocks).
+    fn own_range(&mut self) -> (u64, u64) {
+        let at = self.r.below(OWN);
+        (at, 1 + self.r.below((OWN - at).min(3 * self.bs)))
+    }
+
+    async fn write(&mut self) -> Outcome {
+        let (at, len) = self.own_range();
+        let data: Vec<u8> = (0..len).map(|_| self.r.next() as u8).collect();
+        let pos = self.own + at;
+        self.set_op(|| format!("write of {len} bytes at {pos} of the writable file"));
+        self.ctx
+            .write_all(self.round.writable, pos, &data)
+            .await
+            .map_err(|e| format!("write of {len} bytes at {pos}: {e}"))?;
+        self.model[at as usize..(at + len) as usize].copy_from_slice(&data);
+        Ok(())
+    }
+
+    async fn punch(&mut self) -> Outcome {
+        let (at, len) = self.own_range();
+        let pos = self.own + at;
+        self.set_op(|| format!("punch of {len} bytes at {pos} of the writable file"));
+        self.ctx
+            .fallocate(
+                self.round.writable,
+                FallocateMode::PUNCH_HOLE | FallocateMode::KEEP_SIZE,
+                pos,
+                len,
+            )
+            .await
+            .map_err(|e| format!("punch of {len} bytes at {pos}: {e}"))?;
+        self.model[at as usize..(at + len) as usize].fill(0);
+        Ok(())
+    }
+
+    /// The task's own range read back through the cache: exactly what the
+    /// last completed write or punch left.
+    async fn read_own(&mut self) -> Outcome {
+        if self.r.one_in(2) {
+            let (at, len) = self.own_range();
+            let pos = self.own + at;
+            self.set_op(|| format!("read of {len} bytes at {pos} of the writable file (own)"));
+            let mut buf = vec![0xA5u8; len as usize];
+            let cache = self.cache.clone();
+            let read = cache.read(self.round.writable, pos, &mut buf);
+            let Some(res) = maybe_give_up(&mut self.r, &self.soak, read).await else {
+                return Ok(());
+            };
+            let n = res.map_err(|e| format!("read of the writable file: {e}"))?;
+            let want = &self.model[at as usize..(at + len) as usize];
+            if n != buf.len() || buf != want {
+                return Err(format!(
+                    "stale or wrong bytes: read of {len} bytes at {pos} of the writable file \
+                     gave {n} bytes, {} differ from what the last completed write or punch left",
+                    buf.iter().zip(want).filter(|(a, b)| a != b).count()
+                ));
+            }
+            self.checked(len);
+            return Ok(());
+        }
+        // A block overlapping the task's range: the overlap.
+        let (bs, own) = (self.bs, self.own);
+        let b = (own + self.r.below(OWN)) / bs;
+        self.set_op(|| format!("get of block {b} of the writable file (own)"));
+        let cache = self.cache.clone();
+        let get = cache.get(self.round.writable, b);
+        let Some(res) = maybe_give_up(&mut self.r, &self.soak, get).await else {
+            return Ok(());
+        };
+        let block = res.map_err(|e| format!("get of the writable file: {e}"))?;
+        let (from, to) = ((b * bs).max(own), ((b + 1) * bs).min(own + OWN));
+        if (block.len() as u64) < to - b * bs {
+            return Err(format!(
+                "get of block {b} of the writable file: {} bytes",
+                block.len()
+            ));
+        }
+        let got = &block[(from - b * bs) as usize..(to - b * bs) as usize];
+        let want = &self.model[(from - own) as usize..(to - own) as usize];
+        if got != want {
+            return Err(format!(
+                "stale or wrong bytes: block {b} of the writable file, bytes {from}..{to} \
+                 (this task's), {} differ from what the last completed write or punch left",
+                got.iter().zip(want).filter(|(a, b)| a != b).count()
+            ));
+        }
+        self.checked(to - from);
+        if self.r.one_in(6) {
+            self.hold(block);
+        }
+        Ok(())
+    }
+
+    /// Any range of the writable file, unchecked (other tasks write it):
+    /// misses that race with the writes.
+    async fn read_other(&mut self) -> Outcome {
+        let at = self.r.below(self.round.writable_size());
+        let mut buf = vec![0u8; 1 + self.r.below(2 * self.bs) as usize];
+        self.set_op(|| format!("read of {} bytes at {at} of the writable file", buf.len()));
+        let cache = self.cache.clone();
+        let read = cache.read(self.round.writable, at, &mut buf);
+        match maybe_give_up(&mut self.r, &self.soak, read).await {
+            Some(Err(e)) => Err(format!("read of the writable file: {e}")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The first task registers a churn file (up to 3 at once) or
+    /// unregisters one, while the others read them.
+    fn churn(&mut self) -> Outcome {
+        if self.t != 0 {
+            return Ok(());
+        }
+        let round = self.round.clone();
+        let mut churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
+        if churn.len() < 3 && (churn.is_empty() || self.r.one_in(2)) {
+            let i = self.r.below(round.churn_files.len() as u64) as usize;
+            let (path, salt, size) = &round.churn_files[i];
+            self.set_op(|| format!("register_file of {}", path.display()));
+            let file = open_ro(path, round.settings.direct)
+                .map_err(|e| format!("opening {}: {e}", path.display()))?;
+            let fid = self
+                .ctx
+                .register_file(file)
+                .map_err(|e| format!("register_file: {e}"))?;
+            churn.push(Ro {
+                fid,
+                salt: *salt,
+                size: *size,
+                churned: true,
+                flaky: false,
+            });
+        } else if !churn.is_empty() {
+            let i = self.r.below(churn.len() as u64) as usize;
+            let f = churn.swap_remove(i);
+            drop(churn);
+            self.set_op(|| format!("unregister_file of {f:?}"));
+            self.ctx
+                .unregister_file(f.fid)
+                .map_err(|e| format!("unregister_file of {f:?}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// A read through the context itself (no cache) into a borrowed
+    /// buffer (page-aligned, as `O_DIRECT` rounds need).
+    async fn ctx_read(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let (off, len) = self.owned_range(&ro);
+        self.set_op(|| format!("ctx.read of {len} bytes at {off} of {ro:?}"));
+        let mut buf = AlignedBuf::new(len, 4096);
+        let ctx = self.ctx.clone();
+        let read = ctx.read(ro.fid, off, &mut buf);
+        let Some(res) = maybe_give_up(&mut self.r, &self.soak, read).await else {
+            return Ok(());
+        };
+        match res {
+            Ok(n) => self.check_read("ctx.read", &ro, off, &buf, n, false),
+            Err(e) => expected_err(&self.soak, &ro, off..off + len as u64, &e),
+        }
+    }
+
+    fn callback_buf(&mut self, len: usize) -> CallbackBuf {
+        CallbackBuf {
+            buf: AlignedBuf::with_capacity(len, 4096),
+            back: self.r.one_in(2).then(|| {
+                (
+                    self.ctx.clone(),
+                    self.cache.clone(),
+                    self.round.fixed[0].fid,
+                )
+            }),
+        }
+    }
+
+    /// An offset and a length for a read of `ro` through the context:
+    /// aligned to the block on `O_DIRECT` rounds (the kernel refuses others
+    /// there).
+    fn owned_range(&mut self, ro: &Ro) -> (u64, usize) {
+        let off = self.r.below(ro.size + self.bs);
+        let len = 1 + self.r.below(2 * self.bs);
+        if self.round.settings.direct {
+            (
+                off / self.bs * self.bs,
+                len.div_ceil(self.bs) as usize * self.bs as usize,
+            )
+        } else {
+            (off, len as usize)
+        }
+    }
+
+    /// An owned read through the context into a buffer whose `Drop` calls
+    /// back into the crate; half of them `'static` (holding the context).
+    async fn read_owned(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let (off, len) = self.owned_range(&ro);
+        self.set_op(|| format!("ctx.read_owned of {len} bytes at {off} of {ro:?}"));
+        let buf = self.callback_buf(len);
+        let ctx = self.ctx.clone();
+        let got = if self.r.one_in(2) {
+            maybe_give_up(
+                &mut self.r,
+                &self.soak,
+                ctx.read_owned_static(ro.fid, off, buf),
+            )
+            .await
+        } else {
+            maybe_give_up(&mut self.r, &self.soak, ctx.read_owned(ro.fid, off, buf)).await
+        };
+        let Some((res, buf)) = got else {
+            return Ok(());
+        };
+        match res {
+            Ok(n) => {
+                let mut full = buf.buf.to_vec();
+                full.resize(len, 0);
+                self.check_read("ctx.read_owned", &ro, off, &full, n, false)
+            }
+            Err(e) => expected_err(&self.soak, &ro, off..off + len as u64, &e),
+        }
+    }
+
+    /// A batch of owned reads of one file, each checked.
+    async fn read_batch(&mut self) -> Outcome {
+        let ro = self.pick_ro();
+        let reads: Vec<(FileId, u64, CallbackBuf)> = (0..1 + self.r.below(6))
+            .map(|_| {
+                let (off, len) = self.owned_range(&ro);
+                (ro.fid, off, self.callback_buf(len))
+            })
+            .collect();
+        let asked: Vec<(u64, usize)> = reads
+            .iter()
+            .map(|(_, o, b)| (*o, b.buf.capacity()))
+            .collect();
+        self.set_op(|| format!("ctx.read_batch of {asked:?} of {ro:?}"));
+        let ctx = self.ctx.clone();
+        let Some(got) = maybe_give_up(&mut self.r, &self.soak, ctx.read_batch(reads)).await else {
+            return Ok(());
+        };
+        if got.len() != asked.len() {
+            return Err(format!(
+                "read_batch of {} reads gave {}",
+                asked.len(),
+                got.len()
+            ));
+        }
+        for ((off, len), (res, buf)) in asked.into_iter().zip(got) {
+            match res {
+                Ok(n) => {
+                    let mut full = buf.buf.to_vec();
+                    full.resize(len, 0);
+                    self.check_read("ctx.read_batch", &ro, off, &full, n, false)?;
+                }
+                Err(e) => expected_err(&self.soak, &ro, off..off + len as u64, &e)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -1190,6 +1546,7 @@ mod tests {
             round_seed: None,
             stall_secs: 20.0,
             dir: std::env::temp_dir(),
+            no_fuse: false,
         };
         assert_eq!(run(&args), Ok(true));
     }
