@@ -24,6 +24,7 @@ mod dataset;
 mod engines;
 mod first_touch;
 mod flaky_fs;
+mod fuse_file;
 mod kinds;
 mod lines;
 mod machine;

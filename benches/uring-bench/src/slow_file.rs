@@ -29,20 +29,20 @@
 use std::collections::BinaryHeap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
+    Errno, FileHandle, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
 };
 use uring_positioned_io::UringContext;
 
 use crate::cli::{SlowCache, SlowFileArgs};
+use crate::fuse_file::{Mount, OneFile, INO};
 
 use crate::kinds::DEFAULT_SEED;
 use crate::machine::loadavg;
@@ -50,12 +50,9 @@ use crate::verify::{fill_block, verify_block, VerifyMode, BLOCK};
 
 const MIB: u64 = 1 << 20;
 const FILE_LEN: u64 = 1 << 40;
-const ROOT: u64 = 1;
-const INO: u64 = 2;
 const NAME: &str = "slow";
 /// The dataset file number the blocks carry.
 const FILE_NO: u32 = 0;
-const TTL: Duration = Duration::from_secs(3600);
 /// Measured seconds of each warm-up cell.
 const WARM_UP_SECS: f64 = 0.5;
 
@@ -132,38 +129,10 @@ fn timer_loop(rx: mpsc::Receiver<Due>) {
 }
 
 struct SlowFs {
+    file: OneFile,
     direct_io: bool,
     max_delay_ms: u64,
     timer: std::sync::Mutex<mpsc::Sender<Due>>,
-    uid: u32,
-    gid: u32,
-}
-
-impl SlowFs {
-    fn attr(&self, ino: u64) -> Option<FileAttr> {
-        let (kind, size, perm, nlink) = match ino {
-            ROOT => (FileType::Directory, 0, 0o555, 2),
-            INO => (FileType::RegularFile, FILE_LEN, 0o444, 1),
-            _ => return None,
-        };
-        Some(FileAttr {
-            ino: INodeNo(ino),
-            size,
-            blocks: size.div_ceil(512),
-            atime: UNIX_EPOCH,
-            mtime: UNIX_EPOCH,
-            ctime: UNIX_EPOCH,
-            crtime: UNIX_EPOCH,
-            kind,
-            perm,
-            nlink,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            flags: 0,
-            blksize: 4096,
-        })
-    }
 }
 
 impl Filesystem for SlowFs {
@@ -175,34 +144,20 @@ impl Filesystem for SlowFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if u64::from(parent) == ROOT && name.as_bytes() == NAME.as_bytes() {
-            let attr = self.attr(INO).expect("the file");
-            reply.entry(&TTL, &attr, fuser::Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
-        }
+        self.file.lookup(parent, name, reply);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(u64::from(ino)) {
-            Some(attr) => reply.attr(&TTL, &attr),
-            None => reply.error(Errno::ENOENT),
-        }
+        self.file.getattr(ino, reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if u64::from(ino) != INO {
-            return reply.error(Errno::ENOENT);
-        }
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            return reply.error(Errno::EROFS);
-        }
-        let fl = if self.direct_io {
+        let fopen = if self.direct_io {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::FOPEN_KEEP_CACHE
         };
-        reply.opened(FileHandle(0), fl);
+        self.file.open(ino, flags, fopen, reply);
     }
 
     fn read(
@@ -240,56 +195,30 @@ impl Filesystem for SlowFs {
 /// The mounted file system; unmounted on drop (after every delayed read
 /// is answered).
 struct Mounted {
-    _dir: tempfile::TempDir,
+    mount: Option<Mount>,
     path: PathBuf,
-    session: Option<fuser::BackgroundSession>,
     timer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Mounted {
     fn mount(direct_io: bool, max_delay_ms: u64) -> Result<Mounted, String> {
-        if !std::path::Path::new("/dev/fuse").exists() {
-            return Err("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("slowfs-")
-            .tempdir()
-            .map_err(|e| format!("cannot create a mount point: {e}"))?;
         let (tx, rx) = mpsc::channel();
         let timer = std::thread::Builder::new()
             .name("slowfs-timer".into())
             .spawn(move || timer_loop(rx))
             .map_err(|e| format!("spawn the timer thread: {e}"))?;
-        // SAFETY: plain syscalls without arguments.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let fs = SlowFs {
+            file: OneFile::new(NAME, FILE_LEN),
             direct_io,
             max_delay_ms,
             timer: std::sync::Mutex::new(tx),
-            uid,
-            gid,
         };
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            MountOption::FSName("slowfs".into()),
-            MountOption::Subtype("slowfs".into()),
-            MountOption::NoAtime,
-            MountOption::RO,
-        ];
-        config.n_threads = Some(2);
-        let session = fuser::Session::new(fs, dir.path(), &config)
-            .map_err(|e| {
-                format!(
-                    "FUSE mount failed: {} (mount(2) needs root or CAP_SYS_ADMIN)",
-                    e.to_string().trim()
-                )
-            })?
-            .spawn()
-            .map_err(|e| format!("spawn the FUSE session: {e}"))?;
+        // Without a mount, the file system (and the timer's sender) is
+        // dropped: the timer ends.
+        let mount = Mount::new(fs, "slowfs", NAME)?;
         Ok(Mounted {
-            path: dir.path().join(NAME),
-            _dir: dir,
-            session: Some(session),
+            path: mount.path.clone(),
+            mount: Some(mount),
             timer: Some(timer),
         })
     }
@@ -299,9 +228,7 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         // Unmounting ends the session, which drops the file system and
         // with it the timer's sender: the timer answers what is left.
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
-        }
+        drop(self.mount.take());
         if let Some(t) = self.timer.take() {
             let _ = t.join();
         }

@@ -439,7 +439,7 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
     let mounted = if a.no_fuse {
         None
     } else {
-        match flaky_fs::Mounted::mount(FLAKY_SIZE, flaky_content) {
+        match flaky_fs::mount(FLAKY_SIZE, flaky_content) {
             Ok(m) => Some(m),
             Err(e) => {
                 println!("soak: no flaky FUSE file: {e}");
