@@ -660,10 +660,10 @@ fn enter_fails_for_good() {
 }
 
 /// An owned buffer whose `Drop` calls back into the context.
-struct Reentrant {
-    data: Vec<u8>,
-    ctx: Arc<Mutex<Option<UringContext>>>,
-    drops: Arc<AtomicUsize>,
+pub(crate) struct Reentrant {
+    pub(crate) data: Vec<u8>,
+    pub(crate) ctx: Arc<Mutex<Option<UringContext>>>,
+    pub(crate) drops: Arc<AtomicUsize>,
 }
 
 // SAFETY: the bytes live in `data`'s heap block, which does not move when

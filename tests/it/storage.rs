@@ -8,8 +8,11 @@ use std::fs::File;
 use std::io;
 use std::time::{Duration, Instant};
 
+use crate::driver::Reentrant;
 use common::fuse::{Fault, FaultFs, FileSpec};
 use common::Flavor;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use uring_positioned_io::{BackendChoice, UringContext};
 
 const MIB: u64 = 1 << 20;
@@ -1292,39 +1295,6 @@ fn a_hung_write_on_the_rings_holds_up_no_other_file() {
     fs.release_hangs();
 }
 
-/// An owned buffer holding a handle of the context, counting its drops.
-struct HoldsContext {
-    data: Vec<u8>,
-    _ctx: UringContext,
-    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-// SAFETY: the bytes live in `data`'s heap block, which does not move when
-// the struct moves and lives as long as it does; all of them are
-// initialised, so set_init has nothing to record.
-unsafe impl uring_positioned_io::IoBufMut for HoldsContext {
-    fn stable_ptr(&self) -> *const u8 {
-        self.data.as_ptr()
-    }
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.data.as_mut_ptr()
-    }
-    fn bytes_init(&self) -> usize {
-        self.data.len()
-    }
-    fn bytes_total(&self) -> usize {
-        self.data.len()
-    }
-    unsafe fn set_init(&mut self, _pos: usize) {}
-}
-
-impl Drop for HoldsContext {
-    fn drop(&mut self) {
-        self.dropped
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// An owned read whose buffer holds a handle of the context, given up
 /// while the kernel has it, then its runtime shut down: once the storage
 /// answers, the op is reaped and the buffer dropped — and with it the
@@ -1338,9 +1308,13 @@ fn a_buffer_holding_the_context_is_released_after_its_runtime_dies() {
     let Some(fs) = FaultFs::mount_or_skip(&[spec], true) else {
         return;
     };
-    let fs = std::sync::Arc::new(fs);
+    let fs = Arc::new(fs);
     fs.set_fault("hung", 0..MIB, Fault::Hang);
-    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drops = Arc::new(AtomicUsize::new(0));
+    let dropped = {
+        let drops = drops.clone();
+        move || drops.load(Ordering::SeqCst) > 0
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1348,10 +1322,11 @@ fn a_buffer_holding_the_context_is_released_after_its_runtime_dies() {
         .unwrap();
     rt.block_on(async {
         let ctx = Route::Ring.ctx(vec![File::open(fs.path("hung")).unwrap()], |b| b);
-        let buf = HoldsContext {
+        // Its `Drop` also calls back into the context it holds.
+        let buf = Reentrant {
             data: vec![0u8; 4096],
-            _ctx: ctx.clone(),
-            dropped: dropped.clone(),
+            ctx: Arc::new(Mutex::new(Some(ctx.clone()))),
+            drops: drops.clone(),
         };
         let read = tokio::time::timeout(Duration::from_secs(1), ctx.read_owned(0u32, 0, buf)).await;
         assert!(read.is_err(), "a read of hung storage finished");
@@ -1368,7 +1343,7 @@ fn a_buffer_holding_the_context_is_released_after_its_runtime_dies() {
         let (fs, dropped) = (fs.clone(), dropped.clone());
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(500));
-            let early = dropped.load(std::sync::atomic::Ordering::SeqCst);
+            let early = dropped();
             fs.release_hangs();
             early
         })
@@ -1379,7 +1354,7 @@ fn a_buffer_holding_the_context_is_released_after_its_runtime_dies() {
         "the buffer was dropped while the kernel had it"
     );
     let t = Instant::now();
-    while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+    while !dropped() {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "the buffer (and the context it holds) never released after the storage answered"
