@@ -63,7 +63,7 @@ const PREFETCH_BYTES: usize = 256;
 /// hint: nothing waits for them).
 #[cfg_attr(target_arch = "x86_64", inline(always))]
 #[cfg_attr(not(target_arch = "x86_64"), inline)]
-fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
+pub(super) fn prefetch_lines(ptr: NonNull<u8>, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

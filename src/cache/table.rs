@@ -8,12 +8,13 @@
 //! reused by the next registration at its index (its key changes first),
 //! chunks stay, and a top level replaced by a larger one is kept.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::frames::{Core, NO_FILE};
-use super::{Key, KeyHash};
+use super::frames::{prefetch_lines, Core, NO_FILE};
+use super::Key;
 use crate::buf::{AlignedBuf, IoBufMut};
 
 /// Entries per chunk of a file's table.
@@ -91,6 +92,14 @@ impl Tables {
     /// being replaced: the frame's tag says).
     #[inline]
     pub(super) fn lookup(&self, file: u64, block: u64) -> Option<u32> {
+        self.entry(file, block)?
+            .load(Ordering::Acquire)
+            .checked_sub(1)
+    }
+
+    /// Block `block` of `file`'s entry, if its chunk exists.
+    #[inline]
+    fn entry(&self, file: u64, block: u64) -> Option<&AtomicU32> {
         let t = self.table(file)?;
         if t.key.load(Ordering::Acquire) != file {
             return None;
@@ -108,8 +117,7 @@ impl Tables {
         }
         // SAFETY: chunks are freed only with the policy (its slabs), when
         // the cache goes, not while anyone can read the tables.
-        let e = unsafe { &*chunk }[slot(block)].load(Ordering::Acquire);
-        e.checked_sub(1)
+        Some(&unsafe { &*chunk }[slot(block)])
     }
 }
 
@@ -157,8 +165,8 @@ struct Meta {
 
 /// S3-FIFO over resident frames: new blocks enter a small FIFO (a tenth of
 /// the capacity); one accessed while there moves to the main FIFO when it
-/// reaches the head, one not accessed is evicted and its key kept in a
-/// ghost FIFO; a block missed while a ghost enters main directly. Main is a
+/// reaches the head, one not accessed is evicted and its key kept as a
+/// ghost; a block missed while a ghost enters main directly. Main is a
 /// CLOCK: a head accessed since it was last seen goes round again. Pinned
 /// frames are skipped (sent round again).
 pub(super) struct Policy {
@@ -166,13 +174,83 @@ pub(super) struct Policy {
     small: VecDeque<(u32, u32)>,
     main: VecDeque<(u32, u32)>,
     meta: Vec<Meta>,
-    ghost: HashMap<Key, u64, KeyHash>,
-    ghost_fifo: VecDeque<(Key, u64)>,
-    ghost_seq: u64,
+    ghost: Ghosts,
     /// Tops replaced by larger ones (readers may still be on them).
     old_tops: Vec<Top>,
     /// The tables' chunks.
     slabs: ChunkSlabs,
+}
+
+/// S3-FIFO's ghost: keys recently evicted from the small FIFO, as 32-bit
+/// fingerprints in a direct-mapped table of as many slots as the capacity
+/// (the length of the paper's ghost FIFO). A new ghost takes its slot
+/// whoever held it, so ghosts age out as they would from a FIFO, at
+/// random rather than in order; a lookup costs one load, where a map plus
+/// a FIFO would cost several waits for memory under the policy's lock.
+/// Simulated on the zipf draws (`uring-bench zipf-policies`), it keeps as
+/// many hits as the exact FIFO.
+struct Ghosts {
+    /// Empty until the first eviction, when the cache holds its capacity
+    /// (of which the slots are under 1 %).
+    slots: Vec<u32>,
+    capacity: usize,
+}
+
+impl Ghosts {
+    fn new(capacity: usize) -> Ghosts {
+        Ghosts {
+            slots: Vec::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// `key`'s slot, and its fingerprint (never 0, an empty slot).
+    #[inline]
+    fn slot(&self, key: Key) -> (usize, u32) {
+        let mut z = key.file.rotate_left(29) ^ key.block;
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // The low half scaled onto the slots; the high half the print.
+        let n = self.capacity as u64;
+        let i = usize::try_from(((z & 0xFFFF_FFFF) * n) >> 32).expect("below the slots");
+        (i, (z >> 32) as u32 | 1)
+    }
+
+    fn insert(&mut self, key: Key) {
+        if self.slots.is_empty() {
+            // Without memory for them, no ghosts (the next insert tries
+            // again): blocks then enter main only from small.
+            if self.slots.try_reserve_exact(self.capacity).is_err() {
+                return;
+            }
+            self.slots.resize(self.capacity, 0);
+        }
+        let (i, print) = self.slot(key);
+        self.slots[i] = print;
+    }
+
+    /// Whether `key` was a ghost (it is not any more).
+    fn take(&mut self, key: Key) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let (i, print) = self.slot(key);
+        let hit = self.slots[i] == print;
+        if hit {
+            self.slots[i] = 0;
+        }
+        hit
+    }
+
+    /// Starts loading `key`'s slot (see `Policy::admit`).
+    fn prefetch(&self, key: Key) {
+        if !self.slots.is_empty() {
+            let (i, _) = self.slot(key);
+            prefetch_lines(NonNull::from(&self.slots[i]).cast(), 1);
+        }
+    }
 }
 
 /// The memory of the tables' chunks: slabs carved a chunk at a time, in
@@ -230,9 +308,7 @@ impl Policy {
             small: VecDeque::new(),
             main: VecDeque::new(),
             meta: Vec::new(),
-            ghost: HashMap::default(),
-            ghost_fifo: VecDeque::new(),
-            ghost_seq: 0,
+            ghost: Ghosts::new(capacity),
             old_tops: Vec::new(),
             slabs: ChunkSlabs::new(capacity),
         }
@@ -330,25 +406,38 @@ impl Policy {
         // SAFETY: chunks are freed only with the policy (its slabs), when
         // the cache goes, not while anyone can read the tables.
         let entry = &unsafe { &*chunk }[slot(key.block)];
-        let old = entry.swap(0, Ordering::AcqRel);
-        if let Some(o) = old.checked_sub(1) {
-            self.forget(o);
-            resident.fetch_sub(1, Ordering::Relaxed);
-            core.unmapped(o);
+        // The new block's entry, its ghost slot and the likely victim's
+        // entry: three waits for memory (random over tables far larger
+        // than the CPU's caches), taken together rather than one after
+        // the other. The victim's header was loaded by the last admit.
+        prefetch_lines(NonNull::from(entry).cast(), 1);
+        self.ghost.prefetch(key);
+        let full = resident.load(Ordering::Relaxed) >= self.capacity;
+        if full {
+            self.prefetch_victim(tables, core);
         }
         let mut evicted = 0;
-        if resident.load(Ordering::Relaxed) >= self.capacity {
+        if full {
             if !self.evict_one(tables, core) {
                 return (false, 0);
             }
             evicted = 1;
             resident.fetch_sub(1, Ordering::Relaxed);
         }
+        // A frame still mapped for this block (a flight that landed after
+        // an invalidation's) goes now; evicting first may have cost one
+        // eviction more than needed, once.
+        let old = entry.swap(0, Ordering::AcqRel);
+        if let Some(o) = old.checked_sub(1) {
+            self.forget(o);
+            resident.fetch_sub(1, Ordering::Relaxed);
+            core.unmapped(o);
+        }
         let index = f as usize;
         if self.meta.len() <= index {
             self.meta.resize(index + 1, Meta::default());
         }
-        let to_main = self.ghost.remove(&key).is_some();
+        let to_main = self.ghost.take(key);
         let meta = &mut self.meta[index];
         meta.stamp = meta.stamp.wrapping_add(1);
         meta.queue = if to_main { Queue::Main } else { Queue::Small };
@@ -363,7 +452,43 @@ impl Policy {
         entry.store(f + 1, Ordering::Release);
         core.mapped(f);
         resident.fetch_add(1, Ordering::Relaxed);
+        if full {
+            self.prefetch_next(core);
+        }
         (true, evicted)
+    }
+
+    /// The queue the next eviction looks at first.
+    fn next_queue(&self) -> &VecDeque<(u32, u32)> {
+        if self.small.len() > (self.capacity / 10).max(1) || self.main.is_empty() {
+            &self.small
+        } else {
+            &self.main
+        }
+    }
+
+    /// Starts loading the table entry of the block the next eviction will
+    /// most likely take (the head of its queue, unless it was accessed).
+    fn prefetch_victim(&self, tables: &Tables, core: &Core) {
+        if let Some(&(f, _)) = self.next_queue().front() {
+            let (file, block) = core.header(f).tag();
+            if let Some(e) = tables.entry(file, block) {
+                prefetch_lines(NonNull::from(e).cast(), 1);
+            }
+        }
+    }
+
+    /// Starts loading the header and policy state of the frames at both
+    /// queues' heads, for the next admit's eviction.
+    fn prefetch_next(&self, core: &Core) {
+        for q in [&self.small, &self.main] {
+            if let Some(&(f, _)) = q.front() {
+                prefetch_lines(NonNull::from(core.header(f)).cast(), 1);
+                if let Some(m) = self.meta.get(f as usize) {
+                    prefetch_lines(NonNull::from(m).cast(), 1);
+                }
+            }
+        }
     }
 
     /// Drops stale queue entries once they outnumber the live ones.
@@ -393,6 +518,7 @@ impl Policy {
     /// Evicts one resident, unpinned frame (unmapped and freed): whether
     /// one was found.
     fn evict_one(&mut self, tables: &Tables, core: &Core) -> bool {
+        // As `next_queue`.
         let small_target = (self.capacity / 10).max(1);
         let mut budget = 2 * (self.small.len() + self.main.len()) + 8;
         while budget > 0 {
@@ -427,17 +553,7 @@ impl Policy {
             self.meta[f as usize].queue = Queue::None;
             unmap_entry(tables, key, f);
             if from_small {
-                self.ghost_seq += 1;
-                self.ghost.insert(key, self.ghost_seq);
-                self.ghost_fifo.push_back((key, self.ghost_seq));
-                while self.ghost_fifo.len() > self.capacity {
-                    let Some((k, seq)) = self.ghost_fifo.pop_front() else {
-                        break;
-                    };
-                    if self.ghost.get(&k) == Some(&seq) {
-                        self.ghost.remove(&k);
-                    }
-                }
+                self.ghost.insert(key);
             }
             core.free_claimed(f);
             return true;
@@ -524,4 +640,50 @@ fn unmap_entry(tables: &Tables, key: Key, f: u32) {
     // the cache goes, not while anyone can read the tables.
     let e = &unsafe { &*chunk }[slot(key.block)];
     let _ = e.compare_exchange(f + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(file: u64, block: u64) -> Key {
+        Key {
+            file: file << 32 | 1,
+            block,
+        }
+    }
+
+    #[test]
+    fn a_ghost_is_found_once_and_lost_to_a_newer_one_in_its_slot() {
+        let mut g = Ghosts::new(1000);
+        assert!(!g.take(key(1, 5)));
+        assert!(g.slots.is_empty(), "no memory before the first eviction");
+        g.insert(key(1, 5));
+        assert_eq!(g.slots.len(), 1000);
+        assert!(g.take(key(1, 5)));
+        assert!(!g.take(key(1, 5)), "taken once");
+        g.insert(key(1, 5));
+        let (i, _) = g.slot(key(1, 5));
+        let other = (6..1_000_000)
+            .find(|&b| g.slot(key(1, b)).0 == i)
+            .expect("a block in slot i");
+        g.insert(key(1, other));
+        assert!(!g.take(key(1, 5)), "replaced by a newer ghost");
+        assert!(g.take(key(1, other)));
+        g.insert(key(1, 7));
+        assert!(!g.take(key(2, 7)), "another file's block 7");
+        assert!(g.take(key(1, 7)));
+    }
+
+    #[test]
+    fn ghosts_spread_over_the_slots() {
+        let mut g = Ghosts::new(4096);
+        for b in 0..4096 {
+            g.insert(key(3, b));
+        }
+        let kept = (0..4096).filter(|&b| g.take(key(3, b))).count();
+        // A random placement keeps 1 - 1/e of them (2589); a bad mix far
+        // fewer.
+        assert!((2400..2800).contains(&kept), "{kept} of 4096 kept");
+    }
 }

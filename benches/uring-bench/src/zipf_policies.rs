@@ -6,9 +6,12 @@
 //! Policies, each given the same draws and the same capacity in blocks:
 //! - `LRU`;
 //! - `S3-FIFO, 1-bit`, as `BlockCache` runs it (`src/cache/table.rs`): a
-//!   small FIFO of a tenth of the capacity, a ghost FIFO of as many keys as
-//!   the capacity, a main FIFO with one access bit (a CLOCK); a block
+//!   small FIFO of a tenth of the capacity, a ghost of keys evicted from
+//!   it (fingerprints in a direct-mapped table of as many slots as the
+//!   capacity), a main FIFO with one access bit (a CLOCK); a block
 //!   accessed in small moves to main when it reaches the head;
+//! - the same with the ghost an exact FIFO of as many keys as the
+//!   capacity, as the S3-FIFO paper keeps it;
 //! - `S3-FIFO, 2-bit`: the same with a counter of up to 3 hits in main (one
 //!   spent each time the block goes round), as the S3-FIFO paper does;
 //! - `W-TinyLFU`: a 1 % LRU window before a segmented LRU (80 % protected),
@@ -128,7 +131,7 @@ impl Policy for Lru {
 }
 
 /// Where a key is in S3-FIFO.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum S3 {
     Out,
     Small,
@@ -147,11 +150,28 @@ struct S3Fifo {
     ghost: Vec<u64>,
     ghost_fifo: VecDeque<(u32, u64)>,
     ghost_seq: u64,
+    /// The ghost as `BlockCache` keeps it (instead of the exact FIFO):
+    /// fingerprints in a direct-mapped table.
+    hashed: Option<Vec<u32>>,
+}
+
+/// `BlockCache`'s ghost slot and fingerprint of block `k` (of one file):
+/// the same mix and table size as `src/cache/table.rs`'s `Ghosts`.
+fn ghost_slot(k: u32, slots: usize) -> (usize, u32) {
+    let mut z = (1u64.rotate_left(29) ^ u64::from(k)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (
+        (((z & 0xFFFF_FFFF) * slots as u64) >> 32) as usize,
+        (z >> 32) as u32 | 1,
+    )
 }
 
 impl S3Fifo {
-    fn new(keys: usize, cap: usize, max_freq: u8) -> S3Fifo {
+    fn new(keys: usize, cap: usize, max_freq: u8, hashed_slots: Option<usize>) -> S3Fifo {
         S3Fifo {
+            hashed: hashed_slots.map(|n| vec![0; n]),
             cap,
             max_freq,
             small: VecDeque::new(),
@@ -178,6 +198,11 @@ impl S3Fifo {
                     continue;
                 }
                 self.at[k as usize] = S3::Out;
+                if let Some(t) = &mut self.hashed {
+                    let (i, fp) = ghost_slot(k, t.len());
+                    t[i] = fp;
+                    return;
+                }
                 self.ghost_seq += 1;
                 self.ghost[k as usize] = self.ghost_seq;
                 self.ghost_fifo.push_back((k, self.ghost_seq));
@@ -217,8 +242,18 @@ impl Policy for S3Fifo {
             self.evict();
         }
         self.freq[i] = 0;
-        if self.ghost[i] != 0 {
-            self.ghost[i] = 0;
+        let ghost = match &mut self.hashed {
+            Some(t) => {
+                let (slot, fp) = ghost_slot(k, t.len());
+                let hit = t[slot] == fp;
+                if hit {
+                    t[slot] = 0;
+                }
+                hit
+            }
+            None => std::mem::replace(&mut self.ghost[i], 0) != 0,
+        };
+        if ghost {
             self.at[i] = S3::Main;
             self.main.push_back(k);
         } else {
@@ -371,9 +406,13 @@ pub fn simulate(
         ),
         (
             "S3-FIFO, 1-bit (BlockCache's)",
-            Box::new(S3Fifo::new(keys, cap, 1)),
+            Box::new(S3Fifo::new(keys, cap, 1, Some(cap.max(1)))),
         ),
-        ("S3-FIFO, 2-bit", Box::new(S3Fifo::new(keys, cap, 3))),
+        (
+            "S3-FIFO, 1-bit, exact ghost FIFO",
+            Box::new(S3Fifo::new(keys, cap, 1, None)),
+        ),
+        ("S3-FIFO, 2-bit", Box::new(S3Fifo::new(keys, cap, 3, None))),
         (
             "W-TinyLFU, exact counts",
             Box::new(WTinyLfu::new(keys, cap)),
@@ -489,12 +528,31 @@ mod tests {
     /// S3-FIFO keeps a block read twice while one-time blocks stream by.
     #[test]
     fn s3_fifo_keeps_a_reread_block_through_a_scan() {
-        let mut p = S3Fifo::new(1_000, 20, 1);
-        p.access(0);
-        p.access(0);
-        for k in 1..500 {
-            p.access(k);
+        for ghost in [None, Some(20)] {
+            let mut p = S3Fifo::new(1_000, 20, 1, ghost);
+            p.access(0);
+            p.access(0);
+            for k in 1..500 {
+                p.access(k);
+            }
+            assert!(p.access(0));
         }
-        assert!(p.access(0));
+    }
+
+    /// A block missed again soon after its eviction from small is a ghost
+    /// and enters main, where a scan does not reach it; with either ghost.
+    #[test]
+    fn s3_fifo_a_ghost_enters_main() {
+        for ghost in [None, Some(20)] {
+            let mut p = S3Fifo::new(1_000, 20, 1, ghost);
+            p.access(0);
+            // Evicted from small (not read again there).
+            for k in 1..=20 {
+                p.access(k);
+            }
+            assert_eq!(p.at[0], S3::Out);
+            assert!(!p.access(0), "a miss");
+            assert_eq!(p.at[0], S3::Main, "ghost {ghost:?}");
+        }
     }
 }
