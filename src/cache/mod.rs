@@ -30,11 +30,12 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Waker;
 
 use futures::future::{BoxFuture, Shared, WeakShared};
+use futures::task::{ArcWake, AtomicWaker};
 
 use crate::context::UringContext;
 use crate::error::{self, os_error};
@@ -148,6 +149,7 @@ struct Waiting {
     slot: usize,
     wake_all: WakeAll,
     done: bool,
+    guard: Arc<PollGuard>,
 }
 
 impl Waiting {
@@ -157,6 +159,47 @@ impl Waiting {
             slot,
             wake_all,
             done: false,
+            guard: Arc::new(PollGuard {
+                state: AtomicU8::new(GUARD_IDLE),
+                waker: AtomicWaker::new(),
+            }),
+        }
+    }
+}
+
+/// The waker a [`Waiting`] polls its flight with: the caller's, except
+/// that a wake arriving while that `Waiting` is itself polling is held
+/// back, and passed on only if the poll ends `Pending`. When a flight ends
+/// inside a waiter's poll, `Shared` wakes every waiter it has recorded,
+/// the one polling included; and tokio takes a task woken during its own
+/// poll for a task that yields: it queues it again and wakes an idle
+/// worker to share the queue. So each miss that a task read itself would
+/// cost a wasted poll and a worker's wake-up, for a read already answered.
+struct PollGuard {
+    state: AtomicU8,
+    waker: AtomicWaker,
+}
+
+/// Not being polled: a wake goes to the caller at once.
+const GUARD_IDLE: u8 = 0;
+/// Being polled by its `Waiting`.
+const GUARD_POLLING: u8 = 1;
+/// Woken while being polled.
+const GUARD_WOKEN: u8 = 2;
+
+impl ArcWake for PollGuard {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        let held = matches!(
+            arc_self.state.compare_exchange(
+                GUARD_POLLING,
+                GUARD_WOKEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ),
+            Ok(_) | Err(GUARD_WOKEN)
+        );
+        if !held {
+            arc_self.waker.wake();
         }
     }
 }
@@ -884,5 +927,41 @@ mod tests {
         );
         let mut b = b_cell.lock().unwrap().take().expect("B");
         assert!(poll(&mut b, &b_waker).is_ready());
+    }
+
+    /// A flight that ends inside its waiter's poll: `Shared` wakes every
+    /// waiter it has recorded, the one polling included, which must not
+    /// reach that waiter's task (tokio would take it for a yield). A wake
+    /// during a poll that ends `Pending` is passed on; one between polls
+    /// goes straight through.
+    #[test]
+    fn a_waiter_answered_in_its_own_poll_is_not_woken() {
+        let mut polls = 0;
+        let flight: Flight = std::future::poll_fn(move |cx| {
+            polls += 1;
+            // The read's completion, seen during the poll.
+            cx.waker().wake_by_ref();
+            if polls < 3 {
+                Poll::Pending
+            } else {
+                Poll::Ready(Arc::from(Vec::<Outcome>::new()))
+            }
+        })
+        .boxed()
+        .shared();
+        let mut w = Waiting::new(flight, 0, WakeAll::default());
+        let (count, waker) = count_waker();
+        assert!(poll(&mut w, &waker).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken while Pending");
+        futures::task::waker_ref(&w.guard).wake_by_ref();
+        assert_eq!(count.0.load(Ordering::SeqCst), 2, "woken between polls");
+        assert!(poll(&mut w, &waker).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 3);
+        assert!(poll(&mut w, &waker).is_ready());
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            3,
+            "woken by the poll that was answered"
+        );
     }
 }

@@ -16,7 +16,7 @@ use futures::FutureExt;
 
 use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
-    Outcome, State, Waiting, WakeAll, MAX_SHORT,
+    Outcome, State, Waiting, WakeAll, GUARD_IDLE, GUARD_POLLING, GUARD_WOKEN, MAX_SHORT,
 };
 use crate::buf::IoBufMut;
 use crate::error;
@@ -412,8 +412,19 @@ impl Invalidate for State {
 /// (`inline::end_stretch`), so that its hits after the wait start a new one
 /// instead of yielding first.
 pub(super) fn poll_flight(wait: &mut Waiting, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
-    let res = Pin::new(&mut wait.flight).poll(cx);
+    // The flight sees the wait's guard, not the caller's waker (see
+    // `PollGuard`): a wake during this poll reaches the caller only if the
+    // poll ends `Pending`.
+    let guard = &wait.guard;
+    guard.waker.register(cx.waker());
+    guard.state.store(GUARD_POLLING, Ordering::SeqCst);
+    let waker = futures::task::waker_ref(guard);
+    let res = Pin::new(&mut wait.flight).poll(&mut Context::from_waker(&waker));
+    let woken = guard.state.swap(GUARD_IDLE, Ordering::AcqRel) == GUARD_WOKEN;
     if res.is_pending() {
+        if woken {
+            cx.waker().wake_by_ref();
+        }
         inline::end_stretch();
     } else {
         wait.done = true;

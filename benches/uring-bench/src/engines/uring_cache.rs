@@ -6,8 +6,8 @@
 //! - `uring-cache-ref` takes the cached block itself: `cache.get(file,
 //!   block)` gives a `BlockRef`, verified in place (no copy).
 //!
-//! The capacity is `--cache-mib` (default: the working set plus 1/16, so
-//! that the uneven fill of the map's shards evicts nothing). In the `hot`
+//! The capacity is `--cache-mib` (default: the working set plus 1/16 of
+//! headroom, so that nothing is evicted). In the `hot`
 //! regime the cache is filled with the whole working set before the
 //! measured window (every block read once and verified), as the page cache
 //! is for the other engines: the measured reads are hits. In `cold` and
@@ -34,8 +34,8 @@ const FILL_BATCH: u64 = 256;
 /// Warm-up tasks (each fills whole files).
 const FILL_TASKS: usize = 8;
 
-/// The default capacity for `bytes` of working set: it plus 1/16 (the map's
-/// shards fill unevenly; each holds 1/shards of the capacity), whole MiB.
+/// The default capacity for `bytes` of working set: it plus 1/16 of
+/// headroom, in whole MiB.
 pub fn default_capacity(bytes: u64) -> u64 {
     (bytes + bytes / 16).div_ceil(1 << 20).max(1) << 20
 }
