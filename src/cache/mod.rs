@@ -266,6 +266,8 @@ impl FlightError {
 /// A flight's entry for one of its blocks.
 struct Entry {
     id: u64,
+    /// The file's changes seen when the flight started (`Flights::epochs`).
+    epoch: u64,
     flight: WeakShared<FlightFuture>,
     wake_all: WakeAll,
     slot: usize,

@@ -257,6 +257,7 @@ impl State {
         count: bool,
     ) -> (Vec<Lookup>, Option<Waiting>) {
         let mut flights = lock(&self.flights);
+        let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
         let mut out = Vec::with_capacity(blocks.len());
         let mut new = Vec::new();
         for &block in blocks {
@@ -264,7 +265,15 @@ impl State {
                 file: file.key,
                 block,
             };
+            // A flight started before a change to its file is not joined,
+            // even for a block outside the changed range: a write beyond
+            // the end of the file grows the block that held the end, which
+            // that flight may have read short. Its land caches nothing of
+            // the block once a new flight holds the entry.
             if let Some(wait) = flights.map.get(&key).and_then(|e| {
+                if e.epoch != epoch {
+                    return None;
+                }
                 let flight = e.flight.upgrade()?;
                 Some(Waiting::new(flight, e.slot, e.wake_all.clone()))
             }) {
@@ -287,7 +296,6 @@ impl State {
         if !new.is_empty() {
             let id = flights.next_id;
             flights.next_id += 1;
-            let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
             self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
             let wake_all = WakeAll::default();
             let flight: Flight = run_flight(
@@ -308,6 +316,7 @@ impl State {
                     },
                     Entry {
                         id,
+                        epoch,
                         flight: weak.clone(),
                         wake_all: wake_all.clone(),
                         slot,

@@ -410,6 +410,14 @@ fn miss_in_flight_during_write(choice: BackendChoice) {
                 ctx.write_all(0, at + 2 * BS as u64, &[2u8; 10])
                     .await
                     .unwrap();
+                // A get that starts after the write must not join the read
+                // started before it: that read holds the short block.
+                let after = cache.get(0, last).await.unwrap();
+                assert_eq!(
+                    after.len(),
+                    BS,
+                    "round {round}: a get after the write joined the read before it"
+                );
                 if first.is_pending() {
                     get.await.unwrap();
                 }
