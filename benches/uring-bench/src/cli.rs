@@ -350,8 +350,9 @@ pub enum Mode {
     /// The block cache and the context under hostile use, for `--secs`:
     /// rounds of random settings (backend, workers, rings, slots, block
     /// size, a cache of a few blocks, `O_DIRECT` or not), tasks that read,
-    /// get, multi-get, prefetch, invalidate, write, punch holes,
-    /// register and unregister files, read through the context (borrowed,
+    /// get, multi-get, prefetch, invalidate, write, punch holes, append
+    /// to a file while the others read its end, register and unregister
+    /// files, read through the context (borrowed,
     /// owned and batched, into buffers whose Drop calls back in), give up
     /// reads mid-flight and hold blocks on another thread; every byte
     /// checked (no stale byte after a

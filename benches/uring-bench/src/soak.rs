@@ -78,6 +78,11 @@ fn flaky_content(offset: u64) -> u8 {
     pattern(FLAKY_SALT, offset)
 }
 
+/// The log: a file that grows by appends while the tasks read its end
+/// through the cache. Its salt, and the size past which it stops growing.
+const LOG_SALT: u64 = 31;
+const LOG_MAX: u64 = 1 << 20;
+
 /// Bytes of the writable file each task owns (not a multiple of a block,
 /// so a block spans two tasks' ranges).
 const OWN: u64 = 10_000;
@@ -218,9 +223,11 @@ enum Op {
     CtxRead,
     ReadOwned,
     ReadBatch,
+    Append,
+    ReadLog,
 }
 
-const OPS: [Op; 13] = [
+const OPS: [Op; 15] = [
     Op::Get,
     Op::Read,
     Op::GetMany,
@@ -234,6 +241,8 @@ const OPS: [Op; 13] = [
     Op::CtxRead,
     Op::ReadOwned,
     Op::ReadBatch,
+    Op::Append,
+    Op::ReadLog,
 ];
 
 /// A read-only file a round reads: fixed, or registered by the churn.
@@ -245,6 +254,53 @@ struct Ro {
     churned: bool,
     /// The flaky FUSE file (`flaky_fs`).
     flaky: bool,
+}
+
+/// Where the log's bytes are not the pattern's: gaps an append left
+/// before it (a hole: zeros), and appends given up (zeros, or the pattern
+/// if the write landed after all); and where the next append may start.
+#[derive(Default, Clone)]
+struct LogHoles {
+    next: u64,
+    /// (start, end, given up), in order, not overlapping.
+    holes: Vec<(u64, u64, bool)>,
+}
+
+impl LogHoles {
+    /// The first byte of `data` (the log's bytes from `offset`) that the
+    /// log cannot hold there.
+    fn check(&self, offset: u64, data: &[u8]) -> Result<(), String> {
+        let mut h = self.holes.partition_point(|&(_, end, _)| end <= offset);
+        for (o, &b) in (offset..).zip(data) {
+            while self.holes.get(h).is_some_and(|&(_, end, _)| end <= o) {
+                h += 1;
+            }
+            let hole = self.holes.get(h).filter(|&&(start, _, _)| start <= o);
+            let ok = match hole {
+                None => b == pattern(LOG_SALT, o),
+                Some(&(_, _, false)) => b == 0,
+                Some(&(_, _, true)) => b == 0 || b == pattern(LOG_SALT, o),
+            };
+            if !ok {
+                return Err(format!(
+                    "byte at offset {o} of the log is {b:#04x}, not {} ({} bytes read \
+                     from offset {offset})",
+                    match hole {
+                        None => format!("{:#04x}", pattern(LOG_SALT, o)),
+                        Some(&(_, _, false)) => "0 (a gap before an append)".into(),
+                        Some(_) =>
+                            format!("0 or {:#04x} (an append given up)", pattern(LOG_SALT, o)),
+                    },
+                    data.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Counters over the whole soak.
@@ -282,6 +338,13 @@ struct Round {
     fixed: Vec<Ro>,
     churn: Mutex<Vec<Ro>>,
     writable: FileId,
+    /// The log (`LOG_SALT`), appended to by one task at a time
+    /// (`log_busy`): its length is at least `log_end` (the end of the last
+    /// completed append), its bytes are the pattern's but in `log_holes`.
+    log: FileId,
+    log_end: AtomicU64,
+    log_busy: AtomicBool,
+    log_holes: Mutex<LogHoles>,
     /// The churn's files (paths, salts, sizes).
     churn_files: Vec<(PathBuf, u64, u64)>,
 }
@@ -710,6 +773,8 @@ fn round(
     if let Some(path) = flaky {
         files.push(File::open(path).map_err(setup)?);
     }
+    let log_index = files.len();
+    files.push(tempfile::tempfile_in(paths.dir).map_err(setup)?);
     let rt = if s.workers == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -776,6 +841,10 @@ fn round(
             .collect(),
         churn: Mutex::new(Vec::new()),
         writable: ids[FIXED.len()],
+        log: ids[log_index],
+        log_end: AtomicU64::new(0),
+        log_busy: AtomicBool::new(false),
+        log_holes: Mutex::new(LogHoles::default()),
         churn_files: paths.churn.to_vec(),
     });
     soak.set_phase(
@@ -1151,6 +1220,8 @@ impl Worker {
             Op::CtxRead => self.ctx_read().await,
             Op::ReadOwned => self.read_owned().await,
             Op::ReadBatch => self.read_batch().await,
+            Op::Append => self.append().await,
+            Op::ReadLog => self.read_log().await,
         }
     }
 
@@ -1350,6 +1421,126 @@ impl Worker {
         if self.r.one_in(6) {
             self.hold(block);
         }
+        Ok(())
+    }
+
+    /// Appends to the log (if no other task is appending and it is not
+    /// full; else reads its end): the pattern's bytes, written through
+    /// the context, now and then after a gap (a hole: the write grows
+    /// the file past the block that held its end, not writing it), given
+    /// up now and then (its bytes may land later, or not at all).
+    async fn append(&mut self) -> Outcome {
+        let round = self.round.clone();
+        let next = lock(&round.log_holes).next;
+        if next >= LOG_MAX || round.log_busy.swap(true, Ordering::AcqRel) {
+            return self.read_log().await;
+        }
+        let gap = if self.r.one_in(3) {
+            1 + self.r.below(2 * self.bs)
+        } else {
+            0
+        };
+        // Mostly small appends: the end stays in one block for a while,
+        // which the readers keep missing on as it grows.
+        let most = if self.r.one_in(4) { 2 * self.bs } else { 64 };
+        let len = 1 + self.r.below(most);
+        let at = next + gap;
+        {
+            let mut log = lock(&round.log_holes);
+            if gap > 0 {
+                log.holes.push((next, at, false));
+            }
+            log.next = at + len;
+        }
+        let data: Vec<u8> = (at..at + len).map(|o| pattern(LOG_SALT, o)).collect();
+        self.set_op(|| format!("append of {len} bytes at {at} of the log"));
+        let write = self.ctx.write_all(round.log, at, &data);
+        let res = maybe_give_up(&mut self.r, &self.soak, write).await;
+        match &res {
+            Some(Ok(())) => round.log_end.store(at + len, Ordering::Release),
+            Some(Err(_)) | None => lock(&round.log_holes).holes.push((at, at + len, true)),
+        }
+        round.log_busy.store(false, Ordering::Release);
+        match res {
+            Some(Err(e)) => Err(format!("append of {len} bytes at {at} of the log: {e}")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The end of the log read through the cache, a block (`get`) or a
+    /// range (`read`), while appends grow it: every byte is one the log
+    /// can hold there (`LogHoles::check`), and none of what the appends
+    /// completed before the read started is missing (a block cached or
+    /// read short before an append, then served after it, shows here).
+    async fn read_log(&mut self) -> Outcome {
+        let (bs, log) = (self.bs, self.round.log);
+        let end = self.round.log_end.load(Ordering::Acquire);
+        let cache = self.cache.clone();
+        if self.r.one_in(2) {
+            // The block holding the end, or the one before it or after.
+            let b = match self.r.below(6) {
+                0 => (end / bs).saturating_sub(1),
+                1 => end / bs + 1,
+                _ => end / bs,
+            };
+            self.set_op(|| format!("get of block {b} of the log (end {end})"));
+            let res = if self.r.one_in(2) {
+                // A lazy leader: it starts the read, then does something
+                // else before it waits (as a `join` of several futures
+                // does), so the read may end in the kernel well before its
+                // flight lands, and other tasks' appends and gets run
+                // meanwhile.
+                let mut get = std::pin::pin!(cache.get(log, b));
+                let first = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(std::future::Future::poll(get.as_mut(), cx))
+                })
+                .await;
+                match first {
+                    std::task::Poll::Ready(res) => res,
+                    std::task::Poll::Pending => {
+                        let idle = Duration::from_micros(self.r.below(300));
+                        tokio::time::sleep(idle).await;
+                        get.await
+                    }
+                }
+            } else {
+                let Some(res) = maybe_give_up(&mut self.r, &self.soak, cache.get(log, b)).await
+                else {
+                    return Ok(());
+                };
+                res
+            };
+            let block = res.map_err(|e| format!("get of block {b} of the log: {e}"))?;
+            let want = end.saturating_sub(b * bs).min(bs);
+            if (block.len() as u64) < want {
+                return Err(format!(
+                    "stale end of the log: block {b} has {} bytes; the appends completed \
+                     before the get started end at {end}, {want} bytes into it",
+                    block.len()
+                ));
+            }
+            lock(&self.round.log_holes).check(b * bs, &block)?;
+            self.checked(block.len() as u64);
+            return Ok(());
+        }
+        let at = end.saturating_sub(self.r.below(2 * bs));
+        let mut buf = vec![0u8; 1 + self.r.below(2 * bs) as usize];
+        let len = buf.len() as u64;
+        self.set_op(|| format!("read of {len} bytes at {at} of the log (end {end})"));
+        let read = cache.read(log, at, &mut buf);
+        let Some(res) = maybe_give_up(&mut self.r, &self.soak, read).await else {
+            return Ok(());
+        };
+        let n = res.map_err(|e| format!("read of {len} bytes at {at} of the log: {e}"))?;
+        let want = end.saturating_sub(at).min(len);
+        if (n as u64) < want {
+            return Err(format!(
+                "stale end of the log: read of {len} bytes at {at} gave {n}; the appends \
+                 completed before the read started end at {end}"
+            ));
+        }
+        lock(&self.round.log_holes).check(at, &buf[..n])?;
+        self.checked(n as u64);
         Ok(())
     }
 
