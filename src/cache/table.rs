@@ -9,12 +9,13 @@
 //! chunks stay, and a top level replaced by a larger one is kept.
 
 use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::frames::{prefetch_lines, Core, NO_FILE};
-use super::Key;
+use super::{Key, KeyHash};
 use crate::buf::{AlignedBuf, IoBufMut};
 
 /// Entries per chunk of a file's table.
@@ -207,11 +208,7 @@ impl Ghosts {
     /// `key`'s slot, and its fingerprint (never 0, an empty slot).
     #[inline]
     fn slot(&self, key: Key) -> (usize, u32) {
-        let mut z = key.file.rotate_left(29) ^ key.block;
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = KeyHash.hash_one(key);
         // The low half scaled onto the slots; the high half the print.
         let n = self.capacity as u64;
         let i = usize::try_from(((z & 0xFFFF_FFFF) * n) >> 32).expect("below the slots");

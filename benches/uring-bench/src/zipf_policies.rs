@@ -156,16 +156,22 @@ struct S3Fifo {
 }
 
 /// `BlockCache`'s ghost slot and fingerprint of block `k` (of one file):
-/// the same mix and table size as `src/cache/table.rs`'s `Ghosts`.
+/// the same hash (`KeyHash` of the file's key, then the block's), table
+/// size and split as `src/cache/table.rs`'s `Ghosts`.
 fn ghost_slot(k: u32, slots: usize) -> (usize, u32) {
-    let mut z = (1u64.rotate_left(29) ^ u64::from(k)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = splitmix(splitmix(0, 1), u64::from(k));
     (
         (((z & 0xFFFF_FFFF) * slots as u64) >> 32) as usize,
         (z >> 32) as u32 | 1,
     )
+}
+
+/// One `SplitMix64` step of `h` with `v` (`KeyHasher::write_u64`).
+fn splitmix(h: u64, v: u64) -> u64 {
+    let mut z = (h ^ v).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl S3Fifo {
