@@ -167,6 +167,9 @@ struct Settings {
     block: usize,
     capacity_blocks: u64,
     direct: bool,
+    /// With `direct`: the size and alignment `O_DIRECT` accepts (the log
+    /// is then `O_DIRECT` too, appended in multiples of it).
+    direct_unit: usize,
     tasks: usize,
     millis: u64,
     /// The round ends by dropping the runtime under its tasks.
@@ -198,6 +201,10 @@ impl Settings {
             direct: match direct {
                 Direct::From(b) => b <= block && r.one_in(2),
                 Direct::No => false,
+            },
+            direct_unit: match direct {
+                Direct::From(b) => b,
+                Direct::No => block,
             },
             tasks: 2 + r.below(5) as usize,
             millis: 5 + r.below(46),
@@ -462,6 +469,20 @@ fn probe_direct(path: &Path) -> Direct {
         }
     }
     Direct::No
+}
+
+/// Turns `O_DIRECT` on for `f`.
+fn set_direct(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFL and F_SETFL on a descriptor `f` owns; no memory is
+    // passed.
+    let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_DIRECT) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn make_file(dir: &Path, name: &str, salt: u64, size: u64) -> io::Result<PathBuf> {
@@ -774,7 +795,11 @@ fn round(
         files.push(File::open(path).map_err(setup)?);
     }
     let log_index = files.len();
-    files.push(tempfile::tempfile_in(paths.dir).map_err(setup)?);
+    let log = tempfile::tempfile_in(paths.dir).map_err(setup)?;
+    if s.direct {
+        set_direct(&log).map_err(setup)?;
+    }
+    files.push(log);
     let rt = if s.workers == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1428,22 +1453,26 @@ impl Worker {
     /// full; else reads its end): the pattern's bytes, written through
     /// the context, now and then after a gap (a hole: the write grows
     /// the file past the block that held its end, not writing it), given
-    /// up now and then (its bytes may land later, or not at all).
+    /// up now and then (its bytes may land later, or not at all). On an
+    /// `O_DIRECT` log, owned aligned buffers at aligned offsets.
     async fn append(&mut self) -> Outcome {
         let round = self.round.clone();
         let next = lock(&round.log_holes).next;
         if next >= LOG_MAX || round.log_busy.swap(true, Ordering::AcqRel) {
             return self.read_log().await;
         }
+        let s = &round.settings;
+        // Lengths in units: bytes, or what `O_DIRECT` accepts.
+        let unit = if s.direct { s.direct_unit as u64 } else { 1 };
         let gap = if self.r.one_in(3) {
-            1 + self.r.below(2 * self.bs)
+            unit * (1 + self.r.below(2 * self.bs / unit))
         } else {
             0
         };
         // Mostly small appends: the end stays in one block for a while,
         // which the readers keep missing on as it grows.
         let most = if self.r.one_in(4) { 2 * self.bs } else { 64 };
-        let len = 1 + self.r.below(most);
+        let len = unit * (1 + self.r.below(most.div_ceil(unit)));
         let at = next + gap;
         {
             let mut log = lock(&round.log_holes);
@@ -1454,8 +1483,21 @@ impl Worker {
         }
         let data: Vec<u8> = (at..at + len).map(|o| pattern(LOG_SALT, o)).collect();
         self.set_op(|| format!("append of {len} bytes at {at} of the log"));
-        let write = self.ctx.write_all(round.log, at, &data);
-        let res = maybe_give_up(&mut self.r, &self.soak, write).await;
+        let res = if s.direct {
+            let mut buf = AlignedBuf::new(len as usize, s.direct_unit);
+            buf.copy_from_slice(&data);
+            let write = self.ctx.write_owned(round.log, at, buf);
+            maybe_give_up(&mut self.r, &self.soak, write)
+                .await
+                .map(|(res, _)| match res {
+                    Ok(n) if n as u64 == len => Ok(()),
+                    Ok(n) => Err(io::Error::other(format!("{n} bytes written"))),
+                    Err(e) => Err(e),
+                })
+        } else {
+            let write = self.ctx.write_all(round.log, at, &data);
+            maybe_give_up(&mut self.r, &self.soak, write).await
+        };
         match &res {
             Some(Ok(())) => round.log_end.store(at + len, Ordering::Release),
             Some(Err(_)) | None => lock(&round.log_holes).holes.push((at, at + len, true)),
