@@ -1453,7 +1453,8 @@ impl Worker {
     /// full; else reads its end): the pattern's bytes, written through
     /// the context, now and then after a gap (a hole: the write grows
     /// the file past the block that held its end, not writing it), given
-    /// up now and then (its bytes may land later, or not at all). On an
+    /// up now and then (its bytes may land later, or not at all); or grows
+    /// it with `fallocate` (zeros, allocated or not). On an
     /// `O_DIRECT` log, owned aligned buffers at aligned offsets.
     async fn append(&mut self) -> Outcome {
         let round = self.round.clone();
@@ -1474,16 +1475,28 @@ impl Worker {
         let most = if self.r.one_in(4) { 2 * self.bs } else { 64 };
         let len = unit * (1 + self.r.below(most.div_ceil(unit)));
         let at = next + gap;
+        // One in six grows the file by `fallocate` (zeros) instead.
+        let zeros = self.r.one_in(6);
         {
             let mut log = lock(&round.log_holes);
-            if gap > 0 {
+            if zeros {
+                log.holes.push((next, at + len, false));
+            } else if gap > 0 {
                 log.holes.push((next, at, false));
             }
             log.next = at + len;
         }
         let data: Vec<u8> = (at..at + len).map(|o| pattern(LOG_SALT, o)).collect();
-        self.set_op(|| format!("append of {len} bytes at {at} of the log"));
-        let res = if s.direct {
+        self.set_op(|| format!("append of {len} bytes at {at} of the log (zeros: {zeros})"));
+        let res = if zeros {
+            let mode = if self.r.one_in(2) {
+                FallocateMode::ALLOCATE
+            } else {
+                FallocateMode::ZERO_RANGE
+            };
+            let grow = self.ctx.fallocate(round.log, mode, at, len);
+            maybe_give_up(&mut self.r, &self.soak, grow).await
+        } else if s.direct {
             let mut buf = AlignedBuf::new(len as usize, s.direct_unit);
             buf.copy_from_slice(&data);
             let write = self.ctx.write_owned(round.log, at, buf);
@@ -1500,10 +1513,14 @@ impl Worker {
         };
         match &res {
             Some(Ok(())) => round.log_end.store(at + len, Ordering::Release),
+            // Zeros either way.
+            _ if zeros => {}
             Some(Err(_)) | None => lock(&round.log_holes).holes.push((at, at + len, true)),
         }
         round.log_busy.store(false, Ordering::Release);
         match res {
+            // A file system without `ZERO_RANGE` (tmpfs).
+            Some(Err(e)) if zeros && os_error(&e) == Some(libc::EOPNOTSUPP) => Ok(()),
             Some(Err(e)) => Err(format!("append of {len} bytes at {at} of the log: {e}")),
             _ => Ok(()),
         }
