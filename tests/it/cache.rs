@@ -131,9 +131,16 @@ enum CohOp {
     Read { off: u64, len: usize },
     /// The same through a plain index (whatever is registered at it now).
     ReadPlain { off: u64, len: usize },
-    /// A write through the context, racing a cache read of the same range
-    /// that was started (a miss in flight) before it.
-    Write { off: u64, len: usize, byte: u8 },
+    /// A write through the context, racing a cache read started (a miss
+    /// in flight) before it, of the same range or of `early`'s (any
+    /// range, the end of the file among them); once the write completed,
+    /// and before that read is finished, the early range is read again.
+    Write {
+        off: u64,
+        len: usize,
+        byte: u8,
+        early: Option<(u64, usize)>,
+    },
     /// A write racing a cache read (tokio::join).
     WriteJoined { off: u64, len: usize, byte: u8 },
     /// fallocate(PUNCH_HOLE | KEEP_SIZE) through the context.
@@ -154,8 +161,18 @@ fn coh_op() -> impl Strategy<Value = CohOp> {
         1 => (off.clone(), len.clone()).prop_map(|(off, len)| CohOp::ReadPlain { off, len }),
         // Writes may start beyond the end of the file (extending it past
         // a short last block, leaving a hole).
-        3 => (0..FILE_LEN + 4 * BS as u64, 1usize..9000, any::<u8>())
-            .prop_map(|(off, len, byte)| CohOp::Write { off, len, byte }),
+        3 => (
+            0..FILE_LEN + 4 * BS as u64,
+            1usize..9000,
+            any::<u8>(),
+            proptest::option::of((0..FILE_LEN + 4 * BS as u64, 1usize..9000)),
+        )
+            .prop_map(|(off, len, byte, early)| CohOp::Write {
+                off,
+                len,
+                byte,
+                early
+            }),
         2 => (0..FILE_LEN + 4 * BS as u64, 1usize..9000, any::<u8>())
             .prop_map(|(off, len, byte)| CohOp::WriteJoined { off, len, byte }),
         1 => (0..FILE_LEN, 1u64..12_000).prop_map(|(off, len)| CohOp::Punch { off, len }),
@@ -214,13 +231,23 @@ fn run_coherence(choice: BackendChoice, ops: &[CohOp]) {
                     let got = cache_read(&cache, fid.index(), off, len).await.unwrap();
                     check(&path, off, &got, len);
                 }
-                CohOp::Write { off, len, byte } => {
-                    // A miss of the range, in flight before the write starts
-                    // (polled once), finished after the write completed.
-                    let mut early = vec![0u8; len];
-                    let mut read = Box::pin(cache.read(fid, off, &mut early));
+                CohOp::Write {
+                    off,
+                    len,
+                    byte,
+                    early,
+                } => {
+                    // A miss, in flight before the write starts (polled
+                    // once), finished after the write completed.
+                    let (early_off, early_len) = early.unwrap_or((off, len));
+                    let mut early = vec![0u8; early_len];
+                    let mut read = Box::pin(cache.read(fid, early_off, &mut early));
                     let first = poll_once_noop(read.as_mut());
                     ctx.write_all(fid, off, &vec![byte; len]).await.unwrap();
+                    // A read that starts now must not get the early one's
+                    // bytes (from before the write).
+                    let got = cache_read(&cache, fid, early_off, early_len).await.unwrap();
+                    check(&path, early_off, &got, early_len);
                     if first.is_pending() {
                         read.await.unwrap(); // old or new bytes: it raced
                     }
