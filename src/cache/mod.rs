@@ -966,4 +966,31 @@ mod tests {
             "woken by the poll that was answered"
         );
     }
+
+    /// Files registered, changed and unregistered one after another (an
+    /// engine's short-lived files) leave no per-file bookkeeping behind.
+    #[test]
+    fn unregistered_files_leave_no_bookkeeping() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ctx = crate::UringContext::new(Vec::new()).unwrap();
+            let cache = BlockCache::new(&ctx, CacheOptions::default()).unwrap();
+            for i in 0..200u64 {
+                let mut file = tempfile::tempfile().unwrap();
+                std::io::Write::write_all(&mut file, &[7u8; 5000]).unwrap();
+                let fid = ctx.register_file(file).unwrap();
+                assert_eq!(cache.get(fid, 1).await.unwrap().len(), 5000 - 4096);
+                cache.invalidate(fid, i..i + 10).unwrap();
+                ctx.unregister_file(fid).unwrap();
+            }
+            let flights = crate::util::lock(&cache.state.flights);
+            assert_eq!(
+                (flights.epochs.len(), flights.short.len(), flights.map.len()),
+                (0, 0, 0)
+            );
+        });
+    }
 }

@@ -387,9 +387,17 @@ impl State {
         }
         let first = offset >> self.shift;
         let last = (offset.saturating_add(len) - 1) >> self.shift;
+        let whole = first == 0 && last == u64::MAX >> self.shift;
         let short = {
             let mut flights = lock(&self.flights);
-            *flights.epochs.entry(file).or_default() += 1;
+            if whole {
+                // Every entry of the file goes below, so no flight started
+                // before can land or be joined: the epoch can start again
+                // (a file unregistered leaves nothing behind).
+                flights.epochs.remove(&file);
+            } else {
+                *flights.epochs.entry(file).or_default() += 1;
+            }
             if last - first < flights.map.len() as u64 {
                 for block in first..=last {
                     flights.map.remove(&Key { file, block });
