@@ -280,9 +280,11 @@ const MAX_SHORT: usize = 64;
 struct Flights {
     map: HashMap<Key, Entry, KeyHash>,
     next_id: u64,
-    /// Per file: changes seen so far. A short block (the end of the file)
-    /// lands only if no change came meanwhile: a write anywhere after it
-    /// may have extended the file over it.
+    /// Per file: changes seen since its last drop of the whole file (none:
+    /// 0). A short block (the end of the file) lands only if no change
+    /// came meanwhile, and a flight is joined only if none came since it
+    /// started: a write anywhere after the end may have extended the file
+    /// over it.
     epochs: HashMap<u64, u64, KeyHash>,
     /// Per file: the short blocks cached (some may have been evicted
     /// since), all dropped at the file's next change.
