@@ -266,7 +266,7 @@ struct Ro {
 /// Where the log's bytes are not the pattern's: gaps an append left
 /// before it (a hole: zeros), and appends given up (zeros, or the pattern
 /// if the write landed after all); and where the next append may start.
-#[derive(Default, Clone)]
+#[derive(Default)]
 struct LogHoles {
     next: u64,
     /// (start, end, given up), in order, not overlapping.
@@ -378,22 +378,18 @@ impl Soak {
     }
 
     fn fail(&self, why: String) {
-        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some(why);
         }
     }
 
     fn failed(&self) -> bool {
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        lock(&self.failure).is_some()
     }
 
     fn set_phase(&self, what: String, within: Duration, round: Option<Arc<Round>>) {
-        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) =
-            (what, Instant::now() + within, round);
+        *lock(&self.phase) = (what, Instant::now() + within, round);
     }
 }
 
@@ -607,12 +603,7 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
             soak.fail(e);
         }
         rounds += 1;
-        if let Some(why) = soak
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
+        if let Some(why) = lock(&soak.failure).as_ref() {
             println!("soak: FAILED in round {rounds} ({settings:?}):\n{why}");
             println!(
                 "reproduce with: uring-bench soak --round-seed {:#x} (the same settings each round)",
@@ -657,12 +648,7 @@ pub fn run(a: &SoakArgs) -> Result<bool, String> {
     let failed = soak.failed();
     if failed {
         // Already reported (or found by the holder after the last round).
-        if let Some(why) = soak
-            .failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
+        if let Some(why) = lock(&soak.failure).as_ref() {
             println!("soak: FAILED: {why}");
         }
     }
@@ -722,11 +708,7 @@ fn summary(t: &Totals) -> String {
 fn watchdog(soak: &Soak, done: &AtomicBool) {
     while !done.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(200));
-        let (what, until, round) = soak
-            .phase
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let (what, until, round) = lock(&soak.phase).clone();
         if Instant::now() > until && !done.load(Ordering::Acquire) {
             eprintln!("soak: STUCK: the main thread did not finish {what} in time");
             if let Some(r) = round {
@@ -751,7 +733,7 @@ fn tasks_report(soak: &Soak, r: &Round) -> String {
                 "done"
             },
             now.saturating_sub(t.last.load(Ordering::Acquire)),
-            t.op.lock().unwrap_or_else(PoisonError::into_inner)
+            lock(&t.op)
         );
     }
     s
@@ -1135,7 +1117,7 @@ impl Worker {
     }
 
     fn set_op(&self, what: impl FnOnce() -> String) {
-        *self.me().op.lock().unwrap_or_else(PoisonError::into_inner) = what();
+        *lock(&self.me().op) = what();
     }
 
     fn checked(&self, bytes: u64) {
@@ -1148,11 +1130,7 @@ impl Worker {
     /// A read-only file: a churned one (one time in four, if any), else a
     /// fixed one.
     fn pick_ro(&mut self) -> Ro {
-        let churn = self
-            .round
-            .churn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let churn = lock(&self.round.churn);
         if !churn.is_empty() && self.r.one_in(4) {
             churn[self.r.below(churn.len() as u64) as usize]
         } else {
@@ -1486,8 +1464,8 @@ impl Worker {
             }
             log.next = at + len;
         }
-        let data: Vec<u8> = (at..at + len).map(|o| pattern(LOG_SALT, o)).collect();
         self.set_op(|| format!("append of {len} bytes at {at} of the log (zeros: {zeros})"));
+        let data = || (at..at + len).map(|o| pattern(LOG_SALT, o));
         let res = if zeros {
             let mode = if self.r.one_in(2) {
                 FallocateMode::ALLOCATE
@@ -1498,7 +1476,7 @@ impl Worker {
             maybe_give_up(&mut self.r, &self.soak, grow).await
         } else if s.direct {
             let mut buf = AlignedBuf::new(len as usize, s.direct_unit);
-            buf.copy_from_slice(&data);
+            buf.iter_mut().zip(data()).for_each(|(b, p)| *b = p);
             let write = self.ctx.write_owned(round.log, at, buf);
             maybe_give_up(&mut self.r, &self.soak, write)
                 .await
@@ -1508,6 +1486,7 @@ impl Worker {
                     Err(e) => Err(e),
                 })
         } else {
+            let data: Vec<u8> = data().collect();
             let write = self.ctx.write_all(round.log, at, &data);
             maybe_give_up(&mut self.r, &self.soak, write).await
         };
@@ -1624,7 +1603,7 @@ impl Worker {
             return Ok(());
         }
         let round = self.round.clone();
-        let mut churn = round.churn.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut churn = lock(&round.churn);
         if churn.len() < 3 && (churn.is_empty() || self.r.one_in(2)) {
             let i = self.r.below(round.churn_files.len() as u64) as usize;
             let (path, salt, size) = &round.churn_files[i];
