@@ -995,4 +995,85 @@ mod tests {
             );
         });
     }
+    /// A miss of a file being unregistered, started after the caches heard
+    /// of it (here by a second listener, as another thread could): its
+    /// read must not land a block under the dead registration.
+    #[test]
+    fn a_miss_during_unregister_caches_nothing() {
+        for backend in [
+            crate::BackendChoice::IoUring,
+            crate::BackendChoice::Fallback,
+        ] {
+            miss_during_unregister(backend);
+        }
+    }
+
+    fn miss_during_unregister(backend: crate::BackendChoice) {
+        type Pending = Mutex<Option<BoxFuture<'static, io::Result<BlockRef>>>>;
+        struct MissDuring {
+            cache: BlockCache,
+            fid: FileId,
+            get: Pending,
+        }
+        impl crate::changes::Invalidate for MissDuring {
+            fn invalidate(&self, _: FileId, _: u64, len: u64) {
+                if len != u64::MAX {
+                    return;
+                }
+                let cache = self.cache.clone();
+                let fid = self.fid;
+                let mut get = async move { cache.get(fid, 1).await }.boxed();
+                let (_, waker) = count_waker();
+                // Polls until it is done or its read is under way (a first
+                // poll may yield instead).
+                for _ in 0..3 {
+                    if get
+                        .as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_ready()
+                    {
+                        return;
+                    }
+                }
+                *crate::util::lock(&self.get) = Some(get);
+            }
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ctx = crate::UringContext::builder()
+                .backend(backend)
+                .build(Vec::new())
+                .unwrap();
+            let cache = BlockCache::new(&ctx, CacheOptions::default()).unwrap();
+            let mut file = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut file, &[7u8; 5000]).unwrap();
+            let fid = ctx.register_file(file).unwrap();
+            let during = Arc::new(MissDuring {
+                cache: cache.clone(),
+                fid,
+                get: Mutex::default(),
+            });
+            let during_dyn: Arc<dyn crate::changes::Invalidate> = during.clone();
+            ctx.inner.invalidation.add(Arc::downgrade(&during_dyn));
+            ctx.unregister_file(fid).unwrap();
+            let get = crate::util::lock(&during.get).take();
+            if let Some(get) = get {
+                // Its read may end either way; what it leaves is the test.
+                let _ = get.await;
+            }
+            assert_eq!(
+                cache.stats().resident_bytes,
+                0,
+                "{backend:?}: a block of the dead file"
+            );
+            let flights = crate::util::lock(&cache.state.flights);
+            assert_eq!(
+                (flights.epochs.len(), flights.short.len(), flights.map.len()),
+                (0, 0, 0)
+            );
+        });
+    }
 }

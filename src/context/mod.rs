@@ -293,12 +293,18 @@ impl UringContext {
     /// from a ring's table.
     pub fn unregister_file(&self, fid: impl Into<FileId>) -> io::Result<()> {
         let fid = fid.into();
-        // Block caches drop the file's blocks (feature `cache`).
         #[cfg(feature = "cache")]
-        if let Ok(file) = self.inner.files.get(fid) {
-            self.inner.invalidation.notify(file.id(), 0, u64::MAX);
+        let id = self.inner.files.get(fid).map(|file| file.id());
+        let removed = self.inner.files.remove(fid, self.inner.fixed());
+        // Block caches drop the file's blocks (feature `cache`) once no new
+        // read can reach it: a miss that started before this finds its
+        // flight gone and caches nothing, one that starts after cannot
+        // resolve the file.
+        #[cfg(feature = "cache")]
+        if let Ok(id) = id {
+            self.inner.invalidation.notify(id, 0, u64::MAX);
         }
-        self.inner.files.remove(fid, self.inner.fixed())
+        removed
     }
 
     /// The checked id (see [`FileId`]) of the file registered at `index` now:
