@@ -2,12 +2,14 @@
 //! file changed ([`Listeners`], kept in `Inner`): a write or `fallocate`
 //! through the context before its future resolves (`ops::Core`), again when
 //! the kernel or the blocking pool finishes one whose future was dropped
-//! before it resolved ([`LateChange`]), and `unregister_file` (the whole
-//! file).
+//! before it resolved ([`LateChange`]), each told under every registration
+//! of the file; and `unregister_file` (the whole file, under that
+//! registration only).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
+use crate::files::FileEntry;
 use crate::id::FileId;
 
 /// What is told of a change: the registration that changed (a checked id,
@@ -41,8 +43,17 @@ impl Listeners {
         self.0.any.store(true, Ordering::Release);
     }
 
-    /// Tells every live listener that `len` bytes at `offset` of `file`
-    /// changed (or may have).
+    /// Tells every live listener that `len` bytes at `offset` of the file
+    /// of registration `file` changed (or may have): under this
+    /// registration's id and under every other registration of the same
+    /// file ([`FileEntry::for_each_alias`]).
+    pub(crate) fn changed(&self, file: &FileEntry, offset: u64, len: u64) {
+        self.0.changed(file, offset, len);
+    }
+
+    /// Tells every live listener that `len` bytes at `offset` of
+    /// registration `file` are gone: this registration's only
+    /// (`unregister_file`).
     pub(crate) fn notify(&self, file: FileId, offset: u64, len: u64) {
         self.0.notify(file, offset, len);
     }
@@ -51,11 +62,12 @@ impl Listeners {
     /// work that may change the file after its future is gone (an op the
     /// kernel still owns, a job the blocking pool still runs), so that a
     /// block a cache read in the meantime is dropped once the bytes land.
-    /// `None` while the context has no listener (nothing to tell).
-    pub(crate) fn later(&self, file: FileId, offset: u64, len: u64) -> Option<LateChange> {
+    /// It goes to the registrations of the file at that time. `None` while
+    /// the context has no listener (nothing to tell).
+    pub(crate) fn later(&self, file: &Arc<FileEntry>, offset: u64, len: u64) -> Option<LateChange> {
         (self.0.any.load(Ordering::Acquire) && len != 0).then(|| LateChange {
             listeners: self.0.clone(),
-            file,
+            file: file.clone(),
             offset,
             len,
         })
@@ -63,6 +75,13 @@ impl Listeners {
 }
 
 impl List {
+    fn changed(&self, file: &FileEntry, offset: u64, len: u64) {
+        if !self.any.load(Ordering::Acquire) || len == 0 {
+            return;
+        }
+        file.for_each_alias(|id| self.notify(id, offset, len));
+    }
+
     fn notify(&self, file: FileId, offset: u64, len: u64) {
         if !self.any.load(Ordering::Acquire) || len == 0 {
             return;
@@ -79,16 +98,17 @@ impl List {
 
 /// A change told to the listeners when this is dropped (see
 /// [`Listeners::later`]). It holds the list, not the context: parked with
-/// an op in its ring, it makes no cycle.
+/// an op in its ring, it makes no cycle. The file's entry it holds is one
+/// its op holds anyway until the same moment.
 pub(crate) struct LateChange {
     listeners: Arc<List>,
-    file: FileId,
+    file: Arc<FileEntry>,
     offset: u64,
     len: u64,
 }
 
 impl Drop for LateChange {
     fn drop(&mut self) {
-        self.listeners.notify(self.file, self.offset, self.len);
+        self.listeners.changed(&self.file, self.offset, self.len);
     }
 }

@@ -15,6 +15,7 @@
 //! id of an unregistered file never matches the newcomer; an index whose
 //! generation would wrap is retired instead of reused.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use crate::error;
 use crate::id::FileId;
-use crate::sys::{self, FileKind};
+use crate::sys::{self, FileKind, Identity};
 use crate::thread::thread_slot;
 
 /// How the ops on a file are issued.
@@ -139,7 +140,43 @@ pub(crate) struct FileEntry {
     /// Ring ops go straight to io-wq (`IOSQE_ASYNC`): a FUSE or network
     /// file the user put on the rings (see `route_for`).
     pub(crate) force_async: bool,
+    /// The registrations of the same file in this table, this one among
+    /// them until it is unregistered.
+    aliases: Arc<Aliases>,
     free: Weak<Mutex<Vec<Freed>>>,
+}
+
+/// The registrations of one file ([`Identity`]) in a table: a change
+/// through one of them is a change of all (`FileEntry::for_each_alias`).
+/// Shared by every entry of the file, unregistered ones included: a write
+/// still in flight on an unregistered entry is told to a registration of
+/// the same file made since.
+#[derive(Debug)]
+struct Aliases {
+    identity: Identity,
+    /// The checked ids registered now: one added before its entry is
+    /// published, removed once it is unpublished.
+    ids: Mutex<Vec<FileId>>,
+    map: Weak<AliasMap>,
+}
+
+/// Per file of a table, its [`Aliases`] while an entry holds them.
+type AliasMap = Mutex<HashMap<Identity, Weak<Aliases>>>;
+
+impl Drop for Aliases {
+    /// The file's last entry is gone: its map entry goes too, unless a new
+    /// registration of the file replaced it meanwhile.
+    fn drop(&mut self) {
+        if let Some(map) = self.map.upgrade() {
+            let mut map = crate::util::lock(&map);
+            if map
+                .get(&self.identity)
+                .is_some_and(|w| w.strong_count() == 0)
+            {
+                map.remove(&self.identity);
+            }
+        }
+    }
 }
 
 /// Whether `fid` may name the registration of generation `gen` in table
@@ -195,6 +232,23 @@ impl FileEntry {
     /// the rings (`Op::iowq_serialized`).
     pub(crate) fn may_hang(&self) -> bool {
         matches!(self.route, FileRoute::RingAsync(_))
+    }
+
+    /// Calls `f` with the checked id of this registration and of every
+    /// other registration of the same file in the table now: the ones a
+    /// change through this one changes too.
+    #[cfg(feature = "cache")]
+    pub(crate) fn for_each_alias(&self, mut f: impl FnMut(FileId)) {
+        let own = self.id();
+        f(own);
+        let others: Vec<FileId> = {
+            let ids = crate::util::lock(&self.aliases.ids);
+            if ids.iter().all(|&id| id == own) {
+                return;
+            }
+            ids.iter().copied().filter(|&id| id != own).collect()
+        };
+        others.into_iter().for_each(f);
     }
 
     /// This registration's key in the in-flight scheduler (`permit`):
@@ -288,6 +342,8 @@ pub(crate) struct FileTable {
     /// opened with `O_DIRECT`, and the generation in the low 32 bits.
     /// Written under every shard's write lock, with the shards.
     marks: Box<[AtomicU64]>,
+    /// The registrations of each file an entry holds.
+    aliases: Arc<AliasMap>,
 }
 
 /// A `marks` word's bits besides the generation.
@@ -311,6 +367,8 @@ pub(crate) struct Facts {
     flags: i32,
     /// `O_DIRECT` alignments, for a file opened with it.
     dio_align: Option<(u32, u32)>,
+    /// Which file it is (registrations of the same one are aliases).
+    identity: Identity,
 }
 
 impl Facts {
@@ -319,7 +377,8 @@ impl Facts {
     /// Positioned I/O needs a seekable file: a regular file or a block
     /// device (a pipe or socket would have the ring ignore the offset).
     pub(crate) fn of(file: &File, name: &dyn fmt::Display) -> io::Result<Facts> {
-        let kind = match sys::file_kind(file)? {
+        let (kind, identity) = sys::file_kind(file)?;
+        let kind = match kind {
             FileKind::Other(what) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -341,6 +400,7 @@ impl Facts {
             } else {
                 None
             },
+            identity,
         })
     }
 }
@@ -386,13 +446,20 @@ impl FileTable {
             ));
         }
         let free = Arc::new(Mutex::new(Vec::new()));
+        let aliases = Arc::default();
         let id = NEXT_TABLE.fetch_add(1, Ordering::Relaxed);
         let slots = files
             .into_iter()
             .zip(0u32..)
             .map(|(file, i)| {
                 let facts = Facts::of(&file, &FileId::from(i))?;
-                Ok(Some(Self::entry(file, facts, (i, 0, id), &free, &policy)))
+                Ok(Some(Self::entry(
+                    file,
+                    facts,
+                    (i, 0, id),
+                    (&free, &aliases),
+                    &policy,
+                )))
             })
             .collect::<io::Result<FileSlots>>()?;
         let marks = (0..capacity as usize)
@@ -410,6 +477,7 @@ impl FileTable {
             capacity,
             policy,
             marks,
+            aliases,
         })
     }
 
@@ -418,7 +486,7 @@ impl FileTable {
         file: File,
         facts: Facts,
         (index, gen, table): (u32, u32, u64),
-        free: &Arc<Mutex<Vec<Freed>>>,
+        (free, aliases): (&Arc<Mutex<Vec<Freed>>>, &Arc<AliasMap>),
         policy: &RoutePolicy,
     ) -> Arc<FileEntry> {
         let Facts {
@@ -426,7 +494,24 @@ impl FileTable {
             magic,
             flags,
             dio_align,
+            identity,
         } = facts;
+        let aliases = {
+            let mut map = crate::util::lock(aliases);
+            let same = if let Some(same) = map.get(&identity).and_then(Weak::upgrade) {
+                same
+            } else {
+                let same = Arc::new(Aliases {
+                    identity,
+                    ids: Mutex::default(),
+                    map: Arc::downgrade(aliases),
+                });
+                map.insert(identity, Arc::downgrade(&same));
+                same
+            };
+            crate::util::lock(&same.ids).push(FileId::tagged(index, gen, table));
+            same
+        };
         let direct = flags & libc::O_DIRECT != 0;
         let route = route_for(classify(&magic), policy);
         #[cfg(feature = "tracing")]
@@ -451,6 +536,7 @@ impl FileTable {
             table,
             nowait_ok: AtomicBool::new(true),
             force_async: matches!(route, FileRoute::RingAsync(_)),
+            aliases,
             free: Arc::downgrade(free),
         })
     }
@@ -528,7 +614,13 @@ impl FileTable {
             }
             return Err(e);
         }
-        let entry = Self::entry(file, facts, (index, gen, self.id), &self.free, &self.policy);
+        let entry = Self::entry(
+            file,
+            facts,
+            (index, gen, self.id),
+            (&self.free, &self.aliases),
+            &self.policy,
+        );
         for slots in &mut shards {
             if index as usize == slots.len() {
                 slots.push(Some(entry.clone()));
@@ -553,6 +645,8 @@ impl FileTable {
         }
         let entry = entry.ok_or_else(|| error::unknown_fid(fid))?;
         self.marks[entry.index as usize].store(0, Ordering::Release);
+        let own = entry.id();
+        crate::util::lock(&entry.aliases.ids).retain(|&id| id != own);
         // Clear the kernel's slot under the write locks: the index cannot be
         // handed out before the kernel forgot it.
         let res = fixed.update(entry.index, -1);
@@ -613,6 +707,56 @@ mod tests {
         assert!(
             matches!(route_for(FsClass::Network, &on_rings), FileRoute::RingAsync(why) if why.contains("network"))
         );
+    }
+
+    /// The registrations of one file, as `for_each_alias` gives them.
+    #[cfg(feature = "cache")]
+    fn aliases(t: &FileTable, fid: FileId) -> Vec<FileId> {
+        let mut ids = Vec::new();
+        t.get(fid).unwrap().for_each_alias(|id| ids.push(id));
+        ids
+    }
+
+    /// Registrations of one file (the same descriptor's file opened again,
+    /// or a hard link) are aliases; other files are not; an unregistered
+    /// entry still alive hands its aliases to a registration made since;
+    /// and the table forgets a file once no entry of it is left.
+    #[cfg(feature = "cache")]
+    #[test]
+    fn registrations_of_one_file_are_aliases() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        std::fs::hard_link(&path, dir.path().join("link")).unwrap();
+        let t = FileTable::new(vec![File::open(&path).unwrap(), tmp()], 8, 2, policy()).unwrap();
+        let first = t.ids()[0];
+        let other = t.ids()[1];
+        let open = |p: &std::path::Path| {
+            let f = File::open(p).unwrap();
+            let facts = Facts::of(&f, &"f").unwrap();
+            t.insert(f, facts, &NoRings).unwrap()
+        };
+        let second = open(&path);
+        let linked = open(&dir.path().join("link"));
+        assert_eq!(aliases(&t, first), [first, second, linked]);
+        assert_eq!(aliases(&t, linked), [linked, first, second]);
+        assert_eq!(aliases(&t, other), [other]);
+        // An op's hold on the first entry outlives its registration.
+        let held = t.get(first).unwrap();
+        t.remove(first, &NoRings).unwrap();
+        t.remove(second, &NoRings).unwrap();
+        t.remove(linked, &NoRings).unwrap();
+        let mut told = Vec::new();
+        held.for_each_alias(|id| told.push(id));
+        assert_eq!(told, [first]);
+        let again = open(&path);
+        let mut told = Vec::new();
+        held.for_each_alias(|id| told.push(id));
+        assert_eq!(told, [first, again], "a registration made since");
+        t.remove(again, &NoRings).unwrap();
+        drop(held);
+        t.remove(other, &NoRings).unwrap();
+        assert!(crate::util::lock(&t.aliases).is_empty());
     }
 
     #[test]

@@ -132,19 +132,36 @@ pub(crate) enum FileKind {
     Other(&'static str),
 }
 
-pub(crate) fn file_kind(file: &File) -> io::Result<FileKind> {
-    let mode = fstat(file)?.st_mode & libc::S_IFMT;
+/// Which file a descriptor refers to, as the kernel knows it: two
+/// descriptors with the same identity read and write the same bytes (a
+/// file opened twice, or through a hard link). A regular file's device and
+/// inode; a block device's device number (any node of it), with a device
+/// of `u64::MAX`, which no file system has.
+pub(crate) type Identity = (u64, u64);
+
+/// What kind of file `file` is, and which ([`Identity`]).
+pub(crate) fn file_kind(file: &File) -> io::Result<(FileKind, Identity)> {
+    let st = fstat(file)?;
+    let mode = st.st_mode & libc::S_IFMT;
+    let identity = if mode == libc::S_IFBLK {
+        (u64::MAX, st.st_rdev)
+    } else {
+        (st.st_dev, st.st_ino)
+    };
     // An O_PATH descriptor stats like its file but can be neither read nor
     // written (io_uring refused it with a bare EBADF; `pread` too, later).
     // SAFETY: F_GETFL on a descriptor the caller owns; no pointers.
     let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
     cvt(fl, -1)?;
     if fl & libc::O_PATH != 0 {
-        return Ok(FileKind::Other(
-            "an O_PATH descriptor (it cannot be read or written; open the file itself)",
+        return Ok((
+            FileKind::Other(
+                "an O_PATH descriptor (it cannot be read or written; open the file itself)",
+            ),
+            identity,
         ));
     }
-    Ok(match mode {
+    let kind = match mode {
         libc::S_IFREG => FileKind::Regular,
         libc::S_IFBLK => FileKind::Block,
         libc::S_IFIFO => FileKind::Other("a pipe or FIFO"),
@@ -153,7 +170,8 @@ pub(crate) fn file_kind(file: &File) -> io::Result<FileKind> {
         libc::S_IFDIR => FileKind::Other("a directory"),
         libc::S_IFLNK => FileKind::Other("a symbolic link"),
         _ => FileKind::Other("of an unknown type"),
-    })
+    };
+    Ok((kind, identity))
 }
 
 fn fstat(file: &File) -> io::Result<libc::stat> {

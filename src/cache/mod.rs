@@ -21,9 +21,9 @@
 //!   in `flights`, under the `flights` lock; a change through the context
 //!   ([`Invalidate`], before the write's future resolves) removes the
 //!   entries of the blocks it touches under the same lock, then the cached
-//!   blocks. A read started before the write may return old bytes, but
-//!   never leaves them in the cache, and a read started after it never
-//!   joins an older flight.
+//!   blocks, under every registration of the changed file. A read started
+//!   before the write may return old bytes, but never leaves them in the
+//!   cache, and a read started after it never joins an older flight.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -411,8 +411,11 @@ impl Drop for State {
 ///   blocks, and a file registered later under the same index never sees
 ///   them. A write future dropped before it resolved may still land
 ///   later: its range is dropped again when the kernel or the blocking
-///   pool is done with it. Changes through other descriptors are not
-///   seen: call [`invalidate`](Self::invalidate).
+///   pool is done with it. A file registered more than once (opened
+///   again, or through a hard link: the same device and inode) is one
+///   file: a change through one registration is seen through all.
+///   Changes through descriptors the context does not have are not seen:
+///   call [`invalidate`](Self::invalidate).
 ///
 /// ```
 /// # use std::io::Write;
@@ -795,11 +798,13 @@ impl BlockCache {
         Ok(())
     }
 
-    /// Drops the blocks of `range` of file `fid` (reads of them in flight
-    /// complete for their callers but cache nothing): for changes the
-    /// cache cannot see — writes through another descriptor or process, a
-    /// truncation. Changes through the context (even a write whose future
-    /// was dropped) are dropped without it.
+    /// Drops the blocks of `range` of file `fid`, and of every other
+    /// registration of the same file in the context (reads of them in
+    /// flight complete for their callers but cache nothing): for changes
+    /// the cache cannot see — writes through a descriptor the context does
+    /// not have or another process, a truncation. Changes through the
+    /// context (even a write whose future was dropped) are dropped without
+    /// it.
     ///
     /// # Errors
     ///
@@ -826,9 +831,12 @@ impl BlockCache {
     /// # }
     /// ```
     pub fn invalidate(&self, fid: impl Into<FileId>, range: Range<u64>) -> io::Result<()> {
-        let file = self.state.resolve(fid.into())?;
-        self.state
-            .drop_range(file.key, range.start, range.end.saturating_sub(range.start));
+        let fid = fid.into();
+        self.state.resolve(fid)?;
+        let len = range.end.saturating_sub(range.start);
+        self.state.ctx.inner.files.get(fid)?.for_each_alias(|id| {
+            self.state.drop_range(file_key(id), range.start, len);
+        });
         Ok(())
     }
 

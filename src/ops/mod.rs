@@ -755,7 +755,7 @@ impl<O: Op> Core<'_, O> {
     #[cfg(feature = "cache")]
     fn changed(&self) {
         if let (Some(file), Some((offset, len))) = (&self.bound, self.op.changes()) {
-            self.ctx.invalidation.notify(file.id(), offset, len);
+            self.ctx.invalidation.changed(file, offset, len);
         }
     }
 
@@ -765,7 +765,7 @@ impl<O: Op> Core<'_, O> {
     #[cfg(feature = "cache")]
     fn late_change(&self) -> Option<crate::changes::LateChange> {
         let (file, (offset, len)) = (self.bound.as_ref()?, self.op.changes()?);
-        self.ctx.invalidation.later(file.id(), offset, len)
+        self.ctx.invalidation.later(file, offset, len)
     }
 }
 

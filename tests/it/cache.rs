@@ -599,6 +599,47 @@ fn dropped_write_landing_late(choice: BackendChoice) {
     );
 }
 
+/// The same held-up write, dropped, then its registration unregistered
+/// and the file registered again: when the write lands, the new
+/// registration's cached block goes too.
+fn dropped_write_seen_by_a_later_registration(choice: BackendChoice) {
+    let Some(fs) = hanging_source() else {
+        return;
+    };
+    common::run(
+        "cache-dropped-write-reregistered",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let (_dir, path, ctx, cache, holder) = held_file(choice, &fs, 0x1A9).await;
+            let (block, at) = (4u64, 4 * BS as u64 + 8);
+            let new = [0x5A_u8; 16];
+            let old = pread(&path, at, new.len());
+            assert_ne!(old, new);
+            drop_held_write(&ctx, at, &new).await;
+            ctx.unregister_file(ctx.file_id(0).unwrap()).unwrap();
+            let again = ctx.register_file(File::open(&path).unwrap()).unwrap();
+            let b = cache.get(again, block).await.unwrap();
+            assert_eq!(&b[8..24], &old[..], "the write landed early");
+            drop(b);
+            holder.release().await;
+            wait_until("the dropped write to be over", 20, || {
+                ctx.stats().in_flight == 0
+            })
+            .await;
+            let file = pread(&path, block * BS as u64, BS);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while cache.get(again, block).await.unwrap()[..] != file[..] {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a registration made while a dropped write was held kept the bytes from before it"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        },
+    );
+}
+
 /// The same held-up write, dropped, then its cache and its context
 /// dropped before it is over: the notice it carries finds no cache, and
 /// nothing breaks or hangs.
@@ -655,6 +696,74 @@ fn unregister_drops_blocks(choice: BackendChoice) {
         let e = cache.get(fa, 0).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     });
+}
+
+/// One file registered twice (a read handle and a write handle, or a
+/// hard link): a write through either registration is seen by reads
+/// through the other, as it is by `pread`; so is an `invalidate`.
+fn one_file_registered_twice(choice: BackendChoice) {
+    common::run(
+        "cache-one-file-twice",
+        Flavor::Multi,
+        60,
+        move || async move {
+            let dir = tempfile::tempdir().unwrap();
+            let path = make_file(dir.path(), 3, 4 * BS as u64 + 100).path;
+            let link = dir.path().join("link");
+            std::fs::hard_link(&path, &link).unwrap();
+            let ctx = common::default_ctx(choice, vec![common::open_rw(&path)]);
+            let cache = BlockCache::new(&ctx, opts(1 << 20)).unwrap();
+            let first = ctx.file_id(0).unwrap();
+            let reader = ctx.register_file(File::open(&path).unwrap()).unwrap();
+            let linked = ctx.register_file(common::open_rw(&link)).unwrap();
+            let pairs = [
+                (first, reader),
+                (linked, reader),
+                (first, linked),
+                (linked, first),
+            ];
+            for (round, (by, read)) in pairs.into_iter().enumerate() {
+                let round = round as u8 + 1;
+                // Cached through every registration, then changed through
+                // `by`: the middle of a block, and beyond the end of the file
+                // (its short last block grows).
+                let len = std::fs::metadata(&path).unwrap().len() as usize;
+                for fid in [first, reader, linked] {
+                    let got = cache_read(&cache, fid, 0, len + BS).await.unwrap();
+                    assert_eq!(got.len(), len);
+                }
+                ctx.write_all(by, BS as u64 + 7, &[round; 9]).await.unwrap();
+                ctx.write_all(by, len as u64 + 3, &[round; 2])
+                    .await
+                    .unwrap();
+                let len = len + 5;
+                let want = pread(&path, 0, len);
+                assert_eq!(want.len(), len);
+                for fid in [read, by, first, reader, linked] {
+                    let got = cache_read(&cache, fid, 0, len).await.unwrap();
+                    assert!(
+                    got == want,
+                    "round {round}: a read through {fid:?} after a write through {by:?} returned old bytes"
+                );
+                }
+            }
+            // A change the context does not see, dropped through one
+            // registration: gone from all of them.
+            let len = std::fs::metadata(&path).unwrap().len() as usize;
+            for fid in [first, reader, linked] {
+                let _ = cache_read(&cache, fid, 0, len).await.unwrap();
+            }
+            common::open_rw(&path).write_all_at(&[0xEE; 5], 3).unwrap();
+            cache.invalidate(reader, 0..8).unwrap();
+            let want = pread(&path, 0, len);
+            for fid in [first, reader, linked] {
+                assert!(
+                    cache_read(&cache, fid, 0, len).await.unwrap() == want,
+                    "{fid:?} kept bytes an invalidate through {reader:?} dropped"
+                );
+            }
+        },
+    );
 }
 
 /// A file opened with `O_DIRECT`: misses are aligned reads into aligned
@@ -1660,9 +1769,11 @@ backend_tests!(
     coherence,
     miss_in_flight_during_write,
     dropped_write_landing_late,
+    dropped_write_seen_by_a_later_registration,
     dropped_write_outliving_cache_and_context,
     concurrent_writes_never_stale,
     unregister_drops_blocks,
+    one_file_registered_twice,
     o_direct,
     coalesced_misses,
     eio_reaches_every_waiter,
