@@ -19,7 +19,9 @@
 //! - writes and hole punches through the context in the task's own range
 //!   of a writable file, and reads of that range through the cache, which
 //!   must return what the last completed write or punch left (no stale
-//!   byte); other tasks read any range of that file meanwhile, unchecked,
+//!   byte), through the file's registration or through a second,
+//!   read-only registration of the same file (`O_DIRECT` in a direct
+//!   round); other tasks read any range of that file meanwhile, unchecked,
 //!   to race their misses with the writes;
 //! - reads of the same files through the context itself: borrowed,
 //!   owned (`read_owned`, `read_owned_static`) and batched (`read_batch`),
@@ -345,6 +347,8 @@ struct Round {
     fixed: Vec<Ro>,
     churn: Mutex<Vec<Ro>>,
     writable: FileId,
+    /// A second registration of the writable file, read-only.
+    writable_alias: FileId,
     /// The log (`LOG_SALT`), appended to by one task at a time
     /// (`log_busy`): its length is at least `log_end` (the end of the last
     /// completed append), its bytes are the pattern's but in `log_holes`.
@@ -772,6 +776,17 @@ fn round(
     }
     let writable = tempfile::tempfile_in(paths.dir).map_err(setup)?;
     writable.set_len(OWN * s.tasks as u64).map_err(setup)?;
+    // The same file opened again, read-only (`O_DIRECT` in a direct
+    // round): a second registration, which must see every write through
+    // the first.
+    let alias = {
+        use std::os::fd::AsRawFd;
+        open_ro(
+            Path::new(&format!("/proc/self/fd/{}", writable.as_raw_fd())),
+            s.direct,
+        )
+        .map_err(setup)?
+    };
     files.push(writable);
     if let Some(path) = flaky {
         files.push(File::open(path).map_err(setup)?);
@@ -782,6 +797,7 @@ fn round(
         set_direct(&log).map_err(setup)?;
     }
     files.push(log);
+    files.push(alias);
     let rt = if s.workers == 0 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -848,6 +864,7 @@ fn round(
             .collect(),
         churn: Mutex::new(Vec::new()),
         writable: ids[FIXED.len()],
+        writable_alias: ids[log_index + 1],
         log: ids[log_index],
         log_end: AtomicU64::new(0),
         log_busy: AtomicBool::new(false),
@@ -1372,13 +1389,23 @@ impl Worker {
     /// The task's own range read back through the cache: exactly what the
     /// last completed write or punch left.
     async fn read_own(&mut self) -> Outcome {
+        let (fid, through) = if self.r.one_in(2) {
+            (
+                self.round.writable_alias,
+                " through its second registration",
+            )
+        } else {
+            (self.round.writable, "")
+        };
         if self.r.one_in(2) {
             let (at, len) = self.own_range();
             let pos = self.own + at;
-            self.set_op(|| format!("read of {len} bytes at {pos} of the writable file (own)"));
+            self.set_op(|| {
+                format!("read of {len} bytes at {pos} of the writable file (own){through}")
+            });
             let mut buf = vec![0xA5u8; len as usize];
             let cache = self.cache.clone();
-            let read = cache.read(self.round.writable, pos, &mut buf);
+            let read = cache.read(fid, pos, &mut buf);
             let Some(res) = maybe_give_up(&mut self.r, &self.soak, read).await else {
                 return Ok(());
             };
@@ -1386,8 +1413,9 @@ impl Worker {
             let want = &self.model[at as usize..(at + len) as usize];
             if n != buf.len() || buf != want {
                 return Err(format!(
-                    "stale or wrong bytes: read of {len} bytes at {pos} of the writable file \
-                     gave {n} bytes, {} differ from what the last completed write or punch left",
+                    "stale or wrong bytes: read of {len} bytes at {pos} of the writable \
+                     file{through} gave {n} bytes, {} differ from what the last completed \
+                     write or punch left",
                     buf.iter().zip(want).filter(|(a, b)| a != b).count()
                 ));
             }
@@ -1397,9 +1425,9 @@ impl Worker {
         // A block overlapping the task's range: the overlap.
         let (bs, own) = (self.bs, self.own);
         let b = (own + self.r.below(OWN)) / bs;
-        self.set_op(|| format!("get of block {b} of the writable file (own)"));
+        self.set_op(|| format!("get of block {b} of the writable file (own){through}"));
         let cache = self.cache.clone();
-        let get = cache.get(self.round.writable, b);
+        let get = cache.get(fid, b);
         let Some(res) = maybe_give_up(&mut self.r, &self.soak, get).await else {
             return Ok(());
         };
@@ -1415,8 +1443,9 @@ impl Worker {
         let want = &self.model[(from - own) as usize..(to - own) as usize];
         if got != want {
             return Err(format!(
-                "stale or wrong bytes: block {b} of the writable file, bytes {from}..{to} \
-                 (this task's), {} differ from what the last completed write or punch left",
+                "stale or wrong bytes: block {b} of the writable file{through}, bytes \
+                 {from}..{to} (this task's), {} differ from what the last completed write or \
+                 punch left",
                 got.iter().zip(want).filter(|(a, b)| a != b).count()
             ));
         }
