@@ -562,82 +562,57 @@ async fn drop_held_write(ctx: &UringContext, at: u64, bytes: &[u8]) {
 /// (The drop may also cancel the write before it starts; then the old
 /// bytes are the file's, and the cache must say so.)
 fn dropped_write_landing_late(choice: BackendChoice) {
-    let Some(fs) = hanging_source() else {
-        return;
-    };
-    common::run(
-        "cache-dropped-write-late",
-        Flavor::Multi,
-        60,
-        move || async move {
-            let (_dir, path, ctx, cache, holder) = held_file(choice, &fs, 0x1A7).await;
-            let (block, at) = (3u64, 3 * BS as u64 + 100);
-            let new = [0xAB_u8; 10];
-            let old = pread(&path, at, new.len());
-            assert_ne!(old, new);
-            drop_held_write(&ctx, at, &new).await;
-            let b = cache.get(0, block).await.unwrap();
-            assert_eq!(&b[100..110], &old[..], "the write landed early");
-            drop(b);
-            holder.release().await;
-            wait_until("the dropped write to be over", 20, || {
-                ctx.stats().in_flight == 0
-            })
-            .await;
-            // Its completion is reaped, then what it parked is dropped:
-            // the caches hear of it a moment after `in_flight` says so.
-            let file = pread(&path, 3 * BS as u64, BS);
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while cache.get(0, block).await.unwrap()[..] != file[..] {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the cache kept the bytes from before a dropped write that landed"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        },
-    );
+    dropped_write_lands(choice, "cache-dropped-write-late", false);
 }
 
 /// The same held-up write, dropped, then its registration unregistered
 /// and the file registered again: when the write lands, the new
 /// registration's cached block goes too.
 fn dropped_write_seen_by_a_later_registration(choice: BackendChoice) {
+    dropped_write_lands(choice, "cache-dropped-write-reregistered", true);
+}
+
+/// The body of the two above: the cache reads through the file's
+/// registration, or (`reregister`) through a new one made while the
+/// dropped write is held.
+fn dropped_write_lands(choice: BackendChoice, name: &'static str, reregister: bool) {
     let Some(fs) = hanging_source() else {
         return;
     };
-    common::run(
-        "cache-dropped-write-reregistered",
-        Flavor::Multi,
-        60,
-        move || async move {
-            let (_dir, path, ctx, cache, holder) = held_file(choice, &fs, 0x1A9).await;
-            let (block, at) = (4u64, 4 * BS as u64 + 8);
-            let new = [0x5A_u8; 16];
-            let old = pread(&path, at, new.len());
-            assert_ne!(old, new);
-            drop_held_write(&ctx, at, &new).await;
+    common::run(name, Flavor::Multi, 60, move || async move {
+        let (_dir, path, ctx, cache, holder) = held_file(choice, &fs, 0x1A7).await;
+        let (block, at) = (3u64, 3 * BS as u64 + 100);
+        let new = [0xAB_u8; 10];
+        let old = pread(&path, at, new.len());
+        assert_ne!(old, new);
+        drop_held_write(&ctx, at, &new).await;
+        let fid = if reregister {
             ctx.unregister_file(ctx.file_id(0).unwrap()).unwrap();
-            let again = ctx.register_file(File::open(&path).unwrap()).unwrap();
-            let b = cache.get(again, block).await.unwrap();
-            assert_eq!(&b[8..24], &old[..], "the write landed early");
-            drop(b);
-            holder.release().await;
-            wait_until("the dropped write to be over", 20, || {
-                ctx.stats().in_flight == 0
-            })
-            .await;
-            let file = pread(&path, block * BS as u64, BS);
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while cache.get(again, block).await.unwrap()[..] != file[..] {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "a registration made while a dropped write was held kept the bytes from before it"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        },
-    );
+            ctx.register_file(File::open(&path).unwrap()).unwrap()
+        } else {
+            ctx.file_id(0).unwrap()
+        };
+        let b = cache.get(fid, block).await.unwrap();
+        assert_eq!(&b[100..110], &old[..], "the write landed early");
+        drop(b);
+        holder.release().await;
+        wait_until("the dropped write to be over", 20, || {
+            ctx.stats().in_flight == 0
+        })
+        .await;
+        // Its completion is reaped, then what it parked is dropped:
+        // the caches hear of it a moment after `in_flight` says so.
+        let file = pread(&path, 3 * BS as u64, BS);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cache.get(fid, block).await.unwrap()[..] != file[..] {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cache kept the bytes from before a dropped write that landed \
+                 (read through {fid:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
 }
 
 /// The same held-up write, dropped, then its cache and its context
