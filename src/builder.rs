@@ -480,6 +480,14 @@ impl Builder {
             },
         };
         let backend_kind = info.kind;
+        #[cfg(feature = "cache")]
+        let regions = match &backend {
+            Backend::Uring(rings) => Some(crate::ring::Regions::new(
+                rings,
+                plan.ring_cfgs.first().map_or(0, |c| c.owner),
+            )),
+            Backend::Fallback => None,
+        };
         let inner = Arc::new(Inner {
             backend,
             blocking: BlockingPool::new(
@@ -499,6 +507,8 @@ impl Builder {
             info,
             #[cfg(feature = "cache")]
             invalidation: crate::changes::Listeners::default(),
+            #[cfg(feature = "cache")]
+            regions,
             latencies: self
                 .latency_histograms
                 .then(|| crate::latency::Recorder::new(LATENCY_SHARDS)),
@@ -653,6 +663,7 @@ impl Builder {
             None => nfiles_u32.saturating_mul(2).clamp(1024, limit.max(1)).max(nfiles_u32).max(1),
         };
         let rem = max_in_flight % rings;
+        let owner = crate::ring::next_owner();
         Ok(Plan {
             // One file-table replica per worker (at least one per ring): a
             // ring shared by two workers must not make them share the
@@ -673,6 +684,7 @@ impl Builder {
                     file_capacity: capacity,
                     shutdown_timeout: self.shutdown_timeout,
                     shallow_batch: self.shallow_batch,
+                    owner,
                 })
                 .collect(),
         })
@@ -747,6 +759,7 @@ fn unavailable_here(e: &io::Error) -> Option<String> {
                 file_capacity: 1,
                 shutdown_timeout: Duration::ZERO,
                 shallow_batch: DEFAULT_SHALLOW_BATCH,
+                owner: 0,
             };
             match Ring::new(&minimal, &[]) {
                 Ok(_) => None,

@@ -79,6 +79,10 @@ pub(crate) struct Inner {
     /// through it (feature `cache`, see `changes.rs`).
     #[cfg(feature = "cache")]
     pub(crate) invalidation: crate::changes::Listeners,
+    /// The numbers of memory regions registered with every ring (feature
+    /// `cache`: the block caches' frames); `None` on the fallback backend.
+    #[cfg(feature = "cache")]
+    pub(crate) regions: Option<crate::ring::Regions>,
     /// `Builder::latency_histograms`.
     pub(crate) latencies: Option<crate::latency::Recorder>,
 }

@@ -457,6 +457,19 @@ pub(crate) fn advise_huge_pages(addr: *mut libc::c_void, len: usize) -> io::Resu
     Ok(())
 }
 
+/// `madvise(addr, len, MADV_DONTFORK)`: a child made by `fork` gets no
+/// copy of the range (memory registered with a ring stays pinned, and
+/// `fork` would otherwise copy it into the child at once).
+#[cfg_attr(not(feature = "cache"), allow(dead_code))]
+pub(crate) fn advise_dont_fork(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_DONTFORK changes only what a future child inherits,
+    // never this process's mapping or contents; a range that is not mapped
+    // is refused (ENOMEM).
+    let r = unsafe { libc::madvise(addr, len, libc::MADV_DONTFORK) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
 /// The size of a memory page in bytes (`sysconf(_SC_PAGESIZE)`).
 pub(crate) fn page_size() -> io::Result<usize> {
     // SAFETY: sysconf only reads a value (glibc: from the auxiliary vector).

@@ -245,6 +245,13 @@ impl AlignedBuf {
         })
     }
 
+    /// Whether the storage is a mapping of its own (see
+    /// [`new_huge`](Self::new_huge)), not memory of the allocator's.
+    #[cfg_attr(not(feature = "cache"), allow(dead_code))]
+    pub(crate) fn is_own_mapping(&self) -> bool {
+        self.mapped
+    }
+
     /// Start of the storage, to write through from shared access: the
     /// allocation's own pointer, not one made from a reference (the ring's
     /// bounce-buffer pool hands out pieces of one buffer this way).

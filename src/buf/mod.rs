@@ -19,6 +19,16 @@ mod slice;
 pub use aligned::AlignedBuf;
 pub use slice::{Slice, SliceError};
 
+/// Where a buffer's storage is registered with a context's rings (see
+/// [`IoBufMut::registered`]): region `region` of the registered-memory
+/// table of the context whose rings carry `owner`. Made only by the crate.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    pub(crate) owner: u64,
+    pub(crate) region: u16,
+}
+
 /// Page alignment of every bounce buffer, so borrowed reads also work on
 /// files opened with `O_DIRECT`.
 pub(crate) const BOUNCE_ALIGN: usize = 4096;
@@ -162,6 +172,15 @@ pub unsafe trait IoBufMut: Unpin + Send + 'static {
     /// `pos <= bytes_total()`, and the first `pos` bytes at
     /// [`stable_mut_ptr`](Self::stable_mut_ptr) are initialised.
     unsafe fn set_init(&mut self, pos: usize);
+
+    /// Not part of the public API: the fixed buffer of a context's rings
+    /// that holds this storage (the block cache's frames), which makes a
+    /// ring read into it a `READ_FIXED`. Only the crate can make a
+    /// [`Registered`]; the kernel checks the range all the same.
+    #[doc(hidden)]
+    fn registered(&self) -> Option<Registered> {
+        None
+    }
 
     /// An owned window `range` of this buffer's storage, which a read fills
     /// from its start (see [`Slice`]); [`Slice::into_inner`] gives the

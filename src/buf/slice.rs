@@ -228,6 +228,9 @@ unsafe impl<B: IoBufMut> IoBufMut for Slice<B> {
     fn bytes_total(&self) -> usize {
         self.end - self.begin
     }
+    fn registered(&self) -> Option<super::Registered> {
+        self.buf.registered()
+    }
     unsafe fn set_init(&mut self, pos: usize) {
         let pos = self.begin + pos.min(self.end - self.begin);
         if pos > self.buf.bytes_init() {

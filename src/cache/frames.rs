@@ -29,7 +29,8 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Mutex};
 
-use crate::buf::{AlignedBuf, IoBufMut};
+use crate::buf::{AlignedBuf, IoBufMut, Registered};
+use crate::ring::{RegionGuard, Regions};
 use crate::util::lock;
 
 /// Largest region: one huge page where the system gives them.
@@ -301,6 +302,11 @@ pub(super) struct Core {
     retired: AtomicUsize,
     /// Set by [`close`](Core::close): the cache is gone.
     closed: AtomicBool,
+    /// Where regions are registered with the context's rings (none on the
+    /// fallback backend), and the registrations, undone before the
+    /// regions' memory is freed (`Drop`).
+    registrar: Option<Regions>,
+    registrations: Mutex<Vec<RegionGuard>>,
 }
 
 /// A region: `1 << region_shift` frames, their bytes in one
@@ -314,6 +320,9 @@ struct RegionSlot {
     base: AtomicPtr<u8>,
     /// Frame 0's header; frame `i`'s is at `frames + i`.
     frames: AtomicPtr<Frame>,
+    /// Its registration with the context's rings: [`Registered`] as
+    /// `(owner, region + 1)`, 0 if none.
+    fixed: AtomicU64,
 }
 
 struct Free {
@@ -350,7 +359,14 @@ impl Core {
     /// No memory yet. Frames of `block` bytes, regions of up to 2 MiB (at
     /// least one frame, at most `capacity` rounded up to a power of two),
     /// and room for at least `max_frames` frames.
-    pub(super) fn new(block: usize, capacity: usize, max_frames: usize) -> Core {
+    /// Its regions are registered with the rings `registrar` stands for,
+    /// where they take them.
+    pub(super) fn new(
+        block: usize,
+        capacity: usize,
+        max_frames: usize,
+        registrar: Option<Regions>,
+    ) -> Core {
         let per_region = (REGION_BYTES / block).clamp(1, capacity.next_power_of_two());
         let regions = max_frames.div_ceil(per_region);
         Core {
@@ -372,7 +388,27 @@ impl Core {
             taken: AtomicUsize::new(0),
             retired: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            registrar,
+            registrations: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Region `r`'s memory.
+    #[cfg(test)]
+    pub(super) fn region_base(&self, r: usize) -> *mut u8 {
+        self.regions[r].base.load(Ordering::Acquire)
+    }
+
+    /// The registration of frame `f`'s region, if it has one.
+    pub(super) fn registered(&self, f: u32) -> Option<Registered> {
+        let fixed = self.regions[f as usize >> self.region_shift]
+            .fixed
+            .load(Ordering::Acquire);
+        let region = u16::try_from(fixed & 0xffff).ok()?.checked_sub(1)?;
+        Some(Registered {
+            owner: fixed >> 16,
+            region,
+        })
     }
 
     /// Frame `f`'s header and bytes.
@@ -408,12 +444,17 @@ impl Core {
 
     /// An empty buffer of one block: a free frame, or a new one.
     pub(super) fn take(self: &Arc<Core>) -> io::Result<FrameBuf> {
-        let f = {
-            let mut free = lock(&self.free);
-            match free.list.pop() {
-                Some(f) => f,
-                None => self.carve(&mut free)?,
+        let mut free = lock(&self.free);
+        let f = if let Some(f) = free.list.pop() {
+            drop(free);
+            f
+        } else {
+            let (f, new_region) = self.carve(&mut free)?;
+            drop(free);
+            if let Some(r) = new_region {
+                self.register(r);
             }
+            f
         };
         self.taken.fetch_add(1, Ordering::Relaxed);
         // SAFETY: f was just carved or came back to the free list.
@@ -426,7 +467,38 @@ impl Core {
         })
     }
 
-    fn carve(&self, free: &mut Free) -> io::Result<u32> {
+    /// Registers region `r` with the context's rings, where they take it:
+    /// from then on reads into its frames are `READ_FIXED`. Done outside
+    /// the free list's lock, by the miss that carved the region: pinning
+    /// faults all of its pages in, which on fresh memory takes a while,
+    /// and other misses meanwhile read into the region with plain reads.
+    fn register(&self, r: usize) {
+        let Some(registrar) = &self.registrar else {
+            return;
+        };
+        let slot = &self.regions[r];
+        let base = slot.base.load(Ordering::Acquire);
+        let len = self.block << self.region_shift;
+        // SAFETY: the region is anonymous memory, allocated for the core
+        // and freed only with it, after `Drop` has dropped the
+        // registration.
+        let Some(guard) = (unsafe { registrar.register(base, len) }) else {
+            return;
+        };
+        let reg = guard.registered();
+        if reg.owner < 1 << 48 {
+            slot.fixed.store(
+                reg.owner << 16 | (u64::from(reg.region) + 1),
+                Ordering::Release,
+            );
+        }
+        lock(&self.registrations).push(guard);
+    }
+
+    /// A new frame, in a new region when the last is used up (returned,
+    /// for [`register`](Self::register) once the lock is released).
+    fn carve(&self, free: &mut Free) -> io::Result<(u32, Option<usize>)> {
+        let mut new_region = None;
         let per_region = 1usize << self.region_shift;
         if free.next == per_region {
             if free.regions == self.regions.len() {
@@ -457,6 +529,12 @@ impl Core {
                 AlignedBuf::try_new_huge(len, REGION_ALIGN).map_err(|e| oom(len, "frames", e))?;
             // The allocations do not move when their `AlignedBuf`s do.
             let base = mem.stable_mut_ptr();
+            if mem.is_own_mapping() {
+                // Registered once carved, so pinned: a `fork` would copy it into
+                // the child at once. The child gets none of it instead, as
+                // it gets none of the rings' memory.
+                let _ = crate::sys::advise_dont_fork(base.cast(), len);
+            }
             free.mem.push(mem);
             let frames = free.slab_next;
             for i in 0..per_region {
@@ -469,6 +547,7 @@ impl Core {
             free.slab_next = unsafe { frames.add(per_region) };
             free.slab_left -= per_region;
             let slot = &self.regions[free.regions];
+            new_region = Some(free.regions);
             slot.base.store(base, Ordering::Release);
             slot.frames.store(frames, Ordering::Release);
             free.regions += 1;
@@ -477,7 +556,8 @@ impl Core {
         let f = ((free.regions - 1) << self.region_shift) | free.next;
         free.next += 1;
         self.carved.fetch_add(1, Ordering::Relaxed);
-        Ok(u32::try_from(f).expect("frame indices fit u32 (checked at BlockCache::new)"))
+        let f = u32::try_from(f).expect("frame indices fit u32 (checked at BlockCache::new)");
+        Ok((f, new_region))
     }
 
     /// Puts an exclusive frame back on the free list.
@@ -686,6 +766,11 @@ impl Drop for Core {
             );
             std::process::abort();
         }
+        // Unregistered before `free` (the regions' memory) goes.
+        self.registrations
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 }
 
@@ -784,6 +869,9 @@ unsafe impl IoBufMut for FrameBuf {
     }
     unsafe fn set_init(&mut self, pos: usize) {
         self.filled = self.filled.max(pos.min(self.core().block));
+    }
+    fn registered(&self) -> Option<Registered> {
+        self.core().registered(self.frame)
     }
 }
 
@@ -936,7 +1024,7 @@ mod tests {
     /// claimed meanwhile, even if it was refilled with the same block.
     #[test]
     fn a_refill_during_a_copy_is_seen() {
-        let core = Arc::new(Core::new(4096, 4, 4));
+        let core = Arc::new(Core::new(4096, 4, 4, None));
         let f = resident(&core, 1, 7, 0xaa);
         let h = core.header(f);
         let mut dst = vec![0u8; 4096];

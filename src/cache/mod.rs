@@ -524,6 +524,7 @@ impl BlockCache {
                 block_size,
                 items,
                 usize::try_from(max_frames).unwrap_or(usize::MAX),
+                ctx.inner.regions.clone(),
             )),
             tables: Tables::new(),
             policy: Mutex::new(Policy::new(items)),
@@ -1082,6 +1083,162 @@ mod tests {
                 (flights.epochs.len(), flights.short.len(), flights.map.len()),
                 (0, 0, 0)
             );
+        });
+    }
+
+    /// The buffers registered with this process's rings, one entry per
+    /// ring (its descriptors deduplicated by inode), as the kernel lists
+    /// them in fdinfo (`0x<address>/<length>`, empty slots left out).
+    fn kernel_registered_buffers() -> Vec<Vec<String>> {
+        let mut rings = std::collections::BTreeMap::new();
+        for fd in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+            let Ok(info) = std::fs::read_to_string(fd.path()) else {
+                continue;
+            };
+            let Some(bufs) = info.split("UserBufs:").nth(1) else {
+                continue;
+            };
+            let inode = info
+                .lines()
+                .find(|l| l.starts_with("ino:"))
+                .map(str::to_string);
+            let listed = bufs
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with(' '))
+                .filter_map(|l| l.split_once(": ").map(|(_, b)| b.trim().to_string()))
+                .filter(|b| b.starts_with("0x"))
+                .collect();
+            rings.insert(inode, listed);
+        }
+        rings.into_values().collect()
+    }
+
+    /// The `VmFlags` of the mapping holding address `at` (/proc/self/smaps).
+    fn vm_flags(at: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = range.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) =
+                        (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                    {
+                        inside = (lo..hi).contains(&at);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.to_string();
+                }
+            }
+        }
+        panic!("no mapping holds {at:#x}")
+    }
+
+    /// The frames' regions are registered with every ring (as root, where
+    /// `RLIMIT_MEMLOCK` does not apply) and kept from forked children, a
+    /// miss reads into them (with `READ_FIXED`), and dropping the cache
+    /// unregisters them and gives their numbers back for the next cache.
+    #[test]
+    fn frames_are_registered_with_the_rings() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "skipped: registration needs RLIMIT_MEMLOCK room, which only root is sure of"
+            );
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ctx = crate::UringContext::builder()
+                .backend(crate::BackendChoice::IoUring)
+                .rings(2)
+                // Every miss on a ring: the file is in the page cache.
+                .inline_nowait(false)
+                .build(Vec::new())
+                .unwrap();
+            // 600 blocks: two regions of 512 frames.
+            let data: Vec<u8> = (0..600 * 4096u32)
+                .map(|i| ((i / 4096) ^ (i % 251)).to_le_bytes()[0])
+                .collect();
+            let mut file = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut file, &data).unwrap();
+            let fid = ctx.register_file(file).unwrap();
+            let regions = ctx.inner.regions.clone().expect("a ring context's regions");
+            for round in 0..2 {
+                let cache = BlockCache::new(
+                    &ctx,
+                    CacheOptions {
+                        capacity_bytes: 4 << 20,
+                        block_size: 4096,
+                    },
+                )
+                .unwrap();
+                let region_reads = || match &ctx.inner.backend {
+                    crate::shared::Backend::Uring(rings) => rings
+                        .iter()
+                        .map(|r| r.region_reads.load(Ordering::Relaxed))
+                        .sum::<u64>(),
+                    crate::shared::Backend::Fallback => 0,
+                };
+                let before = region_reads();
+                let mut owners = std::collections::BTreeSet::new();
+                for b in 0..600u64 {
+                    let block = cache.get(fid, b).await.unwrap();
+                    let at = usize::try_from(b).unwrap() * 4096;
+                    assert!(*block == data[at..at + 4096], "round {round}: block {b}");
+                    let frame = block.frame();
+                    owners.insert(cache.state.core.registered(frame).map(|r| r.region));
+                }
+                assert_eq!(
+                    owners,
+                    [Some(0), Some(1)].into(),
+                    "round {round}: the regions of the frames read into"
+                );
+                assert_eq!(
+                    region_reads() - before,
+                    600,
+                    "round {round}: misses read with READ_FIXED"
+                );
+                let rings = kernel_registered_buffers();
+                let base = |r: usize| cache.state.core.region_base(r) as usize;
+                for r in 0..2 {
+                    let want = format!("0x{:x}/{}", base(r), 2 << 20);
+                    let on = rings.iter().filter(|bufs| bufs.contains(&want)).count();
+                    assert_eq!(
+                        on, 2,
+                        "round {round}: region {r} ({want}) on each of the 2 rings"
+                    );
+                }
+                for r in 0..2 {
+                    assert!(
+                        vm_flags(base(r)).split_whitespace().any(|f| f == "dc"),
+                        "round {round}: region {r} would be copied into a forked child"
+                    );
+                }
+                drop(cache);
+                assert_eq!(
+                    regions.numbers(),
+                    (2, 2),
+                    "round {round}: numbers given back"
+                );
+                let left: Vec<String> = kernel_registered_buffers()
+                    .concat()
+                    .into_iter()
+                    .filter(|b| b.ends_with(&format!("/{}", 2 << 20)))
+                    .collect();
+                assert!(
+                    left.is_empty(),
+                    "round {round}: regions still registered after the cache went: {left:?}"
+                );
+            }
         });
     }
 }

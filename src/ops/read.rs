@@ -485,7 +485,7 @@ impl<B: IoBufMut> Dest for Owned<B> {
         let b = self.buf();
         // SAFETY: done + len <= bytes_total, so the pointer stays in
         // bounds.
-        Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len)
+        Dst::Caller(unsafe { b.stable_mut_ptr().add(done) }, len, b.registered())
     }
     fn bounced(&self) -> bool {
         false

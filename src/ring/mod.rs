@@ -9,6 +9,7 @@
 //! | `submit.rs` | SQ producer side; the one counted `io_uring_enter` path; breaking the ring | the state lock |
 //! | `complete.rs` | CQ consumer side: reaping, completing ops, futures collecting or abandoning them | `reap_lock`, then the state lock per batch |
 //! | `driver.rs` | the background [`Driver`] future; the blocking drive once it is gone | none of its own |
+//! | `regions.rs` | memory registered as one fixed buffer with every ring of a context (the block cache's regions) | its number list's mutex |
 //!
 //! Locking: `state` (a `Mutex`) guards the op table, the free bounce
 //! buffers, the backlog, `in_sq` and the SQ producer side. Ops push their
@@ -47,6 +48,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
+use crate::buf::Registered;
 use crate::error::{shut_down_error, Closed};
 use crate::files::{FileEntry, FixedFiles};
 use crate::inline;
@@ -58,6 +60,8 @@ use table::OpTable;
 mod complete;
 mod driver;
 mod pool;
+#[cfg(feature = "cache")]
+mod regions;
 mod sqe;
 mod submit;
 mod table;
@@ -68,6 +72,8 @@ use complete::AfterUnlock;
 pub(crate) use complete::CopyTo;
 pub(crate) use driver::Driver;
 use pool::BufferPool;
+#[cfg(feature = "cache")]
+pub(crate) use regions::{RegionGuard, Regions};
 pub(crate) use sqe::{Dst, RingOp, Src};
 pub(crate) use submit::{Deferral, DEFAULT_SHALLOW_BATCH};
 use submit::{EnterPlan, ENTER_GETEVENTS};
@@ -88,6 +94,20 @@ pub(crate) const MAX_RW: usize = 0x7fff_f000;
 /// in a SQPOLL ring's full submission queue.
 const RETRY_AFTER: Duration = Duration::from_micros(500);
 
+/// Slots of a ring's registered-buffer table after the bounce pool's, for
+/// regions registered later: a block cache's memory, 2 MiB a region.
+const REGION_SLOTS: usize = 4096;
+
+/// The kernel's largest registered-buffer table (`IORING_MAX_REG_BUFFERS`).
+const MAX_REG_BUFFERS: usize = 1 << 14;
+
+/// A number for a new context's rings (`RingConfig::owner`), unique in the
+/// process; 0 is no context's.
+pub(crate) fn next_owner() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Ring settings, already resolved and bounded by the builder.
 #[derive(Debug, Clone)]
 pub(crate) struct RingConfig {
@@ -104,6 +124,9 @@ pub(crate) struct RingConfig {
     /// Most SQEs per enter while the ring is shallow ([`DEFAULT_SHALLOW_BATCH`]
     /// unless `Builder::shallow_batch` says otherwise).
     pub(crate) shallow_batch: u32,
+    /// The context's number, the same on all its rings: a
+    /// [`Registered`] buffer names the context whose table holds it.
+    pub(crate) owner: u64,
 }
 
 /// What an op keeps alive until it is removed from the table.
@@ -168,6 +191,15 @@ pub(crate) struct Ring {
     /// Freed in `Drop` only once the kernel is done with every op.
     pool: ManuallyDrop<BufferPool>,
     pool_registered: bool,
+    /// Slots of the registered-buffer table after the pool's, for regions
+    /// registered later ([`register_region`](Ring::register_region)); 0
+    /// where the kernel refused the table.
+    region_slots: u16,
+    /// `RingConfig::owner`.
+    owner: u64,
+    /// Reads issued as `READ_FIXED` into registered regions.
+    #[cfg(test)]
+    pub(crate) region_reads: AtomicU64,
     pub(crate) permits: Slots,
     submit_pending: AtomicBool,
     /// The driver is in (or mid-yield of) a poll and will look at
@@ -315,15 +347,36 @@ impl Ring {
         let bounded = u32::try_from(cfg.in_flight).unwrap_or(u32::MAX);
         let _ = submitter.register_iowq_max_workers(&mut [bounded, 0]);
 
-        // Registered bounce buffers spare O_DIRECT the page pinning; without
-        // RLIMIT_MEMLOCK room plain reads and writes are used instead.
+        // Registered buffers spare O_DIRECT the page pinning of every read;
+        // without RLIMIT_MEMLOCK room plain reads and writes are used
+        // instead. The table holds the bounce pool, then empty slots for
+        // regions registered later (5.13+: without them, the pool alone).
         let pool = BufferPool::new(cfg.pool_count, cfg.pool_size)?;
-        let iovecs = pool.iovecs();
-        let pool_registered = u16::try_from(pool.count()).is_ok()
-            // SAFETY: the iovecs point into `pool`, which stays allocated
-            // until `Drop`, where it is freed only after the kernel is done
-            // (or leaked); closing the ring fd unregisters them.
-            && unsafe { submitter.register_buffers(&iovecs) }.is_ok();
+        let mut iovecs = pool.iovecs();
+        let n = iovecs.len();
+        let regions = REGION_SLOTS.min(MAX_REG_BUFFERS.saturating_sub(n));
+        iovecs.resize(
+            n + regions,
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+        );
+        // SAFETY: the pool's iovecs point into `pool`, which stays
+        // allocated until `Drop`, where it is freed only after the kernel
+        // is done (or leaked); closing the ring fd unregisters them. The
+        // rest are empty slots (no memory).
+        let (pool_registered, region_slots) =
+            if regions > 0 && unsafe { submitter.register_buffers(&iovecs) }.is_ok() {
+                (n > 0, regions)
+            } else {
+                // SAFETY: as above, the pool's iovecs alone.
+                let pool = n > 0
+                    && n <= MAX_REG_BUFFERS
+                    && unsafe { submitter.register_buffers(&iovecs[..n]) }.is_ok();
+                (pool, 0)
+            };
+        let region_slots = u16::try_from(region_slots).unwrap_or(0);
 
         // The idle driver sleeps on a duplicate of the ring fd (no eventfd).
         let cq_ready = register(sys::dup_cloexec(uring.as_raw_fd())?)?;
@@ -353,6 +406,10 @@ impl Ring {
             uring,
             pool: ManuallyDrop::new(pool),
             pool_registered,
+            region_slots,
+            owner: cfg.owner,
+            #[cfg(test)]
+            region_reads: AtomicU64::new(0),
             permits: Slots::new(cfg.slots),
             submit_pending: AtomicBool::new(false),
             polling: AtomicBool::new(false),
@@ -375,6 +432,80 @@ impl Ring {
 
     pub(crate) fn buffers_registered(&self) -> bool {
         self.pool_registered
+    }
+
+    /// Regions this ring's table has room for.
+    #[cfg(feature = "cache")]
+    pub(crate) fn region_slots(&self) -> u16 {
+        self.region_slots
+    }
+
+    /// Registers `len` bytes at `ptr` as region `region` (below
+    /// [`region_slots`](Ring::region_slots)) of this ring's table: reads
+    /// into a buffer that says it lives there ([`Registered`]) become
+    /// `READ_FIXED`, which spares the kernel pinning its pages per read.
+    ///
+    /// # Safety
+    ///
+    /// The range stays allocated and mapped to the same memory until
+    /// [`unregister_region`](Ring::unregister_region) or the ring's drop
+    /// (the kernel holds the pages it pinned now: a read into a range
+    /// remapped meanwhile would land in the old pages).
+    #[cfg(feature = "cache")]
+    pub(crate) unsafe fn register_region(
+        &self,
+        region: u16,
+        ptr: *mut u8,
+        len: usize,
+    ) -> io::Result<()> {
+        let Some(slot) = self.table_slot(region) else {
+            return Err(io::Error::other("no such region slot (a bug)"));
+        };
+        let iov = libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the caller keeps the range mapped while it is
+        // registered; one slot, no tags.
+        unsafe {
+            self.uring
+                .submitter()
+                .register_buffers_update(u32::from(slot), &[iov], None)
+        }
+    }
+
+    /// Empties region slot `region` (the kernel unpins its pages once no
+    /// read in flight uses them).
+    #[cfg(feature = "cache")]
+    pub(crate) fn unregister_region(&self, region: u16) {
+        if let Some(slot) = self.table_slot(region) {
+            let empty = libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            };
+            // SAFETY: an empty slot refers to no memory.
+            let _ = unsafe {
+                self.uring
+                    .submitter()
+                    .register_buffers_update(u32::from(slot), &[empty], None)
+            };
+        }
+    }
+
+    /// The table index of region `region`.
+    fn table_slot(&self, region: u16) -> Option<u16> {
+        (region < self.region_slots)
+            .then(|| u16::try_from(self.pool.count() + usize::from(region)).ok())
+            .flatten()
+    }
+
+    /// The table index for a read into `r`, if it is registered here.
+    pub(super) fn fixed_index(&self, r: Registered) -> Option<u16> {
+        if r.owner == self.owner {
+            self.table_slot(r.region)
+        } else {
+            None
+        }
     }
 
     pub(crate) fn counters(&self) -> RingCounters {

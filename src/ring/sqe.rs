@@ -18,7 +18,7 @@ use io_uring::{opcode, squeue, types};
 
 use super::table::OpBuf;
 use super::{Ring, State, MAX_RW};
-use crate::buf::{AlignedBuf, BOUNCE_ALIGN};
+use crate::buf::{AlignedBuf, Registered, BOUNCE_ALIGN};
 use crate::files::FileEntry;
 use crate::util::lock;
 
@@ -32,8 +32,9 @@ pub(crate) enum Dst {
     /// Into a bounce buffer owned by the op; copied out on completion.
     Bounce(usize),
     /// Straight into caller memory that outlives the op (an owned buffer,
-    /// parked in the op if the future is dropped).
-    Caller(*mut u8, usize),
+    /// parked in the op if the future is dropped); a `READ_FIXED` where
+    /// the memory is registered with this ring ([`Ring::fixed_index`]).
+    Caller(*mut u8, usize, Option<Registered>),
     /// Straight into several owned buffers (`IORING_OP_READV`): `count`
     /// iovecs at the pointer, which stay in place, like the buffers they
     /// describe, until the op's CQE (parked with the buffers if the future
@@ -165,10 +166,23 @@ impl Ring {
         let (buf, entry) = match (*op, bounce) {
             (RingOp::Read { offset, dst }, bounce) => {
                 let entry = match (dst, &bounce) {
-                    (Dst::Caller(ptr, len), _) => opcode::Read::new(fd, ptr, rw_len(len))
-                        .offset(offset)
-                        .ioprio(ioprio)
-                        .build(),
+                    (Dst::Caller(ptr, len, fixed), _) => {
+                        match fixed.and_then(|r| self.fixed_index(r)) {
+                            Some(index) => {
+                                #[cfg(test)]
+                                self.region_reads
+                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                opcode::ReadFixed::new(fd, ptr, rw_len(len), index)
+                                    .offset(offset)
+                                    .ioprio(ioprio)
+                                    .build()
+                            }
+                            None => opcode::Read::new(fd, ptr, rw_len(len))
+                                .offset(offset)
+                                .ioprio(ioprio)
+                                .build(),
+                        }
+                    }
                     // The caller bounds `count` at `sys::IOV_MAX`.
                     (Dst::CallerVec(iov, count), _) => {
                         opcode::Readv::new(fd, iov, u32::try_from(count).unwrap_or(u32::MAX))
@@ -192,7 +206,7 @@ impl Ring {
                 // a runtime worker: from `ASYNC_READ_FROM` bytes io-wq copies
                 // it instead (DESIGN, "The read path").
                 let big = match dst {
-                    Dst::Caller(_, len) | Dst::Bounce(len) => len >= ASYNC_READ_FROM,
+                    Dst::Caller(_, len, _) | Dst::Bounce(len) => len >= ASYNC_READ_FROM,
                     Dst::CallerVec(..) => false,
                 };
                 let entry = if file.force_async || (big && !file.direct) {

@@ -87,6 +87,7 @@ fn fixture(entries: u32, in_flight: usize, chunks: usize) -> Fixture {
         file_capacity: 1,
         shutdown_timeout: Duration::from_secs(5),
         shallow_batch: DEFAULT_SHALLOW_BATCH,
+        owner: 0,
     };
     let ring = {
         let _in_rt = rt.enter();
