@@ -416,6 +416,15 @@ impl Drop for State {
 ///   file: a change through one registration is seen through all.
 ///   Changes through descriptors the context does not have are not seen:
 ///   call [`invalidate`](Self::invalidate).
+/// - Its memory is regions of up to 2 MiB (huge pages where the system
+///   gives them), made as it fills and reused after. On the io_uring
+///   backend each region is registered with the context's rings, so a miss
+///   reads into it without the kernel pinning its pages for every read.
+///   Registered memory stays pinned: it is never swapped out, and for a
+///   process without `CAP_IPC_LOCK` it counts against `RLIMIT_MEMLOCK`
+///   (without room, misses use plain reads). A child made by `fork`
+///   inherits none of it, as it inherits none of the rings: it must not
+///   use the cache or the context.
 ///
 /// ```
 /// # use std::io::Write;
