@@ -1095,32 +1095,28 @@ mod tests {
         });
     }
 
-    /// The buffers registered with this process's rings, one entry per
-    /// ring (its descriptors deduplicated by inode), as the kernel lists
-    /// them in fdinfo (`0x<address>/<length>`, empty slots left out).
-    fn kernel_registered_buffers() -> Vec<Vec<String>> {
-        let mut rings = std::collections::BTreeMap::new();
-        for fd in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
-            let Ok(info) = std::fs::read_to_string(fd.path()) else {
-                continue;
-            };
-            let Some(bufs) = info.split("UserBufs:").nth(1) else {
-                continue;
-            };
-            let inode = info
-                .lines()
-                .find(|l| l.starts_with("ino:"))
-                .map(str::to_string);
-            let listed = bufs
-                .lines()
-                .skip(1)
-                .take_while(|l| l.starts_with(' '))
-                .filter_map(|l| l.split_once(": ").map(|(_, b)| b.trim().to_string()))
-                .filter(|b| b.starts_with("0x"))
-                .collect();
-            rings.insert(inode, listed);
-        }
-        rings.into_values().collect()
+    /// The buffers registered with each ring of `ctx`, as the kernel
+    /// lists them in the ring's fdinfo (`0x<address>/<length>`, empty
+    /// slots left out). Other tests' rings in this process are not looked
+    /// at.
+    fn kernel_registered_buffers(ctx: &crate::UringContext) -> Vec<Vec<String>> {
+        let crate::shared::Backend::Uring(rings) = &ctx.inner.backend else {
+            return Vec::new();
+        };
+        rings
+            .iter()
+            .map(|ring| {
+                let info =
+                    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", ring.fd())).unwrap();
+                let bufs = info.split("UserBufs:").nth(1).unwrap_or_default();
+                bufs.lines()
+                    .skip(1)
+                    .take_while(|l| l.starts_with(' '))
+                    .filter_map(|l| l.split_once(": ").map(|(_, b)| b.trim().to_string()))
+                    .filter(|b| b.starts_with("0x"))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The `VmFlags` of the mapping holding address `at` (/proc/self/smaps).
@@ -1216,7 +1212,7 @@ mod tests {
                     600,
                     "round {round}: misses read with READ_FIXED"
                 );
-                let rings = kernel_registered_buffers();
+                let rings = kernel_registered_buffers(&ctx);
                 let base = |r: usize| cache.state.core.region_base(r) as usize;
                 for r in 0..2 {
                     let want = format!("0x{:x}/{}", base(r), 2 << 20);
@@ -1238,7 +1234,7 @@ mod tests {
                     (2, 2),
                     "round {round}: numbers given back"
                 );
-                let left: Vec<String> = kernel_registered_buffers()
+                let left: Vec<String> = kernel_registered_buffers(&ctx)
                     .concat()
                     .into_iter()
                     .filter(|b| b.ends_with(&format!("/{}", 2 << 20)))

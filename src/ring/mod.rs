@@ -430,6 +430,12 @@ impl Ring {
         })
     }
 
+    /// The ring's descriptor.
+    #[cfg(test)]
+    pub(crate) fn fd(&self) -> i32 {
+        self.uring.as_raw_fd()
+    }
+
     pub(crate) fn buffers_registered(&self) -> bool {
         self.pool_registered
     }
