@@ -431,7 +431,7 @@ impl Ring {
     }
 
     /// The ring's descriptor.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "cache"))]
     pub(crate) fn fd(&self) -> i32 {
         self.uring.as_raw_fd()
     }
