@@ -349,12 +349,18 @@ impl Ring {
 
         // Registered buffers spare O_DIRECT the page pinning of every read;
         // without RLIMIT_MEMLOCK room plain reads and writes are used
-        // instead. The table holds the bounce pool, then empty slots for
-        // regions registered later (5.13+: without them, the pool alone).
+        // instead. The table holds the bounce pool, then (feature `cache`)
+        // empty slots for regions registered later (5.13+: without them,
+        // the pool alone).
         let pool = BufferPool::new(cfg.pool_count, cfg.pool_size)?;
         let mut iovecs = pool.iovecs();
         let n = iovecs.len();
-        let regions = REGION_SLOTS.min(MAX_REG_BUFFERS.saturating_sub(n));
+        // Only a block cache registers regions: without the feature, no slots.
+        let regions = if cfg!(feature = "cache") {
+            REGION_SLOTS.min(MAX_REG_BUFFERS.saturating_sub(n))
+        } else {
+            0
+        };
         iovecs.resize(
             n + regions,
             libc::iovec {
