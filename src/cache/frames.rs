@@ -281,7 +281,10 @@ impl Frame {
     }
 }
 
-/// The frames of one cache.
+/// The frames of one cache. Aligned to 128 bytes, so that in its `Arc`
+/// the counts (changed by every read's buffer, on any thread) sit on lines
+/// of their own, apart from the fields every hit reads.
+#[repr(align(128))]
 pub(super) struct Core {
     block: usize,
     /// log2 of the frames per region.

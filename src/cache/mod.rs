@@ -30,7 +30,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Waker;
 
@@ -41,6 +41,7 @@ use crate::context::UringContext;
 use crate::error::{self, os_error};
 use crate::id::FileId;
 use crate::thread::thread_slot;
+use crate::util::lock;
 
 mod frames;
 mod options;
@@ -280,6 +281,11 @@ const MAX_SHORT: usize = 64;
 struct Flights {
     map: HashMap<Key, Entry, KeyHash>,
     next_id: u64,
+    /// Blocks read (one per block of each new flight), and lookups that
+    /// joined a flight already reading their block: counted under the
+    /// lock, beside the words it writes anyway.
+    misses: u64,
+    coalesced: u64,
     /// Per file: changes seen since its last drop of the whole file (none:
     /// 0). A short block (the end of the file) lands only if no change
     /// came meanwhile, and a flight is joined only if none came since it
@@ -353,6 +359,10 @@ impl Hits {
     }
 }
 
+/// Aligned to 128 bytes, so that in its `Arc` the counts (changed by
+/// every flight, on any thread) sit on lines of their own, apart from the
+/// fields every hit reads.
+#[repr(align(128))]
 struct State {
     ctx: UringContext,
     shift: u32,
@@ -363,16 +373,12 @@ struct State {
     /// Per file: block → frame; read by hits without a lock, changed under
     /// `policy`.
     tables: Tables,
-    /// The eviction policy; its mutex also orders every change of the
-    /// tables. Taken after `flights` when both are.
+    /// The eviction policy (with the resident and eviction counts); its
+    /// mutex also orders every change of the tables. Taken after
+    /// `flights` when both are.
     policy: Mutex<Policy>,
-    /// Frames mapped in the tables.
-    resident: AtomicUsize,
     flights: Mutex<Flights>,
     hits: Hits,
-    misses: AtomicU64,
-    coalesced: AtomicU64,
-    evictions: AtomicU64,
 }
 
 impl Drop for State {
@@ -537,12 +543,8 @@ impl BlockCache {
             )),
             tables: Tables::new(),
             policy: Mutex::new(Policy::new(items)),
-            resident: AtomicUsize::new(0),
             flights: Mutex::new(Flights::default()),
             hits: Hits::default(),
-            misses: AtomicU64::new(0),
-            coalesced: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
         });
         let weak: std::sync::Weak<dyn Invalidate> = Arc::downgrade(&state) as _;
         ctx.inner.invalidation.add(weak);
@@ -799,7 +801,7 @@ impl BlockCache {
         if missing.is_empty() {
             return Ok(());
         }
-        let (_, started) = state.join_or_start(file, &missing, false);
+        let (_, started) = state.join_or_start(file, &missing, state::Asker::Prefetch);
         if let Some(mut wait) = started {
             drop(handle.spawn(async move {
                 std::future::poll_fn(|cx| state::poll_flight(&mut wait, cx)).await;
@@ -875,12 +877,19 @@ impl BlockCache {
     pub fn stats(&self) -> CacheStats {
         let s = &self.state;
         let bytes = |blocks: u64| blocks << s.shift;
-        let resident = s.resident.load(Ordering::Relaxed) as u64;
+        let (misses, coalesced) = {
+            let f = lock(&s.flights);
+            (f.misses, f.coalesced)
+        };
+        let (resident, evictions) = {
+            let p = lock(&s.policy);
+            (p.resident() as u64, p.evictions())
+        };
         CacheStats {
             hits: s.hits.sum(),
-            misses: s.misses.load(Ordering::Relaxed),
-            coalesced: s.coalesced.load(Ordering::Relaxed),
-            evictions: s.evictions.load(Ordering::Relaxed),
+            misses,
+            coalesced,
+            evictions,
             resident_bytes: bytes(resident),
             pinned_bytes: bytes(s.core.retired() as u64),
             in_flight_bytes: bytes(s.core.taken() as u64),

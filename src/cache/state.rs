@@ -14,6 +14,7 @@ use std::task::{ready, Context, Poll};
 
 use futures::FutureExt;
 
+use super::frames::FrameBuf;
 use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
     Outcome, State, Waiting, WakeAll, GUARD_IDLE, GUARD_POLLING, GUARD_WOKEN, MAX_SHORT,
@@ -42,6 +43,16 @@ pub(super) fn poll_admit(state: &State, bytes: usize, cx: &mut Context<'_>) -> P
     }
     coop.made_progress();
     Poll::Ready(())
+}
+
+/// Who asks [`State::join_or_start`] for blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asker {
+    /// A caller that waits for each block.
+    Waiter,
+    /// A prefetch: nothing waits; the new flight is driven in the
+    /// background.
+    Prefetch,
 }
 
 impl State {
@@ -199,7 +210,7 @@ impl State {
             .map(|(b, _)| *b)
             .collect();
         if !missing.is_empty() {
-            let (lookups, _) = self.join_or_start(file, &missing, true);
+            let (lookups, _) = self.join_or_start(file, &missing, Asker::Waiter);
             let waits = lookups.into_iter().map(|l| async move {
                 match l {
                     Lookup::Hit(b) => Ok(b),
@@ -238,7 +249,7 @@ impl State {
         if block > i64::MAX.unsigned_abs() >> self.shift {
             return Err(beyond_max(file.id, block));
         }
-        match self.join_or_start(file, &[block], true).0.pop() {
+        match self.join_or_start(file, &[block], Asker::Waiter).0.pop() {
             Some(Lookup::Hit(b)) => Ok(b),
             Some(Lookup::Wait(mut wait)) => std::future::poll_fn(|cx| wait.poll_block(cx)).await,
             None => unreachable!("one lookup per block"),
@@ -247,18 +258,20 @@ impl State {
 
     /// Under the flights lock: each of `blocks` of `file` (none of which
     /// was cached a moment ago) from the cache after all, from the flight
-    /// already reading it (counted as coalesced if `count`), or from one
-    /// new flight for all the others, which is returned too (not polled
-    /// yet: the caller drives it).
+    /// already reading it, or from one new flight for all the others.
+    /// A [`Waiter`](Asker::Waiter) gets a lookup per block (a joined
+    /// flight counted as coalesced); a [`Prefetch`](Asker::Prefetch) gets
+    /// the new flight, if one was started, to drive (not polled yet).
     pub(super) fn join_or_start(
         self: &Arc<Self>,
         file: FileRef,
         blocks: &[u64],
-        count: bool,
+        asker: Asker,
     ) -> (Vec<Lookup>, Option<Waiting>) {
+        let waits = asker == Asker::Waiter;
         let mut flights = lock(&self.flights);
         let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
-        let mut out = Vec::with_capacity(blocks.len());
+        let mut out = Vec::with_capacity(if waits { blocks.len() } else { 0 });
         let mut new = Vec::new();
         for &block in blocks {
             let key = Key {
@@ -270,33 +283,38 @@ impl State {
             // the end of the file grows the block that held the end, which
             // that flight may have read short. Its land caches nothing of
             // the block once a new flight holds the entry.
-            if let Some(wait) = flights.map.get(&key).and_then(|e| {
+            let joined = flights.map.get(&key).and_then(|e| {
                 if e.epoch != epoch {
                     return None;
                 }
                 let flight = e.flight.upgrade()?;
-                Some(Waiting::new(flight, e.slot, e.wake_all.clone()))
-            }) {
-                if count {
-                    self.coalesced.fetch_add(1, Ordering::Relaxed);
+                Some(waits.then(|| Waiting::new(flight, e.slot, e.wake_all.clone())))
+            });
+            if let Some(wait) = joined {
+                if let Some(wait) = wait {
+                    flights.coalesced += 1;
+                    out.push(Some(Lookup::Wait(wait)));
                 }
-                out.push(Some(Lookup::Wait(wait)));
                 continue;
             }
             // A flight that ended between the caller's look and this lock
             // inserted its block under this lock.
-            if let Some(b) = self.cached(key.file, key.block) {
-                out.push(Some(Lookup::Hit(b)));
+            if waits {
+                if let Some(b) = self.cached(key.file, key.block) {
+                    out.push(Some(Lookup::Hit(b)));
+                    continue;
+                }
+                out.push(None);
+            } else if self.tables.lookup(key.file, key.block).is_some() {
                 continue;
             }
-            out.push(None);
             new.push(block);
         }
         let mut started = None;
         if !new.is_empty() {
             let id = flights.next_id;
             flights.next_id += 1;
-            self.misses.fetch_add(new.len() as u64, Ordering::Relaxed);
+            flights.misses += new.len() as u64;
             let wake_all = WakeAll::default();
             let flight: Flight = run_flight(
                 self.clone(),
@@ -323,18 +341,22 @@ impl State {
                     },
                 );
             }
-            let mut slots = 0..;
-            for o in &mut out {
-                if o.is_none() {
-                    let slot = slots.next().unwrap_or(0);
-                    *o = Some(Lookup::Wait(Waiting::new(
-                        flight.clone(),
-                        slot,
-                        wake_all.clone(),
-                    )));
+            drop(flights);
+            if waits {
+                let mut slots = 0..;
+                for o in &mut out {
+                    if o.is_none() {
+                        let slot = slots.next().unwrap_or(0);
+                        *o = Some(Lookup::Wait(Waiting::new(
+                            flight.clone(),
+                            slot,
+                            wake_all.clone(),
+                        )));
+                    }
                 }
+            } else {
+                started = Some(Waiting::new(flight, 0, wake_all));
             }
-            started = Some(Waiting::new(flight, 0, wake_all));
         }
         (out.into_iter().flatten().collect(), started)
     }
@@ -373,9 +395,7 @@ impl State {
                 }
             }
             let policy = policy.get_or_insert_with(|| lock(&self.policy));
-            let (_, evicted) =
-                policy.admit(&self.tables, &self.core, &self.resident, key, b.frame());
-            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+            policy.admit(&self.tables, &self.core, key, b.frame());
         }
     }
 
@@ -410,12 +430,12 @@ impl State {
             flights.short.remove(&file).unwrap_or_default()
         };
         let mut policy = lock(&self.policy);
-        let (tables, core, resident) = (&self.tables, &self.core, &self.resident);
+        let (tables, core) = (&self.tables, &self.core);
         // The file may have grown over its short blocks.
         for block in short {
-            policy.drop_blocks(tables, core, resident, file, block, block);
+            policy.drop_blocks(tables, core, file, block, block);
         }
-        policy.drop_blocks(tables, core, resident, file, first, last);
+        policy.drop_blocks(tables, core, file, first, last);
     }
 }
 
@@ -487,6 +507,30 @@ impl Drop for Abandon<'_> {
     }
 }
 
+/// Block `b` of `file` from its read's result: continues a short read (not
+/// on an `O_DIRECT` file, whose short read ends the file) until the block
+/// is full or the file ends.
+async fn finish(
+    state: &State,
+    file: FileRef,
+    b: u64,
+    (mut res, mut buf): (io::Result<usize>, FrameBuf),
+) -> io::Result<BlockRef> {
+    while let Ok(n) = res {
+        if file.direct || n == 0 || buf.filled() >= state.block {
+            break;
+        }
+        // The rest of the block, into the rest of the buffer: a window
+        // (`Slice`) is filled from its start.
+        let filled = buf.filled();
+        let at = (b << state.shift) + filled as u64;
+        let (r, back) = state.ctx.read_owned(file.id, at, buf.slice(filled..)).await;
+        buf = back.into_inner();
+        res = r;
+    }
+    res.map(|_| buf.into_block())
+}
+
 /// One flight: reads `blocks` of `file` into pool buffers, in one batch,
 /// continuing short reads (not on `O_DIRECT` files, whose short reads end
 /// the file) until a block is full or the file ends, then lands.
@@ -511,55 +555,52 @@ async fn run_flight(
         blocks: &blocks,
         armed: true,
     };
-    let bs = state.block;
     let what = |b: u64| {
         format!(
-            "block cache: read of block {b} of {} ({bs} bytes at offset {})",
+            "block cache: read of block {b} of {} ({} bytes at offset {})",
             file.id,
+            state.block,
             b << state.shift
         )
     };
-    let mut bufs = Vec::with_capacity(blocks.len());
-    let mut outcomes: Vec<Outcome> = Vec::with_capacity(blocks.len());
-    for &b in &blocks {
-        match state.core.take() {
-            Ok(buf) => bufs.push((file.id, b << state.shift, buf)),
-            Err(e) => {
-                let e = Arc::new(FlightError::new(&e, Some(what(b))));
-                outcomes = blocks.iter().map(|_| Err(e.clone())).collect();
-                break;
+    let failed = |b: u64, e: &io::Error| Arc::new(FlightError::new(e, Some(what(b))));
+    let outcomes: Arc<[Outcome]> = if let [b] = blocks[..] {
+        // One block (most misses): one read, without a batch's planning.
+        Arc::new([match state.core.take() {
+            Ok(buf) => {
+                let res = state.ctx.read_owned(file.id, b << state.shift, buf).await;
+                finish(&state, file, b, res)
+                    .await
+                    .map_err(|e| failed(b, &e))
             }
-        }
-    }
-    if outcomes.is_empty() {
-        let results = if let [(fid, offset, _)] = bufs[..] {
-            // One block (most misses): one read, without a batch's planning.
-            let (_, _, buf) = bufs.pop().expect("one buffer");
-            vec![state.ctx.read_owned(fid, offset, buf).await]
-        } else {
-            state.ctx.read_batch(bufs).await
-        };
-        for ((res, mut buf), &b) in results.into_iter().zip(&blocks) {
-            let mut res = res;
-            while let Ok(n) = res {
-                if file.direct || n == 0 || buf.filled() >= bs {
+            Err(e) => Err(failed(b, &e)),
+        }])
+    } else {
+        let mut bufs = Vec::with_capacity(blocks.len());
+        let mut taken = Ok(());
+        for &b in &blocks {
+            match state.core.take() {
+                Ok(buf) => bufs.push((file.id, b << state.shift, buf)),
+                Err(e) => {
+                    taken = Err(failed(b, &e));
                     break;
                 }
-                // The rest of the block, into the rest of the buffer: a
-                // window (`Slice`) is filled from its start.
-                let filled = buf.filled();
-                let at = (b << state.shift) + filled as u64;
-                let (r, back) = state.ctx.read_owned(file.id, at, buf.slice(filled..)).await;
-                buf = back.into_inner();
-                res = r;
             }
-            outcomes.push(match res {
-                Ok(_) => Ok(buf.into_block()),
-                Err(e) => Err(Arc::new(FlightError::new(&e, Some(what(b))))),
-            });
         }
-    }
-    let outcomes: Arc<[Outcome]> = outcomes.into();
+        if let Err(e) = taken {
+            blocks.iter().map(|_| Err(e.clone())).collect()
+        } else {
+            let mut outcomes = Vec::with_capacity(blocks.len());
+            for (res, &b) in state.ctx.read_batch(bufs).await.into_iter().zip(&blocks) {
+                outcomes.push(
+                    finish(&state, file, b, res)
+                        .await
+                        .map_err(|e| failed(b, &e)),
+                );
+            }
+            outcomes.into()
+        }
+    };
     state.land(id, file.key, &blocks, Some(&outcomes));
     abandon.armed = false;
     outcomes
@@ -628,7 +669,11 @@ impl Future for GetBlock<'_> {
             if let Some(b) = frame.and_then(|f| state.pin(f, file.key, this.block)) {
                 return Poll::Ready(Ok(b));
             }
-            match state.join_or_start(file, &[this.block], true).0.pop() {
+            match state
+                .join_or_start(file, &[this.block], Asker::Waiter)
+                .0
+                .pop()
+            {
                 Some(Lookup::Hit(b)) => return Poll::Ready(Ok(b)),
                 Some(Lookup::Wait(wait)) => this.wait = Some(wait),
                 None => unreachable!("one lookup per block"),

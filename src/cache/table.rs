@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::frames::{prefetch_lines, Core, NO_FILE};
@@ -172,6 +172,10 @@ struct Meta {
 /// frames are skipped (sent round again).
 pub(super) struct Policy {
     capacity: usize,
+    /// Frames mapped in the tables.
+    resident: usize,
+    /// Frames evicted so far.
+    evictions: u64,
     small: VecDeque<(u32, u32)>,
     main: VecDeque<(u32, u32)>,
     meta: Vec<Meta>,
@@ -302,6 +306,8 @@ impl Policy {
     pub(super) fn new(capacity: usize) -> Policy {
         Policy {
             capacity,
+            resident: 0,
+            evictions: 0,
             small: VecDeque::new(),
             main: VecDeque::new(),
             meta: Vec::new(),
@@ -317,7 +323,6 @@ impl Policy {
         &mut self,
         tables: &'t Tables,
         core: &Arc<Core>,
-        resident: &AtomicUsize,
         file: u64,
     ) -> Option<&'t FileTable> {
         let index = (file >> 32) as usize;
@@ -335,32 +340,34 @@ impl Policy {
         let key = t.key.load(Ordering::Relaxed);
         if key != file {
             if key != NO_FILE {
-                self.drop_blocks(tables, core, resident, key, 0, u64::MAX);
+                self.drop_blocks(tables, core, key, 0, u64::MAX);
             }
             t.key.store(file, Ordering::Release);
         }
         Some(t)
     }
 
+    /// Frames mapped in the tables.
+    pub(super) fn resident(&self) -> usize {
+        self.resident
+    }
+
+    /// Frames evicted so far.
+    pub(super) fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
     /// Maps block `(file, block)` to frame `f` (pinned, retired: a flight's
     /// block), evicting a block if the cache is full: whether it was
     /// admitted (not if every resident frame is pinned, or the block is
-    /// beyond what a table holds). Returns the frames evicted (counted by
-    /// the caller).
-    pub(super) fn admit(
-        &mut self,
-        tables: &Tables,
-        core: &Arc<Core>,
-        resident: &AtomicUsize,
-        key: Key,
-        f: u32,
-    ) -> (bool, u64) {
+    /// beyond what a table holds).
+    pub(super) fn admit(&mut self, tables: &Tables, core: &Arc<Core>, key: Key, f: u32) -> bool {
         let chunk_index = chunk_of(key.block);
         if chunk_index >= MAX_CHUNKS {
-            return (false, 0);
+            return false;
         }
-        let Some(table) = self.table_mut(tables, core, resident, key.file) else {
-            return (false, 0);
+        let Some(table) = self.table_mut(tables, core, key.file) else {
+            return false;
         };
         // The entry's chunk, the top grown to hold it if needed.
         let mut top = table.top.load(Ordering::Acquire);
@@ -395,7 +402,7 @@ impl Policy {
         let mut chunk = top.chunks[chunk_index].load(Ordering::Acquire);
         if chunk.is_null() {
             let Some(new) = self.slabs.carve() else {
-                return (false, 0);
+                return false;
             };
             chunk = new;
             top.chunks[chunk_index].store(chunk, Ordering::Release);
@@ -409,17 +416,14 @@ impl Policy {
         // the other. The victim's header was loaded by the last admit.
         prefetch_lines(NonNull::from(entry).cast(), 1);
         self.ghost.prefetch(key);
-        let full = resident.load(Ordering::Relaxed) >= self.capacity;
+        let full = self.resident >= self.capacity;
         if full {
             self.prefetch_victim(tables, core);
-        }
-        let mut evicted = 0;
-        if full {
             if !self.evict_one(tables, core) {
-                return (false, 0);
+                return false;
             }
-            evicted = 1;
-            resident.fetch_sub(1, Ordering::Relaxed);
+            self.evictions += 1;
+            self.resident -= 1;
         }
         // A frame still mapped for this block (a flight that landed after
         // an invalidation's) goes now; evicting first may have cost one
@@ -427,7 +431,7 @@ impl Policy {
         let old = entry.swap(0, Ordering::AcqRel);
         if let Some(o) = old.checked_sub(1) {
             self.forget(o);
-            resident.fetch_sub(1, Ordering::Relaxed);
+            self.resident -= 1;
             core.unmapped(o);
         }
         let index = f as usize;
@@ -448,11 +452,11 @@ impl Policy {
         core.header(f).set_tag(key.file, key.block);
         entry.store(f + 1, Ordering::Release);
         core.mapped(f);
-        resident.fetch_add(1, Ordering::Relaxed);
+        self.resident += 1;
         if full {
             self.prefetch_next(core);
         }
-        (true, evicted)
+        true
     }
 
     /// The queue the next eviction looks at first.
@@ -564,7 +568,6 @@ impl Policy {
         &mut self,
         tables: &Tables,
         core: &Arc<Core>,
-        resident: &AtomicUsize,
         file: u64,
         first: u64,
         last: u64,
@@ -604,7 +607,7 @@ impl Policy {
                 }
                 if let Some(f) = e.swap(0, Ordering::AcqRel).checked_sub(1) {
                     self.forget(f);
-                    resident.fetch_sub(1, Ordering::Relaxed);
+                    self.resident -= 1;
                     core.unmapped(f);
                 }
             }
