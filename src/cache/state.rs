@@ -269,6 +269,10 @@ impl State {
         asker: Asker,
     ) -> (Vec<Lookup>, Option<Waiting>) {
         let waits = asker == Asker::Waiter;
+        // The flights a prefetch finds reading its blocks, dropped only
+        // after the lock: one may be the last handle by then, and dropping
+        // it drops the read, which takes the lock.
+        let mut seen: Vec<Flight> = Vec::new();
         let mut flights = lock(&self.flights);
         let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
         let mut out = Vec::with_capacity(if waits { blocks.len() } else { 0 });
@@ -287,13 +291,14 @@ impl State {
                 if e.epoch != epoch {
                     return None;
                 }
-                let flight = e.flight.upgrade()?;
-                Some(waits.then(|| Waiting::new(flight, e.slot, e.wake_all.clone())))
+                Some((e.flight.upgrade()?, e.slot, e.wake_all.clone()))
             });
-            if let Some(wait) = joined {
-                if let Some(wait) = wait {
+            if let Some((flight, slot, wake_all)) = joined {
+                if waits {
                     flights.coalesced += 1;
-                    out.push(Some(Lookup::Wait(wait)));
+                    out.push(Some(Lookup::Wait(Waiting::new(flight, slot, wake_all))));
+                } else {
+                    seen.push(flight);
                 }
                 continue;
             }
