@@ -295,6 +295,9 @@ pub(super) struct Core {
     regions: Box<[RegionSlot]>,
     /// Headers per header slab (a multiple of the frames per region).
     slab_frames: usize,
+    /// Regions that the capacity fills: the next one is made ahead while
+    /// fewer are made.
+    fill_regions: usize,
     free: Mutex<Free>,
     /// Frames carved so far (the cache's memory, in blocks).
     carved: AtomicUsize,
@@ -343,6 +346,72 @@ struct Free {
     /// they start.
     slab_left: usize,
     slab_next: *mut Frame,
+    /// The next region's memory, made ahead ([`Spare`]), and whether a
+    /// thread is making it.
+    spare: Option<Spare>,
+    making_spare: bool,
+}
+
+/// A spare region being made. However the job ends (run, or dropped unrun
+/// with its runtime), its drop tells the core, and gives it the spare if
+/// the cache is still there and still filling; otherwise the spare is
+/// dropped (unregistered and freed) here, after the core's lock.
+struct SpareJob {
+    core: std::sync::Weak<Core>,
+    spare: Option<Spare>,
+}
+
+impl Drop for SpareJob {
+    fn drop(&mut self) {
+        let spare = self.spare.take();
+        let unneeded = self.core.upgrade().and_then(|core| {
+            let mut free = lock(&core.free);
+            free.making_spare = false;
+            if free.regions < core.fill_regions {
+                free.spare = spare;
+                None
+            } else {
+                spare
+            }
+        });
+        drop(unneeded);
+    }
+}
+
+/// A region [`Core::carve`] made: its index, and whether it was a spare
+/// already registered.
+struct NewRegion {
+    index: usize,
+    prepared: bool,
+}
+
+/// A region's memory made ahead of need, on the runtime's blocking pool,
+/// while the cache fills: faulted in and registered with the context's rings,
+/// so that the miss that carves it neither waits for fresh memory nor
+/// holds a ring's lock while the kernel pins it. Dropped unused (the cache
+/// gone), it is unregistered before its memory is freed (field order).
+struct Spare {
+    guard: Option<RegionGuard>,
+    mem: AlignedBuf,
+}
+
+impl Spare {
+    /// `len` bytes of region memory, faulted in, registered where
+    /// `registrar`'s rings take it.
+    fn make(len: usize, registrar: Option<&Regions>) -> io::Result<Spare> {
+        let mut mem = AlignedBuf::try_new_huge(len, REGION_ALIGN)?;
+        let base = mem.stable_mut_ptr();
+        if mem.is_own_mapping() {
+            // As `Core::carve`'s.
+            let _ = crate::sys::advise_dont_fork(base.cast(), len);
+        }
+        // SAFETY: the buffer's `len` bytes, which only this thread has.
+        unsafe { crate::sys::populate_write(base, len) };
+        // SAFETY: anonymous memory that stays allocated and mapped while
+        // the guard lives (it drops first, with the spare or the core).
+        let guard = registrar.and_then(|r| unsafe { r.register(base, len) });
+        Ok(Spare { guard, mem })
+    }
 }
 
 /// Bytes of a header slab: one huge page. The headers of every frame in it
@@ -379,6 +448,7 @@ impl Core {
             slab_frames: (SLAB_BYTES / size_of::<Frame>())
                 .min(capacity)
                 .next_multiple_of(per_region),
+            fill_regions: capacity.div_ceil(per_region),
             free: Mutex::new(Free {
                 list: Vec::new(),
                 regions: 0,
@@ -386,6 +456,8 @@ impl Core {
                 mem: Vec::new(),
                 slab_left: 0,
                 slab_next: std::ptr::null_mut(),
+                spare: None,
+                making_spare: false,
             }),
             carved: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
@@ -394,6 +466,14 @@ impl Core {
             registrar,
             registrations: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether a spare region is being made, and where the one made is.
+    #[cfg(test)]
+    pub(super) fn spare(&self) -> (bool, Option<usize>) {
+        let free = lock(&self.free);
+        let base = free.spare.as_ref().map(|s| s.mem.storage_ptr() as usize);
+        (free.making_spare, base)
     }
 
     /// Region `r`'s memory.
@@ -453,9 +533,19 @@ impl Core {
             f
         } else {
             let (f, new_region) = self.carve(&mut free)?;
+            let spare = !free.making_spare
+                && free.spare.is_none()
+                && new_region.is_some()
+                && free.regions < self.fill_regions;
+            free.making_spare |= spare;
             drop(free);
-            if let Some(r) = new_region {
-                self.register(r);
+            if let Some(NewRegion { index, prepared }) = new_region {
+                if !prepared {
+                    self.register(index);
+                }
+            }
+            if spare {
+                self.make_spare();
             }
             f
         };
@@ -488,6 +578,11 @@ impl Core {
         let Some(guard) = (unsafe { registrar.register(base, len) }) else {
             return;
         };
+        self.registered_as(slot, guard);
+    }
+
+    /// Region `slot` is registered: its frames say so from now on.
+    fn registered_as(&self, slot: &RegionSlot, guard: RegionGuard) {
         let reg = guard.registered();
         if reg.owner < 1 << 48 {
             slot.fixed.store(
@@ -498,9 +593,31 @@ impl Core {
         lock(&self.registrations).push(guard);
     }
 
-    /// A new frame, in a new region when the last is used up (returned,
-    /// for [`register`](Self::register) once the lock is released).
-    fn carve(&self, free: &mut Free) -> io::Result<(u32, Option<usize>)> {
+    /// Makes the next region's memory ahead ([`Spare`]) on the runtime's
+    /// blocking pool, for the miss that carves it next. Without a tokio
+    /// runtime on this thread, that miss makes it as the first one did.
+    fn make_spare(self: &Arc<Core>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            lock(&self.free).making_spare = false;
+            return;
+        };
+        let job = SpareJob {
+            core: Arc::downgrade(self),
+            spare: None,
+        };
+        let len = self.block << self.region_shift;
+        let registrar = self.registrar.clone();
+        drop(rt.spawn_blocking(move || {
+            let mut job = job;
+            job.spare = Spare::make(len, registrar.as_ref()).ok();
+        }));
+    }
+
+    /// A new frame, in a new region when the last is used up: the spare
+    /// made ahead if there is one (registered already), else new memory
+    /// (returned, for [`register`](Self::register) once the lock is
+    /// released).
+    fn carve(&self, free: &mut Free) -> io::Result<(u32, Option<NewRegion>)> {
         let mut new_region = None;
         let per_region = 1usize << self.region_shift;
         if free.next == per_region {
@@ -528,14 +645,20 @@ impl Core {
                 free.mem.push(mem);
             }
             let len = per_region * self.block;
-            let mut mem =
-                AlignedBuf::try_new_huge(len, REGION_ALIGN).map_err(|e| oom(len, "frames", e))?;
+            let (mut mem, guard) = if let Some(Spare { guard, mem }) = free.spare.take() {
+                (mem, guard)
+            } else {
+                let mem = AlignedBuf::try_new_huge(len, REGION_ALIGN)
+                    .map_err(|e| oom(len, "frames", e))?;
+                (mem, None)
+            };
             // The allocations do not move when their `AlignedBuf`s do.
             let base = mem.stable_mut_ptr();
-            if mem.is_own_mapping() {
+            if mem.is_own_mapping() && guard.is_none() {
                 // Registered once carved, so pinned: a `fork` would copy it into
                 // the child at once. The child gets none of it instead, as
-                // it gets none of the rings' memory.
+                // it gets none of the rings' memory. (A spare was advised
+                // when made.)
                 let _ = crate::sys::advise_dont_fork(base.cast(), len);
             }
             free.mem.push(mem);
@@ -550,7 +673,13 @@ impl Core {
             free.slab_next = unsafe { frames.add(per_region) };
             free.slab_left -= per_region;
             let slot = &self.regions[free.regions];
-            new_region = Some(free.regions);
+            new_region = Some(NewRegion {
+                index: free.regions,
+                prepared: guard.is_some(),
+            });
+            if let Some(guard) = guard {
+                self.registered_as(slot, guard);
+            }
             slot.base.store(base, Ordering::Release);
             slot.frames.store(frames, Ordering::Release);
             free.regions += 1;

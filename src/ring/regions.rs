@@ -35,6 +35,9 @@ struct Numbers {
     next: u16,
     /// Numbers given back.
     free: Vec<u16>,
+    /// Regions registered so far.
+    #[cfg(test)]
+    registered: u64,
 }
 
 /// A region registered with every ring of its context, unregistered when
@@ -91,6 +94,10 @@ impl Regions {
             }
             rings += 1;
         }
+        #[cfg(test)]
+        if rings > 0 {
+            lock(&self.0.numbers).registered += 1;
+        }
         (rings > 0).then_some(guard)
     }
 }
@@ -101,6 +108,11 @@ impl Regions {
     pub(crate) fn numbers(&self) -> (u16, usize) {
         let n = lock(&self.0.numbers);
         (n.next, n.free.len())
+    }
+
+    /// Regions registered so far.
+    pub(crate) fn registered(&self) -> u64 {
+        lock(&self.0.numbers).registered
     }
 }
 
