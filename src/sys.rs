@@ -471,18 +471,28 @@ pub(crate) fn advise_dont_fork(addr: *mut libc::c_void, len: usize) -> io::Resul
 }
 
 /// Faults in `len` bytes at `addr` for writing (`MADV_POPULATE_WRITE`,
-/// 5.14+; before, a write of each page's first byte as it is), so that
-/// whoever uses the range later does not wait for fresh memory.
+/// 5.14+), without changing what they hold, so that whoever uses the
+/// range later does not wait for fresh memory. Refused by older kernels.
+#[cfg(feature = "cache")]
+pub(crate) fn advise_populate_write(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_POPULATE_WRITE faults the pages in as a write would,
+    // without changing their contents; a range that is not mapped is
+    // refused (ENOMEM).
+    let r = unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE) };
+    cvt(r, -1)?;
+    Ok(())
+}
+
+/// [`advise_populate_write`], or where the kernel refuses it, a write of
+/// each page's first byte as it is.
 ///
 /// # Safety
 ///
 /// The range is writable memory of the caller's that nothing reads or
-/// writes meanwhile.
+/// writes meanwhile (the kernel included: no read is filling it).
 #[cfg(feature = "cache")]
 pub(crate) unsafe fn populate_write(addr: *mut u8, len: usize) {
-    // SAFETY: MADV_POPULATE_WRITE faults the pages in as a write would,
-    // without changing their contents.
-    if unsafe { libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE) } == 0 {
+    if advise_populate_write(addr, len).is_ok() {
         return;
     }
     let page = page_size().unwrap_or(4096);

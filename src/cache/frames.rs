@@ -560,11 +560,12 @@ impl Core {
         })
     }
 
-    /// Registers region `r` with the context's rings, where they take it:
-    /// from then on reads into its frames are `READ_FIXED`. Done outside
-    /// the free list's lock, by the miss that carved the region: pinning
-    /// faults all of its pages in, which on fresh memory takes a while,
-    /// and other misses meanwhile read into the region with plain reads.
+    /// Registers region `r` (carved from new memory, not a spare) with the
+    /// context's rings, where they take it: from then on reads into its
+    /// frames are `READ_FIXED`. Done outside the free list's lock, by the
+    /// miss that carved the region: faulting its pages in takes a while on
+    /// fresh memory, and other misses meanwhile read into the region with
+    /// plain reads.
     fn register(&self, r: usize) {
         let Some(registrar) = &self.registrar else {
             return;
@@ -572,6 +573,10 @@ impl Core {
         let slot = &self.regions[r];
         let base = slot.base.load(Ordering::Acquire);
         let len = self.block << self.region_shift;
+        // Faulted in first, so that the rings' locks are not held while
+        // the kernel zeroes fresh pages. Only the advice: reads may be
+        // filling frames of the region already.
+        let _ = crate::sys::advise_populate_write(base, len);
         // SAFETY: the region is anonymous memory, allocated for the core
         // and freed only with it, after `Drop` has dropped the
         // registration.
