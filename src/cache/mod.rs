@@ -1155,49 +1155,71 @@ mod tests {
         panic!("no mapping holds {at:#x}")
     }
 
+    /// A 2-worker runtime, as root (where `RLIMIT_MEMLOCK` does not apply
+    /// to registration); otherwise `None`, said why.
+    fn root_runtime() -> Option<tokio::runtime::Runtime> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "skipped: registration needs RLIMIT_MEMLOCK room, which only root is sure of"
+            );
+            return None;
+        }
+        Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// In a runtime: a context of two rings on which every miss is read
+    /// (the file is in the page cache: no inline reads), and a file of
+    /// `blocks` 4 KiB blocks registered with it, with its bytes.
+    fn two_rings_and_a_file(blocks: u32) -> (crate::UringContext, FileId, Vec<u8>) {
+        let ctx = crate::UringContext::builder()
+            .backend(crate::BackendChoice::IoUring)
+            .rings(2)
+            .inline_nowait(false)
+            .build(Vec::new())
+            .unwrap();
+        let data: Vec<u8> = (0..blocks * 4096)
+            .map(|i| ((i / 4096) ^ (i % 251)).to_le_bytes()[0])
+            .collect();
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &data).unwrap();
+        let fid = ctx.register_file(file).unwrap();
+        (ctx, fid, data)
+    }
+
+    /// A cache of `bytes` with 4 KiB blocks over `ctx`.
+    fn cache_of(ctx: &crate::UringContext, bytes: u64) -> BlockCache {
+        BlockCache::new(
+            ctx,
+            CacheOptions {
+                capacity_bytes: bytes,
+                block_size: 4096,
+            },
+        )
+        .unwrap()
+    }
+
     /// The frames' regions are registered with every ring (as root, where
     /// `RLIMIT_MEMLOCK` does not apply) and kept from forked children, a
     /// miss reads into them (with `READ_FIXED`), and dropping the cache
     /// unregisters them and gives their numbers back for the next cache.
     #[test]
     fn frames_are_registered_with_the_rings() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!(
-                "skipped: registration needs RLIMIT_MEMLOCK room, which only root is sure of"
-            );
+        let Some(rt) = root_runtime() else {
             return;
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        };
         rt.block_on(async {
-            let ctx = crate::UringContext::builder()
-                .backend(crate::BackendChoice::IoUring)
-                .rings(2)
-                // Every miss on a ring: the file is in the page cache.
-                .inline_nowait(false)
-                .build(Vec::new())
-                .unwrap();
             // 600 blocks: two regions of 512 frames.
-            let data: Vec<u8> = (0..600 * 4096u32)
-                .map(|i| ((i / 4096) ^ (i % 251)).to_le_bytes()[0])
-                .collect();
-            let mut file = tempfile::tempfile().unwrap();
-            std::io::Write::write_all(&mut file, &data).unwrap();
-            let fid = ctx.register_file(file).unwrap();
+            let (ctx, fid, data) = two_rings_and_a_file(600);
             let regions = ctx.inner.regions.clone().expect("a ring context's regions");
             for round in 0..2 {
-                let cache = BlockCache::new(
-                    &ctx,
-                    CacheOptions {
-                        capacity_bytes: 4 << 20,
-                        block_size: 4096,
-                    },
-                )
-                .unwrap();
+                let cache = cache_of(&ctx, 4 << 20);
                 let region_reads = || match &ctx.inner.backend {
                     crate::shared::Backend::Uring(rings) => rings
                         .iter()
@@ -1279,41 +1301,14 @@ mod tests {
     /// and freed.
     #[test]
     fn the_next_region_is_made_ahead_while_the_cache_fills() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!(
-                "skipped: registration needs RLIMIT_MEMLOCK room, which only root is sure of"
-            );
+        let Some(rt) = root_runtime() else {
             return;
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        };
         rt.block_on(async {
-            let ctx = crate::UringContext::builder()
-                .backend(crate::BackendChoice::IoUring)
-                .rings(2)
-                .inline_nowait(false)
-                .build(Vec::new())
-                .unwrap();
-            let data: Vec<u8> = (0..1600 * 4096u32)
-                .map(|i| ((i / 4096) ^ (i % 251)).to_le_bytes()[0])
-                .collect();
-            let mut file = tempfile::tempfile().unwrap();
-            std::io::Write::write_all(&mut file, &data).unwrap();
-            let fid = ctx.register_file(file).unwrap();
+            let (ctx, fid, data) = two_rings_and_a_file(1600);
             let regions = ctx.inner.regions.clone().expect("a ring context's regions");
             // Three regions of 512 frames.
-            let cache = BlockCache::new(
-                &ctx,
-                CacheOptions {
-                    capacity_bytes: 6 << 20,
-                    block_size: 4096,
-                },
-            )
-            .unwrap();
+            let cache = cache_of(&ctx, 6 << 20);
             let core = &cache.state.core;
             let get = |b: u64| {
                 let cache = &cache;
@@ -1379,35 +1374,16 @@ mod tests {
     /// unregistered and freed by the job making it.
     #[test]
     fn a_spare_of_a_cache_dropped_meanwhile_is_freed() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!(
-                "skipped: registration needs RLIMIT_MEMLOCK room, which only root is sure of"
-            );
+        let Some(rt) = root_runtime() else {
             return;
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        };
         rt.block_on(async {
-            let ctx = crate::UringContext::builder()
-                .backend(crate::BackendChoice::IoUring)
-                .build(vec![tempfile::tempfile().unwrap()])
-                .unwrap();
+            let (ctx, fid, _) = two_rings_and_a_file(0);
             let regions = ctx.inner.regions.clone().expect("a ring context's regions");
-            let cache = BlockCache::new(
-                &ctx,
-                CacheOptions {
-                    capacity_bytes: 6 << 20,
-                    block_size: 4096,
-                },
-            )
-            .unwrap();
+            let cache = cache_of(&ctx, 6 << 20);
             // A miss (beyond the end of the file) carves region 0 and
             // starts the spare.
-            assert!(cache.get(0, 0).await.unwrap().is_empty());
+            assert!(cache.get(fid, 0).await.unwrap().is_empty());
             drop(cache);
             // The job runs whether or not the cache is still there: it
             // registers the spare (region 0 was the first registration),
