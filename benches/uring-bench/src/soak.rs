@@ -1465,8 +1465,14 @@ impl Worker {
     /// `O_DIRECT` log, owned aligned buffers at aligned offsets.
     async fn append(&mut self) -> Outcome {
         let round = self.round.clone();
+        if round.log_busy.swap(true, Ordering::AcqRel) {
+            return self.read_log().await;
+        }
+        // Read once this task is the appender: read before, it may be
+        // where an append that ran meanwhile started, not where it ended.
         let next = lock(&round.log_holes).next;
-        if next >= LOG_MAX || round.log_busy.swap(true, Ordering::AcqRel) {
+        if next >= LOG_MAX {
+            round.log_busy.store(false, Ordering::Release);
             return self.read_log().await;
         }
         let s = &round.settings;
