@@ -29,6 +29,7 @@ mod kinds;
 mod lines;
 mod machine;
 mod mem_fair;
+mod memory_ceiling;
 mod open_loop;
 #[cfg(feature = "parquet")]
 mod parquet_bench;

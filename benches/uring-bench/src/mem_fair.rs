@@ -25,6 +25,7 @@ use crate::dataset::{gib, Dataset, Progress};
 use crate::engines::{self, CellSpec, Keys, ProbeOpts, UringOpts};
 use crate::kinds::{EngineKind, Regime};
 use crate::machine::{cpu_model, git_commit, kernel, loadavg, meminfo, utc_now};
+use crate::memory_ceiling::{Ceiling, HotCopy};
 use crate::report::rate;
 use crate::verify::{VerifyMode, BLOCK};
 use serde::{Deserialize, Serialize};
@@ -856,6 +857,7 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         cache_bytes,
     };
     let mut cells: Vec<Vec<Run>> = Vec::new();
+    let mut ceilings: Vec<Ceiling> = Vec::new();
     let mut all_ok = true;
     let mut n = 0;
     for &workload in &a.workloads {
@@ -863,7 +865,29 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
             MemWorkload::Hot | MemWorkload::Zipf => a.depths.clone(),
             MemWorkload::Uniform4x | MemWorkload::Fill => vec![max_depth],
         };
+        // The hot set's memory ceiling, measured before each repetition.
+        let hot_copy = if workload == MemWorkload::Hot {
+            Some(HotCopy::new(a.seed, hot_files, ds.blocks_per_file())?)
+        } else {
+            None
+        };
         for rep in 0..a.repeat {
+            if let Some(copy) = &hot_copy {
+                let c = copy.measure(
+                    usize::try_from(a.workers).unwrap_or(1),
+                    a.secs,
+                    VerifyMode::Checksum,
+                )?;
+                if !a.quiet {
+                    println!(
+                        "{:<9} memory ceiling: {} reads/s in place, {} copied out",
+                        workload.name(),
+                        rate(c.in_place),
+                        rate(c.copied)
+                    );
+                }
+                ceilings.push(c);
+            }
             for &depth in &depths {
                 for &engine in &engines {
                     let slot = cells.iter().position(|v| {
@@ -929,6 +953,7 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         }
     }
     let runs: Vec<Run> = cells.into_iter().map(median_run).collect();
+    let ceiling = Ceiling::median(&ceilings);
     let mut md = format!(
         "machine: {machine}; {}; {}\n\n{regime}\n",
         wake.summary(),
@@ -943,6 +968,9 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         .then(|| (ideal(cache_bytes), ideal(a.budget)));
     for &w in &a.workloads {
         let _ = write!(md, "\n#### {}\n\n{}", w.name(), table(&runs, w));
+        if let (MemWorkload::Hot, Some(c)) = (w, &ceiling) {
+            let _ = write!(md, "\n{}", ceiling_line(&runs, c, ceilings.len()));
+        }
         if w == MemWorkload::Fill {
             let _ = write!(md, "\n{}", fill_table(&runs));
         }
@@ -978,6 +1006,8 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
             "cache": cache,
             "budget": budget,
         })),
+        "memory_ceiling": ceiling,
+        "memory_ceiling_runs": ceilings,
         "runs": runs,
         "fill": runs.iter().filter(|r| r.workload == MemWorkload::Fill)
             .map(|r| (r.engine, fill_summary(&r.result, r.engine == "uring-raw"))).collect::<Vec<_>>(),
@@ -994,6 +1024,41 @@ pub fn run(a: &MemFairArgs) -> Result<bool, String> {
         t_start.elapsed().as_secs_f64()
     );
     Ok(all_ok)
+}
+
+/// The hot set's memory ceiling (`memory_ceiling.rs`) and each engine's
+/// hot reads/s as a share of it, depth by depth.
+fn ceiling_line(runs: &[Run], c: &Ceiling, n: usize) -> String {
+    let mut s = format!(
+        "memory ceiling (no engine: {} threads verifying uniformly random 4 KiB blocks of a copy of \
+         the hot set in anonymous memory, {} in 2 MiB pages, found by index; median of {} run(s)): \
+         **{} reads/s verified in place, {} copied out then verified**. Each engine's hot reads/s \
+         as a share of the in-place figure:",
+        c.threads,
+        c.huge_share.map_or("share unknown".into(), |h| format!("{:.0} %", h * 100.0)),
+        n,
+        rate(c.in_place),
+        rate(c.copied),
+    );
+    let mut depths: Vec<usize> = runs
+        .iter()
+        .filter(|r| r.workload == MemWorkload::Hot)
+        .map(|r| r.depth)
+        .collect();
+    depths.dedup();
+    for d in depths {
+        let _ = write!(s, " depth {d}:");
+        let cells: Vec<String> = runs
+            .iter()
+            .filter(|r| r.workload == MemWorkload::Hot && r.depth == d && r.ok())
+            .map(|r| format!(" `{}` {:.2}×", r.engine, r.reads_per_sec / c.in_place))
+            .collect();
+        s += &cells.join(",");
+        s.push(';');
+    }
+    s.pop();
+    s += ".\n";
+    s
 }
 
 /// The probability that a Zipf draw (exponent `theta`, ranks `1..=n`, as
