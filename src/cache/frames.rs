@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::io;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -55,10 +55,11 @@ const PINS: u64 = (1 << GEN_SHIFT) - 1;
 /// The tag of a frame that holds no block.
 pub(super) const NO_FILE: u64 = u64::MAX;
 
-/// Bytes of a frame a hit prefetches with its header: the first few lines.
-/// The hardware's stream prefetcher follows the reader through the rest;
-/// asking for more keeps the pin waiting behind them.
-const PREFETCH_BYTES: usize = 256;
+/// Bytes of each frame a multi-get prefetches with its header: the first
+/// few lines (the hardware's stream prefetcher follows the reader through
+/// the rest), so that a batch's prefetches do not push each other out of
+/// the CPU's caches before the reader comes.
+pub(super) const PREFETCH_BYTES: usize = 256;
 
 /// Asks the CPU to load the cache lines of `bytes` bytes from `ptr` (a
 /// hint: nothing waits for them).
@@ -790,16 +791,22 @@ impl Core {
         }
     }
 
-    /// Starts loading frame `f`'s header and first bytes into the CPU's
-    /// caches, so that a hit's pin and the reader's first touch of the
-    /// bytes wait for memory once, together, rather than one after the
-    /// other.
+    /// Starts loading frame `f`'s header and the lines of `bytes` (of the
+    /// block, clamped to it) into the CPU's caches, so that a hit's pin or
+    /// check and the reader's touch of the bytes wait for memory once,
+    /// together, rather than one after the other: a pin is a full barrier,
+    /// and loads after it start only once the header has arrived.
     #[inline]
-    pub(super) fn prefetch(&self, f: u32) {
+    pub(super) fn prefetch(&self, f: u32, bytes: Range<usize>) {
         // SAFETY: f came from a table entry: a carved frame.
         let (h, ptr) = unsafe { self.frame(f) };
         prefetch_lines(NonNull::from(h).cast(), 1);
-        prefetch_lines(ptr, self.block.min(PREFETCH_BYTES));
+        let start = bytes.start.min(self.block) & !63;
+        let end = bytes.end.min(self.block);
+        prefetch_lines(
+            NonNull::new(ptr.as_ptr().wrapping_add(start)).unwrap_or(ptr),
+            end.saturating_sub(start),
+        );
     }
 
     /// A pin on block `(file, block)` in frame `f` if the frame holds it

@@ -692,8 +692,10 @@ impl BlockCache {
             .min(usize::try_from(max - offset).unwrap_or(usize::MAX));
         let first = offset >> state.shift;
         let last = (offset + len as u64 - 1) >> state.shift;
-        // The first block's lines load while the task is admitted.
-        let mut probed = state.probe(file.key, first);
+        // The lines the read copies of the first block load while the task
+        // is admitted.
+        let skip = state.skip(first, offset);
+        let mut probed = state.probe(file.key, first, skip..skip.saturating_add(len));
         admit(state, len).await;
         let mut done = 0;
         let mut next = first;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::task::{ready, Context, Poll};
 
 use futures::FutureExt;
 
-use super::frames::FrameBuf;
+use super::frames::{FrameBuf, PREFETCH_BYTES};
 use super::{
     file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
     Outcome, State, Waiting, WakeAll, GUARD_IDLE, GUARD_POLLING, GUARD_WOKEN, MAX_SHORT,
@@ -99,12 +100,13 @@ impl State {
     }
 
     /// The frame that block `block` of `file` is mapped to, if any, its
-    /// header and first bytes on their way into the CPU's caches (see
-    /// `Core::prefetch`): what a hit then pins (`pin`).
+    /// header and the lines of `bytes` (of the block) on their way into
+    /// the CPU's caches (see `Core::prefetch`): what a hit then pins
+    /// (`pin`) or copies (`copy_hit`).
     #[inline]
-    pub(super) fn probe(&self, file: u64, block: u64) -> Option<u32> {
+    pub(super) fn probe(&self, file: u64, block: u64, bytes: Range<usize>) -> Option<u32> {
         let f = self.tables.lookup(file, block)?;
-        self.core.prefetch(f);
+        self.core.prefetch(f, bytes);
         Some(f)
     }
 
@@ -120,7 +122,7 @@ impl State {
     /// Bytes of block `block` before a read at `offset` starts in it (0 if
     /// it starts in an earlier block).
     #[inline]
-    fn skip(&self, block: u64, offset: u64) -> usize {
+    pub(super) fn skip(&self, block: u64, offset: u64) -> usize {
         usize::try_from(offset.saturating_sub(block << self.shift)).unwrap_or(usize::MAX)
     }
 
@@ -185,7 +187,7 @@ impl State {
         for &b in blocks {
             at.entry(b).or_insert_with(|| {
                 unique.push(b);
-                frames.push(self.probe(file.key, b));
+                frames.push(self.probe(file.key, b, 0..PREFETCH_BYTES));
                 unique.len() - 1
             });
         }
@@ -668,8 +670,9 @@ impl Future for GetBlock<'_> {
             if this.block > i64::MAX.unsigned_abs() >> state.shift {
                 return Poll::Ready(Err(beyond_max(file.id, this.block)));
             }
-            // The frame's lines load while the task is admitted.
-            let frame = state.probe(file.key, this.block);
+            // The frame's lines, the whole block a `BlockRef` hands out,
+            // load while the task is admitted.
+            let frame = state.probe(file.key, this.block, 0..state.block);
             ready!(poll_admit(state, state.block, cx));
             if let Some(b) = frame.and_then(|f| state.pin(f, file.key, this.block)) {
                 return Poll::Ready(Ok(b));
