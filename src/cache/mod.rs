@@ -12,8 +12,8 @@
 //! - **Misses** are *flights* (`Flight`): one owned read per block into a
 //!   free frame (`frames.rs`), all the misses of one call in one
 //!   [`read_batch`](crate::UringContext::read_batch) (one `io_uring_enter`
-//!   per ring). A flight is a [`Shared`] future: every caller missing the
-//!   same block while it is in flight joins it (the `flights` map), any of
+//!   per ring). A flight (`flight.rs`) is a future every caller missing
+//!   the same block while it is in flight joins (the `flights` map): any of
 //!   them drives it, and it goes on while one is left; the last one dropped
 //!   drops the read (its buffer parked in the context until the kernel is
 //!   done).
@@ -30,12 +30,8 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::task::Waker;
-
-use futures::future::{BoxFuture, Shared, WeakShared};
-use futures::task::{ArcWake, AtomicWaker};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::context::UringContext;
 use crate::error::{self, os_error};
@@ -43,12 +39,14 @@ use crate::id::FileId;
 use crate::thread::thread_slot;
 use crate::util::lock;
 
+mod flight;
 mod frames;
 mod options;
 mod state;
 mod table;
 
 pub(crate) use crate::changes::Invalidate;
+use flight::{Waiting, WeakFlight};
 pub use frames::BlockRef;
 use frames::Core;
 pub use options::{CacheOptions, CacheStats};
@@ -129,91 +127,6 @@ impl Hasher for KeyHasher {
 
 /// What a flight gives each block: the block, or what failed.
 type Outcome = Result<BlockRef, Arc<FlightError>>;
-type FlightFuture = BoxFuture<'static, Arc<[Outcome]>>;
-/// A read of some blocks that every caller missing them waits for.
-type Flight = Shared<FlightFuture>;
-
-/// The waker that wakes every waiter of a flight: the one `Shared` polls
-/// the flight's future with, recorded by `run_flight` at its first poll.
-type WakeAll = Arc<OnceLock<Waker>>;
-
-/// One caller's wait for block `slot` of a flight.
-///
-/// A `Shared` wakes all its waiters when the flight's future may progress,
-/// and relies on them to poll it again. One that is dropped instead (a
-/// caller giving up) may have been the only one to take that wake: another
-/// waiter that polled meanwhile, while the first was polling the future,
-/// went back to sleep. Dropped before the flight ends, a `Waiting`
-/// therefore wakes the others, so that one of them polls the flight.
-struct Waiting {
-    flight: Flight,
-    slot: usize,
-    wake_all: WakeAll,
-    done: bool,
-    guard: Arc<PollGuard>,
-}
-
-impl Waiting {
-    fn new(flight: Flight, slot: usize, wake_all: WakeAll) -> Waiting {
-        Waiting {
-            flight,
-            slot,
-            wake_all,
-            done: false,
-            guard: Arc::new(PollGuard {
-                state: AtomicU8::new(GUARD_IDLE),
-                waker: AtomicWaker::new(),
-            }),
-        }
-    }
-}
-
-/// The waker a [`Waiting`] polls its flight with: the caller's, except
-/// that a wake arriving while that `Waiting` is itself polling is held
-/// back, and passed on only if the poll ends `Pending`. When a flight ends
-/// inside a waiter's poll, `Shared` wakes every waiter it has recorded,
-/// the one polling included; and tokio takes a task woken during its own
-/// poll for a task that yields: it queues it again and wakes an idle
-/// worker to share the queue. So each miss that a task read itself would
-/// cost a wasted poll and a worker's wake-up, for a read already answered.
-struct PollGuard {
-    state: AtomicU8,
-    waker: AtomicWaker,
-}
-
-/// Not being polled: a wake goes to the caller at once.
-const GUARD_IDLE: u8 = 0;
-/// Being polled by its `Waiting`.
-const GUARD_POLLING: u8 = 1;
-/// Woken while being polled.
-const GUARD_WOKEN: u8 = 2;
-
-impl ArcWake for PollGuard {
-    fn wake_by_ref(arc_self: &Arc<Self>) {
-        let held = matches!(
-            arc_self.state.compare_exchange(
-                GUARD_POLLING,
-                GUARD_WOKEN,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ),
-            Ok(_) | Err(GUARD_WOKEN)
-        );
-        if !held {
-            arc_self.waker.wake();
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if !self.done {
-            if let Some(w) = self.wake_all.get() {
-                w.wake_by_ref();
-            }
-        }
-    }
-}
 
 /// A failed block read, as every waiter gets it (an `io::Error` cannot be
 /// cloned; each gets a new one with the same kind, errno and words).
@@ -269,8 +182,7 @@ struct Entry {
     id: u64,
     /// The file's changes seen when the flight started (`Flights::epochs`).
     epoch: u64,
-    flight: WeakShared<FlightFuture>,
-    wake_all: WakeAll,
+    flight: WeakFlight,
     slot: usize,
 }
 
@@ -907,99 +819,9 @@ impl BlockCache {
 mod tests {
     use super::*;
     use crate::util::count_waker;
+    use futures::future::BoxFuture;
     use futures::FutureExt;
-    use std::task::{Context, Poll};
-
-    fn poll(w: &mut Waiting, waker: &Waker) -> Poll<Arc<[Outcome]>> {
-        state::poll_flight(w, &mut Context::from_waker(waker))
-    }
-
-    /// Two callers wait for one flight. While A polls the flight's future,
-    /// the read completes (every waiter is woken) and B, woken, polls too:
-    /// it finds the future being polled and waits again, while A's poll
-    /// ends `Pending` (it looked before the read was done). A then gives
-    /// up instead of polling again: B must be woken, or nobody polls the
-    /// flight again.
-    #[test]
-    fn a_waiter_given_up_after_a_wake_passes_it_on() {
-        let wake_all = WakeAll::default();
-        let b_cell: Arc<Mutex<Option<Waiting>>> = Arc::default();
-        let ((b_count, b_waker), (_, a_waker)) = (count_waker(), count_waker());
-        let mut polls = 0;
-        let (inner_wake_all, inner_b, inner_b_waker) =
-            (wake_all.clone(), b_cell.clone(), b_waker.clone());
-        let flight: Flight = std::future::poll_fn(move |cx| {
-            inner_wake_all.get_or_init(|| cx.waker().clone());
-            polls += 1;
-            match polls {
-                1 => Poll::Pending,
-                2 => {
-                    // The read completes: the kernel's wake.
-                    cx.waker().wake_by_ref();
-                    // B, woken, polls meanwhile (on another thread).
-                    let mut b = inner_b.lock().unwrap().take().expect("B");
-                    assert!(poll(&mut b, &inner_b_waker).is_pending());
-                    *inner_b.lock().unwrap() = Some(b);
-                    Poll::Pending
-                }
-                _ => Poll::Ready(Arc::from(Vec::<Outcome>::new())),
-            }
-        })
-        .boxed()
-        .shared();
-        let mut a = Waiting::new(flight.clone(), 0, wake_all.clone());
-        let mut b = Waiting::new(flight, 0, wake_all);
-        assert!(poll(&mut b, &b_waker).is_pending(), "B starts the read");
-        *b_cell.lock().unwrap() = Some(b);
-        assert!(
-            poll(&mut a, &a_waker).is_pending(),
-            "A polls as it completes"
-        );
-        let woken = b_count.0.load(Ordering::SeqCst);
-        drop(a);
-        assert!(
-            b_count.0.load(Ordering::SeqCst) > woken,
-            "B woken when A gives up"
-        );
-        let mut b = b_cell.lock().unwrap().take().expect("B");
-        assert!(poll(&mut b, &b_waker).is_ready());
-    }
-
-    /// A flight that ends inside its waiter's poll: `Shared` wakes every
-    /// waiter it has recorded, the one polling included, which must not
-    /// reach that waiter's task (tokio would take it for a yield). A wake
-    /// during a poll that ends `Pending` is passed on; one between polls
-    /// goes straight through.
-    #[test]
-    fn a_waiter_answered_in_its_own_poll_is_not_woken() {
-        let mut polls = 0;
-        let flight: Flight = std::future::poll_fn(move |cx| {
-            polls += 1;
-            // The read's completion, seen during the poll.
-            cx.waker().wake_by_ref();
-            if polls < 3 {
-                Poll::Pending
-            } else {
-                Poll::Ready(Arc::from(Vec::<Outcome>::new()))
-            }
-        })
-        .boxed()
-        .shared();
-        let mut w = Waiting::new(flight, 0, WakeAll::default());
-        let (count, waker) = count_waker();
-        assert!(poll(&mut w, &waker).is_pending());
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken while Pending");
-        futures::task::waker_ref(&w.guard).wake_by_ref();
-        assert_eq!(count.0.load(Ordering::SeqCst), 2, "woken between polls");
-        assert!(poll(&mut w, &waker).is_pending());
-        assert_eq!(count.0.load(Ordering::SeqCst), 3);
-        assert!(poll(&mut w, &waker).is_ready());
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            3,
-            "woken by the poll that was answered"
-        );
-    }
+    use std::task::Context;
 
     /// Files registered, changed and unregistered one after another (an
     /// engine's short-lived files) leave no per-file bookkeeping behind.

@@ -13,12 +13,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use futures::FutureExt;
-
+use super::flight::{Flight, Outcomes, Waiting};
 use super::frames::{FrameBuf, PREFETCH_BYTES};
 use super::{
-    file_key, BlockRef, Entry, FileRef, Flight, FlightError, Invalidate, Key, KeyHash, Lookup,
-    Outcome, State, Waiting, WakeAll, GUARD_IDLE, GUARD_POLLING, GUARD_WOKEN, MAX_SHORT,
+    file_key, BlockRef, Entry, FileRef, FlightError, Invalidate, Key, KeyHash, Lookup, Outcome,
+    State, MAX_SHORT,
 };
 use crate::buf::IoBufMut;
 use crate::error;
@@ -271,10 +270,6 @@ impl State {
         asker: Asker,
     ) -> (Vec<Lookup>, Option<Waiting>) {
         let waits = asker == Asker::Waiter;
-        // The flights a prefetch finds reading its blocks, dropped only
-        // after the lock: one may be the last handle by then, and dropping
-        // it drops the read, which takes the lock.
-        let mut seen: Vec<Flight> = Vec::new();
         let mut flights = lock(&self.flights);
         let epoch = flights.epochs.get(&file.key).copied().unwrap_or(0);
         let mut out = Vec::with_capacity(if waits { blocks.len() } else { 0 });
@@ -289,19 +284,18 @@ impl State {
             // the end of the file grows the block that held the end, which
             // that flight may have read short. Its land caches nothing of
             // the block once a new flight holds the entry.
-            let joined = flights.map.get(&key).and_then(|e| {
-                if e.epoch != epoch {
-                    return None;
-                }
-                Some((e.flight.upgrade()?, e.slot, e.wake_all.clone()))
-            });
-            if let Some((flight, slot, wake_all)) = joined {
-                if waits {
-                    flights.coalesced += 1;
-                    out.push(Some(Lookup::Wait(Waiting::new(flight, slot, wake_all))));
-                } else {
-                    seen.push(flight);
-                }
+            let (reading, joined) = match flights.map.get(&key) {
+                Some(e) if e.epoch == epoch && waits => (false, e.flight.join(e.slot)),
+                Some(e) if e.epoch == epoch => (e.flight.alive(), None),
+                _ => (false, None),
+            };
+            if let Some(wait) = joined {
+                flights.coalesced += 1;
+                out.push(Some(Lookup::Wait(wait)));
+                continue;
+            }
+            if reading {
+                // A prefetch of a block a flight reads: nothing to do.
                 continue;
             }
             // A flight that ended between the caller's look and this lock
@@ -322,17 +316,22 @@ impl State {
             let id = flights.next_id;
             flights.next_id += 1;
             flights.misses += new.len() as u64;
-            let wake_all = WakeAll::default();
-            let flight: Flight = run_flight(
-                self.clone(),
-                (id, epoch),
-                file,
-                new.clone(),
-                wake_all.clone(),
-            )
-            .boxed()
-            .shared();
-            let weak = flight.downgrade().expect("a flight not yet polled");
+            let flight = Flight::new(run_flight(self.clone(), (id, epoch), file, new.clone()));
+            // The waiters are made under the lock: once it is released, a
+            // caller that joins the flight and gives up would otherwise be
+            // its last waiter, and drop the read.
+            if waits {
+                let mut slots = 0..;
+                for o in &mut out {
+                    if o.is_none() {
+                        let slot = slots.next().unwrap_or(0);
+                        *o = Some(Lookup::Wait(Waiting::first(&flight, slot)));
+                    }
+                }
+            } else {
+                started = Some(Waiting::first(&flight, 0));
+            }
+            let weak = Flight::weak(&flight);
             for (slot, &block) in new.iter().enumerate() {
                 flights.map.insert(
                     Key {
@@ -343,28 +342,12 @@ impl State {
                         id,
                         epoch,
                         flight: weak.clone(),
-                        wake_all: wake_all.clone(),
                         slot,
                     },
                 );
             }
-            drop(flights);
-            if waits {
-                let mut slots = 0..;
-                for o in &mut out {
-                    if o.is_none() {
-                        let slot = slots.next().unwrap_or(0);
-                        *o = Some(Lookup::Wait(Waiting::new(
-                            flight.clone(),
-                            slot,
-                            wake_all.clone(),
-                        )));
-                    }
-                }
-            } else {
-                started = Some(Waiting::new(flight, 0, wake_all));
-            }
         }
+        drop(flights);
         (out.into_iter().flatten().collect(), started)
     }
 
@@ -455,23 +438,10 @@ impl Invalidate for State {
 /// Polls a flight; a task about to wait for one ends its inline stretch
 /// (`inline::end_stretch`), so that its hits after the wait start a new one
 /// instead of yielding first.
-pub(super) fn poll_flight(wait: &mut Waiting, cx: &mut Context<'_>) -> Poll<Arc<[Outcome]>> {
-    // The flight sees the wait's guard, not the caller's waker (see
-    // `PollGuard`): a wake during this poll reaches the caller only if the
-    // poll ends `Pending`.
-    let guard = &wait.guard;
-    guard.waker.register(cx.waker());
-    guard.state.store(GUARD_POLLING, Ordering::SeqCst);
-    let waker = futures::task::waker_ref(guard);
-    let res = Pin::new(&mut wait.flight).poll(&mut Context::from_waker(&waker));
-    let woken = guard.state.swap(GUARD_IDLE, Ordering::AcqRel) == GUARD_WOKEN;
+pub(super) fn poll_flight(wait: &mut Waiting, cx: &mut Context<'_>) -> Poll<Outcomes> {
+    let res = wait.poll_flight(cx);
     if res.is_pending() {
-        if woken {
-            cx.waker().wake_by_ref();
-        }
         inline::end_stretch();
-    } else {
-        wait.done = true;
     }
     res
 }
@@ -480,7 +450,7 @@ impl Waiting {
     /// The waited-for block, or its error, once the flight has landed.
     pub(super) fn poll_block(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<BlockRef>> {
         let outcomes = ready!(poll_flight(self, cx));
-        Poll::Ready(outcomes[self.slot].clone().map_err(|e| e.to_io()))
+        Poll::Ready(outcomes[self.slot()].clone().map_err(|e| e.to_io()))
     }
 }
 
@@ -546,15 +516,7 @@ async fn run_flight(
     id: (u64, u64),
     file: FileRef,
     blocks: Vec<u64>,
-    wake_all: WakeAll,
-) -> Arc<[Outcome]> {
-    // Polled by the `Shared` with its waker of every waiter, the same at
-    // every poll.
-    std::future::poll_fn(|cx| {
-        wake_all.get_or_init(|| cx.waker().clone());
-        Poll::Ready(())
-    })
-    .await;
+) -> Outcomes {
     let mut abandon = Abandon {
         state: &state,
         id,
@@ -571,7 +533,7 @@ async fn run_flight(
         )
     };
     let failed = |b: u64, e: &io::Error| Arc::new(FlightError::new(e, Some(what(b))));
-    let outcomes: Arc<[Outcome]> = if let [b] = blocks[..] {
+    let outcomes: Outcomes = if let [b] = blocks[..] {
         // One block (most misses): one read, without a batch's planning.
         Arc::new([match state.core.take() {
             Ok(buf) => {
