@@ -12,7 +12,6 @@
 //! that yields: it queues it again and wakes an idle worker to share the
 //! queue, a wasted poll and a worker's wake-up for a read already answered.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -45,17 +44,6 @@ struct FlightState {
     outcomes: Option<Outcomes>,
     /// Each waiter's waker, while it waits (`None` once woken).
     waiters: Slab<Option<Waker>>,
-}
-
-impl fmt::Debug for Flight {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = lock(&self.state);
-        f.debug_struct("Flight")
-            .field("waiters", &s.waiters.len())
-            .field("polling", &s.polling)
-            .field("ended", &s.outcomes.is_some())
-            .finish()
-    }
 }
 
 impl Flight {
@@ -147,15 +135,6 @@ pub(super) struct Waiting {
     slot: usize,
     key: usize,
     done: bool,
-}
-
-impl fmt::Debug for Waiting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Waiting")
-            .field("slot", &self.slot)
-            .field("done", &self.done)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Waiting {

@@ -803,10 +803,9 @@ impl Core {
         prefetch_lines(NonNull::from(h).cast(), 1);
         let start = bytes.start.min(self.block) & !63;
         let end = bytes.end.min(self.block);
-        prefetch_lines(
-            NonNull::new(ptr.as_ptr().wrapping_add(start)).unwrap_or(ptr),
-            end.saturating_sub(start),
-        );
+        // SAFETY: `start <= block`: inside the frame, or one past its end.
+        let from = unsafe { ptr.add(start) };
+        prefetch_lines(from, end.saturating_sub(start));
     }
 
     /// A pin on block `(file, block)` in frame `f` if the frame holds it
