@@ -251,11 +251,19 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::count_waker;
+    use crate::util::{count_waker, CountWaker};
     use std::sync::atomic::Ordering;
 
     fn empty() -> Outcomes {
         Arc::from(Vec::<Outcome>::new())
+    }
+
+    fn poll(w: &mut Waiting, waker: &Waker) -> Poll<Outcomes> {
+        w.poll_flight(&mut Context::from_waker(waker))
+    }
+
+    fn wakes(count: &CountWaker) -> usize {
+        count.0.load(Ordering::SeqCst)
     }
 
     /// Two callers wait for one flight. While A polls the flight's future,
@@ -279,9 +287,7 @@ mod tests {
                     cx.waker().wake_by_ref();
                     // B, woken, polls meanwhile (on another thread).
                     let mut b = lock(&inner_b).take().expect("B");
-                    assert!(b
-                        .poll_flight(&mut Context::from_waker(&inner_b_waker))
-                        .is_pending());
+                    assert!(poll(&mut b, &inner_b_waker).is_pending());
                     *lock(&inner_b) = Some(b);
                     Poll::Pending
                 }
@@ -290,26 +296,18 @@ mod tests {
         }));
         let mut a = Waiting::first(&flight, 0);
         let mut b = Waiting::first(&flight, 0);
-        assert!(
-            b.poll_flight(&mut Context::from_waker(&b_waker))
-                .is_pending(),
-            "B starts the read"
-        );
+        assert!(poll(&mut b, &b_waker).is_pending(), "B starts the read");
         *lock(&b_cell) = Some(b);
         assert!(
-            a.poll_flight(&mut Context::from_waker(&a_waker))
-                .is_pending(),
+            poll(&mut a, &a_waker).is_pending(),
             "A polls as it completes"
         );
-        assert_eq!(a_count.0.load(Ordering::SeqCst), 1, "A asked to poll again");
-        let woken = b_count.0.load(Ordering::SeqCst);
+        assert_eq!(wakes(&a_count), 1, "A asked to poll again");
+        let woken = wakes(&b_count);
         drop(a);
-        assert!(
-            b_count.0.load(Ordering::SeqCst) > woken,
-            "B woken when A gives up"
-        );
+        assert!(wakes(&b_count) > woken, "B woken when A gives up");
         let mut b = lock(&b_cell).take().expect("B");
-        assert!(b.poll_flight(&mut Context::from_waker(&b_waker)).is_ready());
+        assert!(poll(&mut b, &b_waker).is_ready());
     }
 
     /// A flight that ends inside a waiter's poll answers that waiter without
@@ -332,32 +330,16 @@ mod tests {
         let mut other = Waiting::first(&flight, 0);
         let (count, waker) = count_waker();
         let (other_count, other_waker) = count_waker();
-        assert!(other
-            .poll_flight(&mut Context::from_waker(&other_waker))
-            .is_pending());
-        assert_eq!(
-            other_count.0.load(Ordering::SeqCst),
-            1,
-            "its own wake, passed on"
-        );
-        assert!(w.poll_flight(&mut Context::from_waker(&waker)).is_pending());
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken while Pending");
+        assert!(poll(&mut other, &other_waker).is_pending());
+        assert_eq!(wakes(&other_count), 1, "its own wake, passed on");
+        assert!(poll(&mut w, &waker).is_pending());
+        assert_eq!(wakes(&count), 1, "woken while Pending");
         futures::task::waker_ref(&flight).wake_by_ref();
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "already woken: not registered"
-        );
-        assert!(other
-            .poll_flight(&mut Context::from_waker(&other_waker))
-            .is_ready());
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "not waiting since its last wake"
-        );
-        assert!(w.poll_flight(&mut Context::from_waker(&waker)).is_ready());
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "answered at its poll");
+        assert_eq!(wakes(&count), 1, "already woken: not registered");
+        assert!(poll(&mut other, &other_waker).is_ready());
+        assert_eq!(wakes(&count), 1, "not waiting since its last wake");
+        assert!(poll(&mut w, &waker).is_ready());
+        assert_eq!(wakes(&count), 1, "answered at its poll");
     }
 
     /// The last waiter dropped drops the read, and nobody can join it
@@ -381,7 +363,7 @@ mod tests {
         let b = Waiting::first(&flight, 0);
         let weak = a.weak();
         let (_, waker) = count_waker();
-        assert!(a.poll_flight(&mut Context::from_waker(&waker)).is_pending());
+        assert!(poll(&mut a, &waker).is_pending());
         drop(a);
         assert!(!gone.load(Ordering::SeqCst), "B still waits");
         drop(b);
@@ -390,7 +372,7 @@ mod tests {
         drop(flight);
         let ended = Flight::new(async { empty() });
         let mut c = Waiting::first(&ended, 0);
-        assert!(c.poll_flight(&mut Context::from_waker(&waker)).is_ready());
+        assert!(poll(&mut c, &waker).is_ready());
         assert!(c.weak().join(0).is_some());
     }
 }
