@@ -752,10 +752,15 @@ impl Core {
     pub(super) fn mapped(self: &Arc<Core>, f: u32) {
         let h = self.header(f);
         let prev = h.state.fetch_and(!RETIRED, Ordering::AcqRel);
-        debug_assert!(
-            prev & RETIRED != 0 && prev & PINS > 0,
-            "a retired, pinned frame"
-        );
+        if prev & RETIRED == 0 || prev & PINS == 0 {
+            // The count below is not this frame's to give back: giving it
+            // back would free the memory under the cache later, far from
+            // here. Stop where it went wrong instead.
+            eprintln!(
+                "uring-positioned-io: block cache frame {f} mapped while not                  retired and pinned (state {prev:#x}); aborting"
+            );
+            std::process::abort();
+        }
         debug_assert!(
             Arc::strong_count(self) >= 2,
             "the caller's count and the frame's"
