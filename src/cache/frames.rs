@@ -162,6 +162,16 @@ fn pins_overflow() -> ! {
     std::process::abort()
 }
 
+/// A frame found in a state its caller rules out: its accounting (frames
+/// and the core's strong count) is broken. Stops the process where it went
+/// wrong, naming the frame, rather than free memory later that a
+/// [`BlockRef`] may still read.
+#[cold]
+fn frame_state_broken(f: u32, state: u64, what: &str) -> ! {
+    eprintln!("uring-positioned-io: block cache frame {f} {what} (state {state:#x}); aborting");
+    std::process::abort()
+}
+
 /// A frame's header.
 pub(super) struct Frame {
     /// `EXCLUSIVE`, `RETIRED` and the pins (see the module's comment).
@@ -719,7 +729,12 @@ impl Core {
         h.clear_tag();
         let mut s = h.state.load(Ordering::Relaxed);
         loop {
-            debug_assert_eq!(s & (EXCLUSIVE | RETIRED), 0, "a mapped frame");
+            if s & (EXCLUSIVE | RETIRED) != 0 {
+                // Unmapped twice, or never mapped: recycling or retiring
+                // it again would hand the frame, or a count of the core,
+                // out twice.
+                frame_state_broken(f, s, "unmapped while not mapped");
+            }
             if s & PINS == 0 {
                 match h.state.compare_exchange(
                     s,
@@ -732,17 +747,33 @@ impl Core {
                 }
                 continue;
             }
-            match h
-                .state
-                .compare_exchange(s, s | RETIRED, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    // The RETIRED bit holds a strong count of the core.
-                    self.retired.fetch_add(1, Ordering::Relaxed);
-                    std::mem::forget(self.clone());
-                    return;
-                }
+            match self.retire(h, s) {
+                Ok(()) => return,
                 Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Retires frame header `h`, pinned and mapped, if its state is still
+    /// `s`: `Err` with the state found otherwise.
+    fn retire(self: &Arc<Core>, h: &Frame, s: u64) -> Result<(), u64> {
+        // The strong count the bit holds is taken before the bit is set:
+        // from then on the frame's last unpin, on any thread, may give it
+        // back at once.
+        let count = Arc::clone(self);
+        self.retired.fetch_add(1, Ordering::Relaxed);
+        match h
+            .state
+            .compare_exchange(s, s | RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => {
+                after_retire();
+                std::mem::forget(count);
+                Ok(())
+            }
+            Err(now) => {
+                self.retired.fetch_sub(1, Ordering::Relaxed);
+                Err(now)
             }
         }
     }
@@ -756,10 +787,7 @@ impl Core {
             // The count below is not this frame's to give back: giving it
             // back would free the memory under the cache later, far from
             // here. Stop where it went wrong instead.
-            eprintln!(
-                "uring-positioned-io: block cache frame {f} mapped while not                  retired and pinned (state {prev:#x}); aborting"
-            );
-            std::process::abort();
+            frame_state_broken(f, prev, "mapped while not retired and pinned");
         }
         debug_assert!(
             Arc::strong_count(self) >= 2,
@@ -781,15 +809,8 @@ impl Core {
             let h = self.header(f);
             let mut s = h.state.load(Ordering::Relaxed);
             while s & (EXCLUSIVE | RETIRED) == 0 && s & PINS > 0 {
-                match h
-                    .state
-                    .compare_exchange(s, s | RETIRED, Ordering::AcqRel, Ordering::Relaxed)
-                {
-                    Ok(_) => {
-                        self.retired.fetch_add(1, Ordering::Relaxed);
-                        std::mem::forget(self.clone());
-                        break;
-                    }
+                match self.retire(h, s) {
+                    Ok(()) => break,
                     Err(now) => s = now,
                 }
             }
@@ -1150,6 +1171,24 @@ impl fmt::Debug for BlockRef {
 }
 
 #[cfg(test)]
+thread_local! {
+    /// What a test runs where a frame has just been retired, on the thread
+    /// that retired it: a last unpin there is one from another thread in
+    /// the same instant.
+    static AFTER_RETIRE: std::cell::Cell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The test hook of [`Core::retire`] (nothing outside tests).
+#[inline]
+fn after_retire() {
+    #[cfg(test)]
+    if let Some(f) = AFTER_RETIRE.take() {
+        f();
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1211,5 +1250,34 @@ mod tests {
         drop(pin);
         assert!(!h.copy_still(seen), "recycled by its last unpin");
         core.close();
+    }
+
+    /// A frame's last pin, dropped (on any thread) the moment the frame is
+    /// retired, gives back the strong count the retirement holds, which
+    /// must already be there: the core's own count, the only other one,
+    /// stays.
+    #[test]
+    fn the_last_unpin_just_after_a_retirement_keeps_the_core() {
+        for close in [false, true] {
+            let core = Arc::new(Core::new(4096, 4, 4, None));
+            let f = resident(&core, 1, 7, 0xaa);
+            let pin = core.pin_if_holds(f, 1, 7).unwrap();
+            AFTER_RETIRE.set(Some(Box::new(move || drop(pin))));
+            if close {
+                core.close();
+            } else {
+                core.unmapped(f);
+            }
+            assert!(AFTER_RETIRE.take().is_none(), "the pin went there");
+            assert_eq!((Arc::strong_count(&core), core.retired()), (1, 0));
+            let h = core.header(f);
+            assert_eq!(
+                h.state.load(Ordering::Relaxed) & !GEN,
+                EXCLUSIVE,
+                "recycled"
+            );
+            assert_eq!(core.take().unwrap().frame, f, "and free");
+            core.close();
+        }
     }
 }
