@@ -41,6 +41,7 @@ struct FlightState {
     polling: bool,
     /// The future's waker was woken during that poll.
     woken: bool,
+    /// Once the read has ended, while a waiter is left.
     outcomes: Option<Outcomes>,
     /// Each waiter's waker, while it waits (`None` once woken).
     waiters: Slab<Option<Waker>>,
@@ -69,7 +70,8 @@ impl Flight {
 }
 
 impl FlightState {
-    /// Whether a waiter is left (the read goes on), or the read has ended.
+    /// Whether a waiter is left: the read goes on, or has ended and its
+    /// outcomes are kept for the waiters.
     fn alive(&self) -> bool {
         self.future.is_some() || self.outcomes.is_some() || self.polling
     }
@@ -232,6 +234,15 @@ impl Drop for Waiting {
         let mut s = lock(&self.flight.state);
         s.waiters.remove(self.key);
         if self.done || s.outcomes.is_some() {
+            // The last waiter of an ended flight: the blocks' pins go now,
+            // not with the flight (a waker the ring still holds keeps it).
+            let outcomes = if s.waiters.is_empty() {
+                s.outcomes.take()
+            } else {
+                None
+            };
+            drop(s);
+            drop(outcomes);
             return;
         }
         if s.waiters.is_empty() {
@@ -343,7 +354,8 @@ mod tests {
     }
 
     /// The last waiter dropped drops the read, and nobody can join it
-    /// after; a flight that ended can still be joined (its outcome).
+    /// after; a flight that ended can be joined while a waiter is left,
+    /// and its outcomes (the blocks' pins) go with the last one.
     #[test]
     fn the_last_waiter_drops_the_read() {
         struct Dropped(Arc<std::sync::atomic::AtomicBool>);
@@ -372,7 +384,18 @@ mod tests {
         drop(flight);
         let ended = Flight::new(async { empty() });
         let mut c = Waiting::first(&ended, 0);
-        assert!(poll(&mut c, &waker).is_ready());
-        assert!(c.weak().join(0).is_some());
+        let out = match poll(&mut c, &waker) {
+            Poll::Ready(out) => out,
+            Poll::Pending => panic!("ended at its first poll"),
+        };
+        let d = c.weak().join(0).expect("an ended flight with a waiter");
+        drop((c, d));
+        // `ended` stands for a waker of the flight the ring still holds.
+        assert_eq!(
+            Arc::strong_count(&out),
+            1,
+            "the outcomes went with the last waiter"
+        );
+        assert!(Flight::weak(&ended).join(0).is_none());
     }
 }
