@@ -103,8 +103,11 @@ pub struct ChildResult {
     /// Length of the warm-up, and when the cache was full in it.
     warm_secs: Option<f64>,
     full_after: Option<f64>,
-    /// `fill`: reads completed in each 100 ms sample.
+    /// `fill`: reads completed in each 100 ms sample (scaled to 100 ms by
+    /// the sample's real length).
     samples: Vec<u64>,
+    /// `fill`: each sample's real length, ms.
+    sample_ms: Vec<f64>,
     /// `fill`: the first sample in which the engine's cache was full
     /// (cgroup limit hit, or a `BlockCache` eviction).
     evict_start: Option<usize>,
@@ -261,6 +264,7 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
     };
     let m = m?;
     let (samples, evict_start) = trim_samples(samples, evict_start);
+    let (samples, sample_ms) = samples.into_iter().unzip();
     let h = &m.hist;
     let r = ChildResult {
         reads: m.reads,
@@ -278,6 +282,7 @@ pub fn child(a: &MemFairChildArgs) -> Result<bool, String> {
         warm_secs: m.warmed.map(|w| w.secs),
         full_after: m.warmed.and_then(|w| w.full_after),
         samples,
+        sample_ms,
         evict_start,
         notes: m.notes,
     };
@@ -304,11 +309,15 @@ fn cache_full() -> bool {
 }
 
 /// `fill`'s sampler: every 100 ms (on a fixed schedule) the reads completed
-/// since the last sample, until `done`; and the first sample in which the
-/// cgroup had hit its limit or the block cache had evicted.
-fn sample(done: &AtomicBool) -> (Vec<u64>, Option<usize>) {
+/// since the last sample, scaled to 100 ms by the time that really passed
+/// between the two counts, until `done`; and the first sample in which the
+/// cgroup had hit its limit or the block cache had evicted. The sampler's
+/// own wake-ups are late by milliseconds to tens of milliseconds on a busy
+/// machine: unscaled, a sample after a late one covers less than 100 ms
+/// and reads as a dip of the engine.
+fn sample(done: &AtomicBool) -> (Vec<(u64, f64)>, Option<usize>) {
     let t0 = Instant::now();
-    let mut last = engines::COMPLETED.load(Ordering::Relaxed);
+    let (mut last, mut last_at) = (engines::COMPLETED.load(Ordering::Relaxed), t0);
     let mut out = Vec::new();
     let mut evict_start = None;
     let mut k = 1u32;
@@ -316,8 +325,10 @@ fn sample(done: &AtomicBool) -> (Vec<u64>, Option<usize>) {
         let next = t0 + SAMPLE * k;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         let now = engines::COMPLETED.load(Ordering::Relaxed);
-        out.push(now - last);
-        last = now;
+        let at = Instant::now();
+        let took = at - last_at;
+        out.push((scaled(now - last, took), took.as_secs_f64() * 1e3));
+        (last, last_at) = (now, at);
         if evict_start.is_none() && cache_full() {
             evict_start = Some(out.len() - 1);
         }
@@ -326,12 +337,18 @@ fn sample(done: &AtomicBool) -> (Vec<u64>, Option<usize>) {
     (out, evict_start)
 }
 
+/// `count` reads completed in `took`, as reads per [`SAMPLE`].
+fn scaled(count: u64, took: Duration) -> u64 {
+    let took = took.as_secs_f64().max(1e-6);
+    (count as f64 * SAMPLE.as_secs_f64() / took).round() as u64
+}
+
 /// Drops the samples before the measured window (setup: nothing completed
 /// yet) and after it, and the partial first and last samples of the window.
-fn trim_samples(s: Vec<u64>, evict: Option<usize>) -> (Vec<u64>, Option<usize>) {
+fn trim_samples<T: Copy>(s: Vec<(u64, T)>, evict: Option<usize>) -> (Vec<(u64, T)>, Option<usize>) {
     let (Some(first), Some(last)) = (
-        s.iter().position(|&v| v > 0),
-        s.iter().rposition(|&v| v > 0),
+        s.iter().position(|&(v, _)| v > 0),
+        s.iter().rposition(|&(v, _)| v > 0),
     ) else {
         return (Vec::new(), None);
     };
@@ -358,6 +375,8 @@ struct FillSummary {
     after: usize,
     /// Mean reads/s of every second.
     per_second: Vec<f64>,
+    /// The longest sample, ms: how late the sampler woke at worst.
+    longest_ms: Option<f64>,
 }
 
 fn fill_summary(r: &ChildResult, no_cache: bool) -> Option<FillSummary> {
@@ -394,6 +413,7 @@ fn fill_summary(r: &ChildResult, no_cache: bool) -> Option<FillSummary> {
             .chunks(n)
             .map(|c| c.iter().map(|&v| per_sec(v)).sum::<f64>() / c.len() as f64)
             .collect(),
+        longest_ms: r.sample_ms.iter().copied().reduce(f64::max),
     })
 }
 
@@ -724,7 +744,7 @@ fn table(runs: &[Run], workload: MemWorkload) -> String {
 /// The `fill` summary table (Markdown).
 fn fill_table(runs: &[Run]) -> String {
     let mut s = String::from(
-        "| engine | steady reads/s | cache full at | lowest 100 ms after | × steady | samples < 0.8× | reads/s each second |\n|---|---:|---:|---:|---:|---:|---|\n",
+        "| engine | steady reads/s | cache full at | lowest 100 ms after | × steady | samples < 0.8× | longest sample | reads/s each second |\n|---|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in runs.iter().filter(|r| r.workload == MemWorkload::Fill) {
         let no_cache = r.engine == EngineKind::UringRaw.name();
@@ -739,7 +759,7 @@ fn fill_table(runs: &[Run]) -> String {
         };
         let _ = writeln!(
             s,
-            "| `{}` | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {} | {} | {} |",
             r.engine,
             rate(f.steady),
             match f.evict_at {
@@ -754,6 +774,7 @@ fn fill_table(runs: &[Run]) -> String {
             } else {
                 "-".into()
             },
+            f.longest_ms.map_or("-".into(), |v| format!("{v:.0} ms")),
             f.per_second
                 .iter()
                 .map(|&v| rate(v))
@@ -1100,11 +1121,23 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_is_scaled_to_its_length() {
+        assert_eq!(scaled(1000, SAMPLE), 1000);
+        assert_eq!(scaled(1300, SAMPLE * 13 / 10), 1000, "a late sample");
+        assert_eq!(scaled(700, SAMPLE * 7 / 10), 1000, "the one after it");
+        assert_eq!(scaled(0, Duration::ZERO), 0);
+    }
+
+    #[test]
     fn samples_are_trimmed_to_the_window() {
-        let (s, e) = trim_samples(vec![0, 0, 5, 10, 10, 0, 10, 3, 0], Some(4));
-        assert_eq!(s, vec![10, 10, 0, 10]);
+        let s: Vec<(u64, ())> = [0, 0, 5, 10, 10, 0, 10, 3, 0].map(|v| (v, ())).into();
+        let (s, e) = trim_samples(s, Some(4));
+        assert_eq!(s, [10, 10, 0, 10].map(|v| (v, ())));
         assert_eq!(e, Some(1));
-        assert_eq!(trim_samples(vec![0, 0], None), (Vec::new(), None));
+        assert_eq!(
+            trim_samples(vec![(0, ()), (0, ())], None),
+            (Vec::new(), None)
+        );
     }
 
     #[test]
